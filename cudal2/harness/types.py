@@ -1,0 +1,153 @@
+"""Plain data passed between the harness stages (docs/internals.md, "Harness").
+
+Frozen dataclasses for requests and keys; `Evaluation` is one results-DB row and round-trips
+through `to_dict()` / `from_dict()` (JSON-safe) so it can cross the worker pipe and the DB.
+Fields are only ever added here, never renamed: the DB and helper modules code against them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any
+
+# Baselines every candidate is timed against (see ../shared/ANCHORS.md).
+BASELINES = ("torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned")
+# Timing modes: back to back, Poisson arrivals, CUDA-L2's host-clock timer.
+MODES = ("offline", "server", "wall")
+ACCS = ("f32", "f16")
+LAYOUTS = ("RR", "RC")
+
+# Evaluation.status values.
+OK = "ok"
+BUILD_ERROR = "build_error"
+AUDIT_REJECTED = "audit_rejected"
+WRONG = "wrong"
+CRASHED = "crashed"
+TIMEOUT = "timeout"
+TOO_FAST = "too_fast"            # faster than the physical lower bound: a verdict, never a win
+NOT_MEASURED = "not_measured"    # no GPU: built and audited only, no number invented
+OOM = "oom"                      # the worker went over its host-memory limit
+ERROR = "error"                  # the harness itself failed (reason in `detail`)
+STATUSES = (OK, BUILD_ERROR, AUDIT_REJECTED, WRONG, CRASHED, TIMEOUT, TOO_FAST, NOT_MEASURED,
+            OOM, ERROR)
+# Statuses that say something about the kernel (cacheable); ERROR is the harness's fault.
+FINAL_STATUSES = tuple(s for s in STATUSES if s != ERROR)
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    M: int
+    N: int
+    K: int
+
+    def __post_init__(self):
+        for name in ("M", "N", "K"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"Shape.{name} must be a positive int, got {v!r}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def __str__(self) -> str:
+        return f"{self.M}x{self.N}x{self.K}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Shape":
+        """'4096x4096x512' or '4096,4096,512' -> Shape."""
+        parts = text.replace(",", "x").lower().split("x")
+        if len(parts) != 3:
+            raise ValueError(f"shape {text!r} is not MxNxK")
+        try:
+            return cls(*(int(p) for p in parts))
+        except ValueError as e:
+            raise ValueError(f"shape {text!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    source: str
+    shape: Shape
+    arch: str = "sm_90a"
+    acc: str | None = None                 # default: the kernel's declared meta acc
+    modes: tuple[str, ...] = ("offline",)
+    baselines: tuple[str, ...] = BASELINES
+    seeds: int = 3
+    timeout_s: float = 60
+    origin: str = ""                       # "rl", "tune", "bench", ...
+    mem_limit_bytes: int | None = None     # host RSS limit for the worker; None = harness default
+    target_qps: float | None = None        # server mode arrival rate; None = measure's default
+
+    def __post_init__(self):
+        if not isinstance(self.source, str):
+            raise TypeError("EvalRequest.source must be the .cu text (str)")
+        if not isinstance(self.shape, Shape):
+            raise TypeError(f"EvalRequest.shape must be a Shape, got {type(self.shape).__name__}")
+        if self.acc is not None and self.acc not in ACCS:
+            raise ValueError(f"EvalRequest.acc must be one of {ACCS} or None, got {self.acc!r}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown timing mode(s) {bad}; known: {MODES}")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad:
+            raise ValueError(f"unknown baseline(s) {bad}; known: {BASELINES}")
+        if self.seeds < 1:
+            raise ValueError("EvalRequest.seeds must be >= 1")
+        if not self.timeout_s > 0:
+            raise ValueError("EvalRequest.timeout_s must be > 0")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Evaluation:
+    """One results-DB row. Dicts hold JSON-safe values only."""
+    status: str
+    source_sha: str
+    shape: Shape
+    arch: str
+    acc: str = ""                 # declared (meta) or requested accumulator; "" when unknown
+    layout: str = ""              # "RR" | "RC"; "" when unknown (never loaded)
+    # build: status, seconds, registers, shared_bytes, spills, log_tail, key, cached
+    build: dict[str, Any] = field(default_factory=dict)
+    # audit: ok, reasons (list[str]), imports (list[str]), needed (list[str])
+    audit: dict[str, Any] = field(default_factory=dict)
+    # correctness: ok, max_abs_err, max_rel_err, checks (dict[name, {ok, detail}])
+    correctness: dict[str, Any] = field(default_factory=dict)
+    # timings[mode][who] = {"median_us", "p10_us", "p90_us", "n"}; who = "candidate" or a baseline
+    timings: dict[str, dict[str, dict]] = field(default_factory=dict)
+    # speedups[mode][baseline] = baseline_median / candidate_median
+    speedups: dict[str, dict[str, float]] = field(default_factory=dict)
+    estimated: bool = False       # True when a number came from a model, not a measurement
+    # env: gpu, driver, sm_clock_mhz, temp_c, torch, nvcc, git_commit, hostname
+    env: dict[str, Any] = field(default_factory=dict)
+    created: str = field(default_factory=_now)
+    origin: str = ""
+    detail: str = ""              # one line: why this status (crash signal, reject reason, ...)
+    meta: dict[str, Any] = field(default_factory=dict)   # the kernel's cudal2_meta, if read
+    id: int | None = None         # DB row id once stored
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"Evaluation.status {self.status!r} not in {STATUSES}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["shape"] = [self.shape.M, self.shape.N, self.shape.K]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Evaluation":
+        d = dict(d)
+        s = d.pop("shape")
+        shape = s if isinstance(s, Shape) else (Shape(**s) if isinstance(s, dict) else Shape(*s))
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(shape=shape, **{k: v for k, v in d.items() if k in known})
