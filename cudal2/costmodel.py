@@ -1,0 +1,395 @@
+"""Cost model: a candidate's time for a shape from static facts, before any GPU sees it.
+
+Two layers. A roofline prior from the kernel's static features (tile and wave quantisation,
+occupancy from ptxas registers / shared memory, bytes moved vs flops, split-K, spills, launch
+cost) on the target GPU's peaks; then a small least-squares correction on log-time, fitted to
+measured rows of the results DB. numpy only. It ranks candidates for `cudal2 tune` and serves
+the RL reward when no GPU is present, so every number it produces is an *estimate* (callers
+must mark such rows `estimated=True`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+SCHEMA = "cudal2.costmodel/1"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    tflops: float            # dense fp16 tensor peak, TFLOP/s
+    tbps: float              # DRAM bandwidth, TB/s
+    sms: int
+    smem_per_sm: int         # bytes usable by CTAs
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    max_ctas_per_sm: int = 32
+    launch_us: float = 4.0   # launch + tail cost seen by a stream-timed call
+
+
+# Datasheet peaks (../shared/ANCHORS.md "Physical limits").
+GPUS = {
+    "H100": GpuSpec("H100", 989.4, 3.35, 132, 227 * 1024),
+    "H200": GpuSpec("H200", 989.4, 4.8, 132, 227 * 1024),
+    "A100": GpuSpec("A100", 312.0, 2.039, 108, 163 * 1024, max_ctas_per_sm=32),
+}
+ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100", "sm_89": "A100"}
+
+# Fraction of tensor peak a family's main loop reaches at full occupancy (the prior only; the
+# fitted correction learns the rest). wgmma-based CUTLASS ~ cuBLAS; mma.sync tops out lower.
+STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
+BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (ANCHORS: 792-795 of 989 TFLOP/s)
+
+FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
+            "log_splitk", "log_intensity", "compute_bound", "style_mma", "style_ptx")
+BASELINE_FEATURES = ("bias", "log_prior", "log_intensity", "compute_bound")
+
+
+def gpu_for(arch: str | None = None, gpu: str | None = None) -> GpuSpec:
+    """The spec for a GPU name ("NVIDIA H100 80GB HBM3" works) or, failing that, an arch."""
+    if gpu:
+        for key, spec in GPUS.items():
+            if key.lower() in gpu.lower():
+                return spec
+    if arch in ARCH_GPU:
+        return GPUS[ARCH_GPU[arch]]
+    if gpu or arch:
+        raise ValueError(f"no GPU spec for gpu={gpu!r} arch={arch!r}; known: {sorted(GPUS)}, "
+                         f"arches {sorted(ARCH_GPU)}")
+    return GPUS["H100"]
+
+
+def _shape(shape) -> tuple[int, int, int]:
+    if hasattr(shape, "M"):
+        return int(shape.M), int(shape.N), int(shape.K)
+    M, N, K = shape
+    return int(M), int(N), int(K)
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """What the model needs to know about a kernel, read from its meta / config and ptxas."""
+    style: str
+    BM: int
+    BN: int
+    BK: int
+    threads: int
+    stages: int
+    splitk: int
+    registers: int       # per thread; 0 = unknown
+    shared_bytes: int    # per CTA; 0 = unknown
+    spills: int          # bytes
+
+
+def _meta_get(meta: dict, *names, default=None):
+    for n in names:
+        if n in meta and meta[n] not in (None, ""):
+            return meta[n]
+    return default
+
+
+def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
+    """Normalise a cudal2_meta dict, a KernelConfig (or its params dict) and ptxas resources
+    (a dict with registers/shared_bytes/spills, a BuildResult, or KernelResources) into facts."""
+    if hasattr(meta, "params") and hasattr(meta, "family"):      # KernelConfig
+        d = dict(meta.params)
+        d.setdefault("style", meta.family)
+        meta = d
+    meta = dict(meta or {})
+    tile = meta.get("tile")
+    if tile and len(tile) >= 2:
+        BM, BN = int(tile[0]), int(tile[1])
+        BK = int(tile[2]) if len(tile) > 2 else 32
+    else:
+        BM = int(_meta_get(meta, "BM", "bm", default=128))
+        BN = int(_meta_get(meta, "BN", "bn", default=128))
+        BK = int(_meta_get(meta, "BK", "bk", default=32))
+    threads = _meta_get(meta, "threads", "THREADS")
+    if threads is None:
+        warps = _meta_get(meta, "warps", "WARPS")
+        if warps is None and _meta_get(meta, "WM") is not None and _meta_get(meta, "WN") is not None:
+            warps = int(meta["WM"]) * int(meta["WN"])
+        threads = 32 * int(warps) if warps else (384 if str(meta.get("style", "")).startswith("cutlass") else 128)
+    stages = int(_meta_get(meta, "stages", "STAGES", default=2))
+    splitk = int(_meta_get(meta, "splitk", "split_k", "SPLITK", default=1))
+    style = str(_meta_get(meta, "style", "family", default="mma"))
+    regs = smem = spills = 0
+    if resources is not None:
+        if isinstance(resources, dict):
+            regs = int(resources.get("registers") or 0)
+            smem = int(resources.get("shared_bytes") or 0)
+            spills = int(resources.get("spills") or 0)
+        elif hasattr(resources, "max_registers"):                 # BuildResult
+            regs, smem, spills = resources.max_registers, resources.max_shared_bytes, resources.spills
+        else:                                                       # KernelResources or a tuple of them
+            rs = resources if isinstance(resources, (tuple, list)) else (resources,)
+            regs = max((r.registers for r in rs), default=0)
+            smem = max((r.shared_bytes for r in rs), default=0)
+            spills = sum(r.spill_stores + r.spill_loads for r in rs)
+    return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
+                       max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0))
+
+
+def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
+    """CTAs resident per SM (>= 1): the tightest of registers, shared memory and threads."""
+    limits = [gpu.max_ctas_per_sm, gpu.max_threads_per_sm // f.threads]
+    if f.registers:
+        limits.append(gpu.regs_per_sm // (max(f.registers, 1) * f.threads))
+    smem = f.shared_bytes or f.stages * (f.BM + f.BN) * f.BK * 2   # estimate when ptxas is silent
+    limits.append(gpu.smem_per_sm // max(smem, 1))
+    return max(1, min(limits))
+
+
+def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
+    """(prior_us, feature vector in FEATURES order)."""
+    M, N, K = _shape(shape)
+    tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
+    ctas = tm * tn * f.splitk
+    occ = occupancy(f, gpu)
+    slots = gpu.sms * occ
+    waves = math.ceil(ctas / slots)
+    wave_eff = ctas / (waves * slots)
+    # Compute: padded tile work, spread over the SMs actually busy in each wave.
+    eff = STYLE_EFF.get(f.style, 0.5)
+    # One CTA alone on an SM reaches a fraction of the SM's peak that grows with its warps.
+    per_sm_fill = min(1.0, occ * f.threads / 256)
+    k_per_split = math.ceil(K / f.splitk)
+    cta_flops = 2.0 * f.BM * f.BN * k_per_split
+    sm_tflops = gpu.tflops * eff * per_sm_fill / gpu.sms
+    t_cta = cta_flops / (sm_tflops * 1e6)
+    full, rem = divmod(ctas, slots)
+    # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
+    compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
+    # Memory: operands once from DRAM (L2 catches re-reads), output once, split-K partials twice.
+    bytes_moved = 2.0 * (M * K + K * N + M * N) + (8.0 * M * N * f.splitk if f.splitk > 1 else 0.0)
+    mem_us = bytes_moved / (gpu.tbps * 0.9 * 1e6)     # ~90% of DRAM peak is reachable
+    spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
+    prior = gpu.launch_us + max(compute_us, mem_us) + spill_us
+    intensity = 2.0 * M * N * K / bytes_moved
+    ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
+    x = np.array([
+        1.0, math.log(prior), math.log(wave_eff), math.log(occ), float(f.spills > 0),
+        math.log(f.stages), math.log(f.splitk), math.log(intensity), float(intensity > ridge),
+        float(f.style == "mma"), float(f.style == "ptx"),
+    ])
+    return prior, x
+
+
+def baseline_prior_us(shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
+    M, N, K = _shape(shape)
+    flops = 2.0 * M * N * K
+    bytes_moved = 2.0 * (M * K + K * N + M * N)
+    compute_us = flops / (gpu.tflops * BASELINE_EFF * 1e6)
+    mem_us = bytes_moved / (gpu.tbps * 0.9 * 1e6)
+    prior = gpu.launch_us + max(compute_us, mem_us)
+    intensity = flops / bytes_moved
+    ridge = gpu.tflops / gpu.tbps
+    return prior, np.array([1.0, math.log(prior), math.log(intensity), float(intensity > ridge)])
+
+
+def _fit_ridge(X: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
+    """Least squares on log-time residuals with a ridge pull towards zero (= the prior)."""
+    A = X.T @ X + lam * np.eye(X.shape[1])
+    return np.linalg.solve(A, X.T @ y)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties), numpy only. nan if < 3 points."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) != len(b):
+        raise ValueError("spearman: sequences differ in length")
+    if len(a) < 3:
+        return float("nan")
+
+    def ranks(v):
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for val in np.unique(v):                    # average ranks over ties
+            idx = v == val
+            if idx.sum() > 1:
+                r[idx] = r[idx].mean()
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = math.sqrt(float((ra ** 2).sum() * (rb ** 2).sum()))
+    return float((ra * rb).sum() / den) if den else float("nan")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured (kernel, shape) time: the unit the model is fitted on."""
+    meta: dict
+    resources: dict
+    shape: tuple[int, int, int]
+    median_us: float
+    gpu: str = ""
+    who: str = "candidate"         # "candidate" or a baseline name
+
+
+def samples_from_evaluations(evaluations: Iterable, mode: str = "offline",
+                             include_baselines: bool = True) -> list[Sample]:
+    """Measured samples from harness Evaluations: status ok, not estimated, with a median.
+    Estimated rows are skipped: fitting a model to its own guesses teaches it nothing."""
+    out = []
+    for ev in evaluations:
+        if getattr(ev, "estimated", False):
+            continue
+        t = (getattr(ev, "timings", None) or {}).get(mode) or {}
+        shape = _shape(ev.shape)
+        gpu = (getattr(ev, "env", None) or {}).get("gpu", "") or ""
+        cand = t.get("candidate") or {}
+        if ev.status == "ok" and cand.get("median_us"):
+            out.append(Sample(dict(getattr(ev, "meta", None) or {}), dict(ev.build or {}), shape,
+                              float(cand["median_us"]), gpu, "candidate"))
+        if include_baselines:
+            for who, rec in t.items():
+                if who != "candidate" and rec and rec.get("median_us"):
+                    out.append(Sample({}, {}, shape, float(rec["median_us"]), gpu, who))
+    return out
+
+
+@dataclass
+class CostModel:
+    """Roofline prior x exp(fitted correction). `weights` is empty until fitted."""
+    gpu: str = "H100"
+    weights: list[float] = field(default_factory=list)
+    baseline_weights: dict[str, list[float]] = field(default_factory=dict)
+    n_fit: int = 0
+    n_fit_baselines: dict[str, int] = field(default_factory=dict)
+    synthetic: bool = False        # fitted on synthetic data (tests only)
+    ridge: float = 1.0
+
+    @classmethod
+    def default(cls, gpu: str = "H100") -> "CostModel":
+        """The prior alone (no measurements yet)."""
+        return cls(gpu=gpu_for(gpu=gpu).name)
+
+    @property
+    def spec(self) -> GpuSpec:
+        return gpu_for(gpu=self.gpu)
+
+    # -- prediction ---------------------------------------------------------------------
+    def predict_us(self, meta: Any, resources: Any, shape) -> float:
+        """Estimated median time (us) of one call of the kernel on `shape`."""
+        prior, x = _features(kernel_facts(meta, resources), shape, self.spec)
+        if not self.weights:
+            return prior
+        return float(math.exp(float(np.dot(self.weights, x))))
+
+    def predict_baseline_us(self, shape, baseline: str = "cublaslt_autotuned") -> float:
+        """An ideal cuBLAS (~80% of peak, roofline + launch), corrected per baseline by DB data."""
+        prior, x = baseline_prior_us(shape, self.spec)
+        w = self.baseline_weights.get(baseline)
+        if not w:
+            return prior
+        return float(math.exp(float(np.dot(w, x))))
+
+    def predict_speedup(self, meta, resources, shape, baseline: str = "cublaslt_autotuned") -> float:
+        return self.predict_baseline_us(shape, baseline) / self.predict_us(meta, resources, shape)
+
+    # -- fitting ------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, data: Iterable, *, gpu: str | None = None, mode: str = "offline",
+            ridge: float = 1.0, synthetic: bool = False, min_samples: int = 8) -> "CostModel":
+        """Fit the correction to measurements: Evaluations (harness rows) or Samples.
+        With fewer than `min_samples` candidate rows the candidate correction stays at the prior."""
+        data = list(data)
+        samples = [d for d in data if isinstance(d, Sample)]
+        evs = [d for d in data if not isinstance(d, Sample)]
+        samples += samples_from_evaluations(evs, mode=mode)
+        if gpu is None:
+            gpus = {s.gpu for s in samples if s.gpu}
+            gpu = next(iter(gpus)) if len(gpus) == 1 else "H100"
+        model = cls(gpu=gpu_for(gpu=gpu).name, synthetic=synthetic, ridge=ridge)
+        spec = model.spec
+        cand = [s for s in samples if s.who == "candidate"]
+        if len(cand) >= min_samples:
+            X = np.array([_features(kernel_facts(s.meta, s.resources), s.shape, spec)[1] for s in cand])
+            y = np.log([s.median_us for s in cand])
+            # Fit the residual over the prior: w_prior starts at (0, 1, 0...) = the prior itself.
+            base = np.zeros(len(FEATURES))
+            base[1] = 1.0
+            delta = _fit_ridge(X, y - X @ base, ridge)
+            model.weights = (base + delta).tolist()
+            model.n_fit = len(cand)
+        by_base: dict[str, list[Sample]] = {}
+        for s in samples:
+            if s.who != "candidate":
+                by_base.setdefault(s.who, []).append(s)
+        for who, ss in by_base.items():
+            if len(ss) < 3:
+                continue
+            X = np.array([baseline_prior_us(s.shape, spec)[1] for s in ss])
+            y = np.log([s.median_us for s in ss])
+            base = np.zeros(len(BASELINE_FEATURES))
+            base[1] = 1.0
+            model.baseline_weights[who] = (base + _fit_ridge(X, y - X @ base, ridge)).tolist()
+            model.n_fit_baselines[who] = len(ss)
+        return model
+
+    # -- evaluation ---------------------------------------------------------------------
+    def rank_correlation(self, data: Iterable, mode: str = "offline") -> float:
+        """Spearman between predicted and measured candidate times (nan with < 3 rows)."""
+        data = list(data)
+        samples = [d for d in data if isinstance(d, Sample)]
+        samples += samples_from_evaluations([d for d in data if not isinstance(d, Sample)],
+                                            mode=mode, include_baselines=False)
+        cand = [s for s in samples if s.who == "candidate"]
+        pred = [self.predict_us(s.meta, s.resources, s.shape) for s in cand]
+        return spearman(pred, [s.median_us for s in cand])
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "gpu": self.gpu, "features": list(FEATURES),
+                "baseline_features": list(BASELINE_FEATURES), "weights": self.weights,
+                "baseline_weights": self.baseline_weights, "n_fit": self.n_fit,
+                "n_fit_baselines": self.n_fit_baselines, "synthetic": self.synthetic,
+                "ridge": self.ridge}
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path) -> "CostModel":
+        d = json.loads(Path(path).read_text())
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: not a cost model file (schema {d.get('schema')!r}, want {SCHEMA})")
+        if d.get("features") != list(FEATURES):
+            raise ValueError(f"{path}: fitted with features {d.get('features')}, this code uses "
+                             f"{list(FEATURES)}; refit it")
+        return cls(gpu=d["gpu"], weights=d["weights"], baseline_weights=d["baseline_weights"],
+                   n_fit=d["n_fit"], n_fit_baselines=d.get("n_fit_baselines", {}),
+                   synthetic=d.get("synthetic", False), ridge=d.get("ridge", 1.0))
+
+
+def held_out_rank_correlation(data: Iterable, *, holdout: float = 0.3, seed: int = 0,
+                              mode: str = "offline", synthetic: bool = False) -> dict:
+    """Fit on a random split of the *shapes*, report Spearman on the other shapes (the honest
+    number: a model that memorised a shape's timings earns nothing here)."""
+    data = list(data)
+    samples = [d for d in data if isinstance(d, Sample)]
+    samples += samples_from_evaluations([d for d in data if not isinstance(d, Sample)], mode=mode)
+    shapes = sorted({s.shape for s in samples if s.who == "candidate"})
+    if len(shapes) < 2:
+        return {"shapes": len(shapes), "train": 0, "test": 0, "spearman": float("nan"),
+                "spearman_prior": float("nan")}
+    rng = np.random.default_rng(seed)
+    n_test = max(1, int(round(len(shapes) * holdout)))
+    test_idx = set(rng.choice(len(shapes), size=n_test, replace=False).tolist())
+    test_shapes = {shapes[i] for i in test_idx}
+    train = [s for s in samples if s.shape not in test_shapes]
+    test = [s for s in samples if s.shape in test_shapes and s.who == "candidate"]
+    model = CostModel.fit(train, synthetic=synthetic)
+    return {"shapes": len(shapes), "train": sum(s.who == "candidate" for s in train),
+            "test": len(test), "spearman": model.rank_correlation(test),
+            "spearman_prior": CostModel.default(model.gpu).rank_correlation(test)}
