@@ -1,0 +1,344 @@
+"""Compile one kernel file into a shared library, in a content-addressed cache.
+
+A build takes a frozen BuildSpec and returns a BuildResult; it never touches the GPU, so it runs
+in CPU pools and in CI. Cache key = sha256 of everything that can change the binary: ABI version,
+source, hashes of the template headers it includes, the CUTLASS version when it includes CUTLASS,
+nvcc version, flags, arch, linked libraries. Per-key file lock, build in a temp dir, one atomic
+rename; a corrupt entry is deleted and rebuilt. Build errors are data (status + log), never a
+crash. Failed compiles are cached too, so a repeated bad kernel costs nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from . import knobs
+from .toolchain import ToolchainError, cutlass_include_dirs, find_toolchain, normalise_arch
+
+ABI_VERSION = 1
+BASE_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-DNDEBUG", "-std=c++17",
+              "--expt-relaxed-constexpr", "-cudart", "shared", "-Xptxas", "-v")
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+OK, COMPILE_ERROR, TIMEOUT, TOOLCHAIN_ERROR = "ok", "compile_error", "timeout", "toolchain_error"
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    source: str                          # the .cu text
+    arch: str = "sm_90a"
+    flags: tuple[str, ...] = ()          # extra nvcc flags, e.g. ("-DBM=128",)
+    libraries: tuple[str, ...] = ()      # extra libraries to link (baselines only)
+    name: str = "kernel"                 # for logs; not part of the key
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    function: str
+    registers: int
+    shared_bytes: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    status: str
+    key: str
+    so_path: Path | None
+    ptx_path: Path | None
+    log: str
+    resources: tuple[KernelResources, ...] = ()
+    seconds: float = 0.0
+    cached: bool = False
+    name: str = "kernel"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def spills(self) -> int:
+        return sum(r.spill_stores + r.spill_loads for r in self.resources)
+
+    @property
+    def max_registers(self) -> int:
+        return max((r.registers for r in self.resources), default=0)
+
+    @property
+    def max_shared_bytes(self) -> int:
+        return max((r.shared_bytes for r in self.resources), default=0)
+
+    def summary(self) -> dict:
+        return {"status": self.status, "key": self.key, "seconds": round(self.seconds, 3),
+                "cached": self.cached, "registers": self.max_registers,
+                "shared_bytes": self.max_shared_bytes, "spills": self.spills,
+                "log_tail": trim_log(self.log)}
+
+
+def trim_log(log: str, lines: int = 20) -> str:
+    """The useful end of a compiler log: error lines first, then the last lines."""
+    all_lines = [l for l in log.splitlines() if l.strip()]
+    errors = [l for l in all_lines if "error" in l.lower()]
+    picked = errors[:lines] if errors else all_lines[-lines:]
+    return "\n".join(picked)
+
+
+# --- ptxas -v ------------------------------------------------------------------------------
+_ENTRY_RE = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> tuple[KernelResources, ...]:
+    """Per entry function: registers, static shared memory, spills, stack (from `ptxas -v`)."""
+    found: list[KernelResources] = []
+    current: dict | None = None
+
+    def flush():
+        if current is not None and "registers" in current:
+            found.append(KernelResources(**current))
+
+    for line in log.splitlines():
+        entry = _ENTRY_RE.search(line)
+        if entry:
+            flush()
+            current = {"function": entry.group(1), "shared_bytes": 0, "spill_stores": 0,
+                       "spill_loads": 0, "stack_bytes": 0}
+            continue
+        if current is None:
+            continue
+        props = _PROPS_RE.search(line)
+        if props:
+            current["stack_bytes"] = int(props.group(1))
+            current["spill_stores"] = int(props.group(2))
+            current["spill_loads"] = int(props.group(3))
+            continue
+        used = _USED_RE.search(line)
+        if used:
+            current["registers"] = int(used.group(1))
+            current["shared_bytes"] = int(used.group(2) or 0)
+    flush()
+    return tuple(found)
+
+
+# --- cache key -----------------------------------------------------------------------------
+def _template_headers(source: str) -> list[Path]:
+    names = _INCLUDE_RE.findall(source)
+    return sorted(TEMPLATE_DIR / Path(n).name for n in names if (TEMPLATE_DIR / Path(n).name).is_file())
+
+
+def _cutlass_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("nvidia-cutlass")
+    except Exception:
+        return "absent"
+
+
+def _uses_cutlass(source: str) -> bool:
+    texts = [source] + [p.read_text() for p in _template_headers(source)]
+    return any(n.startswith(("cutlass/", "cute/")) for t in texts for n in _INCLUDE_RE.findall(t))
+
+
+def cache_key(spec: BuildSpec, nvcc_version: str) -> str:
+    h = hashlib.sha256()
+    for part in (f"abi={ABI_VERSION}", f"arch={normalise_arch(spec.arch)}", f"nvcc={nvcc_version}",
+                 "flags=" + "\x00".join(BASE_FLAGS + spec.flags), "libs=" + ",".join(spec.libraries)):
+        h.update(part.encode() + b"\x00")
+    for header in _template_headers(spec.source):
+        h.update(header.name.encode() + hashlib.sha256(header.read_bytes()).digest())
+    if _uses_cutlass(spec.source):
+        h.update(f"cutlass={_cutlass_version()}".encode())
+    h.update(spec.source.encode())
+    return h.hexdigest()
+
+
+def source_sha(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+# --- building ------------------------------------------------------------------------------
+def _entry_dir(cache: Path, key: str) -> Path:
+    return cache / "builds" / key[:2] / key
+
+
+def _load_entry(entry: Path, name: str) -> BuildResult | None:
+    """A finished cache entry, or None if absent; a corrupt one is deleted."""
+    meta_path = entry / "build.json"
+    if not meta_path.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        so = entry / "kernel.so" if meta["status"] == OK else None
+        ptx = entry / "kernel.ptx"
+        if so is not None and not so.exists():
+            raise ValueError("kernel.so missing")
+        return BuildResult(status=meta["status"], key=meta["key"], so_path=so,
+                           ptx_path=ptx if ptx.exists() else None, log=meta["log"],
+                           resources=tuple(KernelResources(**r) for r in meta["resources"]),
+                           seconds=meta["seconds"], cached=True, name=name)
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def _run_nvcc(cmd: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return None, out + f"\n[cudal2] nvcc killed after {timeout:.0f} s"
+
+
+def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildResult:
+    tc = find_toolchain()
+    arch = normalise_arch(spec.arch)
+    compute = arch.replace("sm_", "compute_")
+    includes = ["-I", str(TEMPLATE_DIR)]
+    if _uses_cutlass(spec.source):
+        for d in cutlass_include_dirs():
+            includes += ["-I", str(d)]
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=key[:12] + ".", dir=entry.parent))
+    try:
+        (work / "kernel.cu").write_text(spec.source)
+        (work / "keep").mkdir()
+        cmd = [str(tc.nvcc), *BASE_FLAGS, "-gencode", f"arch={compute},code={arch}",
+               *tc.compile_flags(), *includes, *spec.flags, "--keep", "--keep-dir", "keep",
+               "kernel.cu", "-o", "kernel.so", *tc.link_flags(spec.libraries)]
+        start = time.perf_counter()
+        code, log = _run_nvcc(cmd, work, timeout)
+        seconds = time.perf_counter() - start
+        log = f"$ {' '.join(cmd)}\n{log}"
+        if code is None:  # timeouts are not cached: a busy machine may finish next time
+            return BuildResult(TIMEOUT, key, None, None, log, seconds=seconds, name=spec.name)
+        status = OK if code == 0 and (work / "kernel.so").exists() else COMPILE_ERROR
+        resources = parse_ptxas(log)
+        if (work / "keep" / "kernel.ptx").exists():
+            shutil.move(str(work / "keep" / "kernel.ptx"), work / "kernel.ptx")
+        shutil.rmtree(work / "keep", ignore_errors=True)
+        if status != OK:
+            (work / "kernel.so").unlink(missing_ok=True)
+        (work / "build.json").write_text(json.dumps({
+            "status": status, "key": key, "log": log, "seconds": seconds, "name": spec.name,
+            "arch": arch, "nvcc": tc.version, "resources": [asdict(r) for r in resources]}))
+        shutil.rmtree(entry, ignore_errors=True)
+        os.replace(work, entry)  # atomic: readers see all of the entry or none of it
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = _load_entry(entry, spec.name)
+    assert result is not None
+    return replace(result, cached=False)
+
+
+def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None) -> BuildResult:
+    """Build (or fetch from the cache) one kernel. Never raises on bad source."""
+    from filelock import FileLock
+
+    try:
+        tc = find_toolchain()
+        key = cache_key(spec, tc.version)
+    except (ToolchainError, ValueError) as exc:
+        return BuildResult(TOOLCHAIN_ERROR, "", None, None, str(exc), name=spec.name)
+    cache = Path(cache) if cache else knobs.cache_dir()
+    entry = _entry_dir(cache, key)
+    hit = _load_entry(entry, spec.name)
+    if hit is not None:
+        return hit
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry) + ".lock"):
+        hit = _load_entry(entry, spec.name)  # another builder may have finished meanwhile
+        if hit is not None:
+            return hit
+        try:
+            return _compile(spec, key, entry, timeout)
+        except ToolchainError as exc:
+            return BuildResult(TOOLCHAIN_ERROR, key, None, None, str(exc), name=spec.name)
+
+
+def build_many(specs: list[BuildSpec], *, jobs: int | None = None, timeout: float = 900,
+               cache: Path | None = None, progress=None) -> list[BuildResult]:
+    """Build many specs in parallel on CPU cores (nvcc processes); results in input order.
+    Identical specs are built once. `progress(result)` is called as each build finishes."""
+    jobs = jobs or knobs.build_jobs()
+    unique: dict[BuildSpec, int] = {}
+    for spec in specs:
+        unique.setdefault(spec, len(unique))
+    order = list(unique)
+    results: list[BuildResult | None] = [None] * len(order)
+
+    def one(i: int) -> None:
+        results[i] = build(order[i], timeout=timeout, cache=cache)
+        if progress is not None:
+            progress(results[i])
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, range(len(order))))
+    return [results[unique[s]] for s in specs]  # type: ignore[misc]
+
+
+def build_file(path: str | os.PathLike, arch: str = "sm_90a", flags: tuple[str, ...] = (),
+               **kwargs) -> BuildResult:
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        return BuildResult(TOOLCHAIN_ERROR, "", None, None, f"cannot read kernel file {path}: {exc}", name=str(path))
+    return build(BuildSpec(source=source, arch=arch, flags=flags, name=str(path)), **kwargs)
+
+
+# --- CLI: cudal2 build FILE... --arch sm_90a -------------------------------------------------
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", help="kernel .cu files")
+    parser.add_argument("--arch", default=None, help="sm_80 | sm_90a (default: CUDAL2_ARCH, else the visible GPU)")
+    parser.add_argument("-D", dest="defines", action="append", default=[], help="extra -D macro for nvcc")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per file")
+    parser.add_argument("--log", action="store_true", help="print the compiler log of failed builds")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .toolchain import detect_arch
+    arch = detect_arch(args.arch)
+    flags = tuple(f"-D{d}" for d in args.defines)
+    specs = []
+    for f in args.files:
+        try:
+            specs.append(BuildSpec(Path(f).read_text(), arch=arch, flags=flags, name=f))
+        except OSError as exc:
+            print(f"{f}: cannot read: {exc}", file=sys.stderr)
+            return 2
+    print(f"building {len(specs)} file(s) for {arch} in {knobs.cache_dir()}", file=sys.stderr)
+    failed = 0
+    for spec, res in zip(specs, build_many(specs, jobs=args.jobs)):
+        failed += not res.ok
+        if args.json:
+            print(json.dumps({"file": spec.name, "so": str(res.so_path) if res.so_path else None, **res.summary()}))
+            continue
+        where = res.so_path if res.ok else res.status
+        print(f"{spec.name}: {res.status} {'(cached) ' if res.cached else ''}{res.seconds:.1f}s "
+              f"regs={res.max_registers} smem={res.max_shared_bytes} spills={res.spills} -> {where}")
+        if not res.ok and args.log:
+            print(res.log)
+        elif not res.ok:
+            print("  " + trim_log(res.log, 8).replace("\n", "\n  "))
+    return 1 if failed else 0

@@ -1,0 +1,66 @@
+"""The `cudal2` command: one verb per module, each a thin wrapper over that module.
+
+Each module that backs a verb defines `configure_parser(parser)` and `run_cli(args) -> int`.
+Only the chosen verb's module is imported, so `cudal2 build` never loads pandas or trl.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from . import knobs
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "build": ("cudal2.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
+    "audit": ("cudal2.harness.audit", "build and audit kernel files: imports, includes, accumulator, resources"),
+    "bench": ("cudal2.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),
+    "tune": ("cudal2.tune", "search the template families per shape (`--build-only` on CPU machines)"),
+    "export": ("cudal2.export", "copy measured winners from the results DB into generated_kernels/"),
+    "campaign": ("cudal2.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
+    "report": ("cudal2.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
+    "rl": ("rl.train", "RL training with trl GRPO (`cudal2 rl train ...` = `python -m rl.train ...`)"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, VERBS))
+    lines = ["usage: cudal2 VERB [options]   (cudal2 VERB --help for a verb's options)", "", "verbs:"]
+    lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
+    lines += ["", "environment knobs: " + ", ".join(k.name for k in knobs.KNOBS)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=knobs.log_level().upper(), format="%(levelname)s %(name)s: %(message)s")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"cudal2: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name = VERBS[verb][0]
+    if verb == "bench" and "--overhead" in rest:
+        module_name = "cudal2.overhead"
+        rest = [a for a in rest if a != "--overhead"]
+    if verb == "rl":
+        if rest[:1] == ["train"]:
+            rest = rest[1:]
+        return int(importlib.import_module("rl.train").main(rest) or 0)
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", description=VERBS[verb][1])
+    module.configure_parser(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run_cli(args) or 0)
+    except KeyboardInterrupt:
+        print(f"cudal2 {verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

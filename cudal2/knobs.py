@@ -1,0 +1,77 @@
+"""Every environment knob cudal2 reads, declared once, typed, named CUDAL2_*.
+
+Knobs are read through these functions when needed, never at import, so a test or a user can
+set them at any time. The README's knob table lists the same names.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    help: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("CUDAL2_CACHE", "~/.cache/cudal2", "build cache and on-disk dispatch verdicts"),
+    Knob("CUDAL2_DISABLE", "0", "1: cudal2.matmul is exactly torch.matmul"),
+    Knob("CUDAL2_KERNELS", "<repo>/generated_kernels", "the tuned kernel table that dispatch serves"),
+    Knob("CUDAL2_ARCH", "", "target arch when no GPU is visible (sm_80, sm_90a)"),
+    Knob("CUDAL2_BUILD_JOBS", "<cpu count>", "parallel nvcc processes for build_many"),
+    Knob("CUDAL2_LOG", "warning", "log level of the cudal2 logger"),
+    Knob("CUDA_HOME", "", "CUDA toolkit root, searched first for nvcc (standard name)"),
+)
+
+
+def _get(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _flag(name: str) -> bool:
+    return _get(name).lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    value = _get("CUDAL2_CACHE")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "cudal2"
+
+
+def disabled() -> bool:
+    return _flag("CUDAL2_DISABLE")
+
+
+def kernels_dir() -> Path:
+    value = _get("CUDAL2_KERNELS")
+    return Path(value).expanduser() if value else _REPO_ROOT / "generated_kernels"
+
+
+def default_arch() -> str | None:
+    return _get("CUDAL2_ARCH") or None
+
+
+def build_jobs() -> int:
+    value = _get("CUDAL2_BUILD_JOBS")
+    if value:
+        try:
+            jobs = int(value)
+        except ValueError:
+            raise ValueError(f"CUDAL2_BUILD_JOBS must be an integer, got {value!r}") from None
+        if jobs < 1:
+            raise ValueError(f"CUDAL2_BUILD_JOBS must be >= 1, got {jobs}")
+        return jobs
+    return os.cpu_count() or 1
+
+
+def log_level() -> str:
+    return _get("CUDAL2_LOG") or "warning"
+
+
+def repo_root() -> Path:
+    return _REPO_ROOT
