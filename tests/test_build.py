@@ -1,0 +1,184 @@
+"""The build step: nvcc into the content-addressed cache (needs nvcc, no GPU)."""
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudal2 import abi
+from cudal2.build import (BuildSpec, build, build_file, build_many, cache_key, parse_ptxas,
+                          trim_log)
+from cudal2.toolchain import ToolchainError, find_toolchain
+
+DATA = Path(__file__).parent / "data"
+TINY = (DATA / "tiny_abi.cu").read_text()
+
+PTXAS_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z4mainv' for 'sm_90a'
+ptxas info    : Function properties for _Z4mainv
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 49152 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'reduce' for 'sm_90a'
+ptxas info    : Function properties for reduce
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas_per_entry_function():
+    first, second = parse_ptxas(PTXAS_LOG)
+    assert (first.function, first.registers, first.shared_bytes) == ("_Z4mainv", 255, 49152)
+    assert (first.spill_stores, first.spill_loads, first.stack_bytes) == (8, 12, 16)
+    assert (second.function, second.registers, second.shared_bytes, second.spill_stores) == ("reduce", 32, 0, 0)
+
+
+def test_trim_log_keeps_errors():
+    log = "\n".join(["noise"] * 50 + ["kernel.cu(3): error: expected a ';'"] + ["more"] * 5)
+    assert trim_log(log) == "kernel.cu(3): error: expected a ';'"
+
+
+def test_key_covers_source_flags_arch():
+    spec = BuildSpec(TINY, arch="sm_90a")
+    base = cache_key(spec, "13.0.88")
+    assert base == cache_key(BuildSpec(TINY, arch="sm_90a", name="other name"), "13.0.88")
+    assert base != cache_key(BuildSpec(TINY + " ", arch="sm_90a"), "13.0.88")
+    assert base != cache_key(BuildSpec(TINY, arch="sm_80"), "13.0.88")
+    assert base != cache_key(BuildSpec(TINY, arch="sm_90a", flags=("-DX=1",)), "13.0.88")
+    assert base != cache_key(spec, "13.5.37")
+
+
+@pytest.mark.compile
+def test_build_then_cache_hit(tmp_cache):
+    first = build(BuildSpec(TINY, arch="sm_90a"))
+    assert first.ok, first.log
+    assert not first.cached and first.so_path.exists() and first.ptx_path.exists()
+    assert first.resources and first.spills == 0
+    second = build(BuildSpec(TINY, arch="sm_90a"))
+    assert second.cached and second.so_path == first.so_path and second.key == first.key
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(first.so_path)], capture_output=True, text=True).stdout
+    assert "cudal2_hgemm" in symbols and "cudal2_meta" in symbols
+
+
+@pytest.mark.compile
+def test_build_error_is_data(tmp_cache):
+    res = build(BuildSpec(TINY + "\nthis is not C++;\n", arch="sm_80"))
+    assert res.status == "compile_error" and not res.ok and res.so_path is None
+    assert "error" in res.summary()["log_tail"]
+    again = build(BuildSpec(TINY + "\nthis is not C++;\n", arch="sm_80"))
+    assert again.cached and again.status == "compile_error"  # failures are cached too
+
+
+@pytest.mark.compile
+def test_corrupt_entry_is_rebuilt(tmp_cache):
+    first = build(BuildSpec(TINY, arch="sm_80"))
+    (first.so_path.parent / "build.json").write_text("{not json")
+    again = build(BuildSpec(TINY, arch="sm_80"))
+    assert again.ok and not again.cached
+
+
+def _build_in_child(args):
+    cache, source = args
+    os.environ["CUDAL2_CACHE"] = cache
+    res = build(BuildSpec(source, arch="sm_80"))
+    return res.ok, res.cached, res.key
+
+
+@pytest.mark.compile
+def test_two_concurrent_builders_build_once(tmp_cache):
+    source = TINY + "\n// concurrent builders\n"
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        results = pool.map(_build_in_child, [(str(tmp_cache), source)] * 2)
+    assert all(ok for ok, _, _ in results)
+    assert len({key for _, _, key in results}) == 1
+    assert sorted(cached for _, cached, _ in results) == [False, True]  # one built, one waited
+    assert len(list((tmp_cache / "builds").glob("*/*/kernel.so"))) == 1
+
+
+@pytest.mark.compile
+def test_build_many_dedups_and_keeps_order(tmp_cache):
+    a, b = BuildSpec(TINY, arch="sm_80"), BuildSpec(TINY + "//b\n", arch="sm_80")
+    results = build_many([a, b, a], jobs=2)
+    assert [r.ok for r in results] == [True] * 3
+    assert results[0].key == results[2].key != results[1].key
+
+
+@pytest.mark.compile
+def test_abi_loads_meta_without_gpu(tmp_cache):
+    res = build(BuildSpec(TINY, arch="sm_90a"))
+    lib = abi.load_library(res.so_path)
+    assert lib.meta["style"] == "mma" and lib.meta["acc"] == "f32"
+    assert abi.load_library(res.so_path) is lib
+
+
+@pytest.mark.compile
+def test_abi_missing_symbol_is_named(tmp_cache):
+    res = build(BuildSpec("extern \"C\" int something(void) { return 0; }\n", arch="sm_80"))
+    assert res.ok, res.log
+    with pytest.raises(abi.AbiError, match="missing symbol cudal2_hgemm"):
+        abi.KernelLibrary(res.so_path)
+
+
+def test_abi_meta_validation():
+    with pytest.raises(abi.AbiError, match="not valid JSON"):
+        abi.parse_meta("{")
+    with pytest.raises(abi.AbiError, match="lacks"):
+        abi.parse_meta('{"style": "mma"}')
+    good = json.loads((DATA / "tiny_meta.json").read_text())
+    assert abi.parse_meta(json.dumps(good))["layout"] == "RR"
+
+
+def test_unreadable_file_is_data(tmp_path):
+    res = build_file(tmp_path / "absent.cu")
+    assert res.status == "toolchain_error" and "cannot read kernel file" in res.log
+
+
+@pytest.mark.compile
+def test_pip_nvcc_without_toolkit(tmp_cache, monkeypatch):
+    """A machine without a toolkit: nvcc, headers and cudart from pip's nvidia-* packages."""
+    from cudal2 import toolchain
+    pip_roots = [r for r in toolchain._pip_cuda_roots() if (r / "bin" / "nvcc").exists()]
+    if not pip_roots:
+        pytest.skip("nvidia-cuda-nvcc is not installed")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    tc = find_toolchain()
+    assert str(tc.nvcc).startswith(str(pip_roots[0]))
+    res = build(BuildSpec(TINY + "// pip nvcc\n", arch="sm_90a"))
+    assert res.ok, res.log
+
+
+def test_missing_nvcc_is_one_clear_error(tmp_cache, monkeypatch):
+    from cudal2 import toolchain
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(toolchain, "_pip_cuda_roots", lambda: [])
+    with pytest.raises(ToolchainError, match="nvcc not found.*pip install nvidia-cuda-nvcc"):
+        find_toolchain()
+    res = build(BuildSpec(TINY, arch="sm_90a"))
+    assert res.status == "toolchain_error" and "nvcc not found" in res.log
+
+
+def test_arch_detection(monkeypatch):
+    from cudal2 import toolchain
+    assert toolchain.detect_arch("sm_90") == "sm_90a"
+    assert toolchain.detect_arch("80") == "sm_80"
+    monkeypatch.setenv("CUDAL2_ARCH", "sm_90a")
+    assert toolchain.detect_arch() == "sm_90a"
+    with pytest.raises(ValueError, match="unsupported arch"):
+        toolchain.detect_arch("sm_35")
+
+
+@pytest.mark.compile
+def test_cli_build(tmp_cache, tmp_path):
+    from cudal2.cli import main
+    kernel = tmp_path / "k.cu"
+    kernel.write_text(TINY)
+    assert main(["build", str(kernel), "--arch", "sm_90a", "--json"]) == 0
+    bad = tmp_path / "bad.cu"
+    bad.write_text("nope")
+    assert main(["build", str(bad), "--arch", "sm_90a"]) == 1
