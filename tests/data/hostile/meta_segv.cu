@@ -1,0 +1,9 @@
+// Hostile: cudal2_meta dereferences a null pointer.
+#include <cuda_runtime.h>
+
+extern "C" const char* cudal2_meta(void) { return *(const char* volatile*)0; }
+extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
+                            int ldb, int ldc, void* workspace, size_t workspace_bytes,
+                            void* stream) {
+  return 0;
+}

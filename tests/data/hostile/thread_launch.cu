@@ -1,0 +1,17 @@
+// Hostile (audit): launches from a host thread and returns before the work is queued.
+#include <cuda_runtime.h>
+#include <thread>
+
+__global__ void noop_kernel(void* C) {}
+
+extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
+                            int ldb, int ldc, void* workspace, size_t workspace_bytes,
+                            void* stream) {
+  std::thread([=] { noop_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(C); }).detach();
+  return 0;
+}
+
+extern "C" const char* cudal2_meta(void) {
+  return "{\"style\": \"mma\", \"arch\": \"sm_90a\", \"acc\": \"f32\", \"layout\": \"RR\", "
+         "\"tile\": [16, 16, 1], \"any_shape\": true, \"workspace_bytes\": 0}";
+}
