@@ -1,0 +1,437 @@
+"""Search over the reference kernel families, per shape (`cudal2 tune`).
+
+The space of a family is the product of its `space()` filtered by `valid()`. A config is built
+once and serves every shape it `accepts()` (kernels take M, N, K at run time), so the build farm
+works on the *union* of candidates over a shape list, deduplicated by source, never once per
+shape. Per shape the search is exhaustive when the accepted space fits the evaluation budget,
+otherwise evolutionary (population seeded by the cost model's ranking, mutate the best one
+parameter at a time) or purely cost-model-ranked. Evaluations go through
+`cudal2.harness.evaluate` (cached in the results DB); without a GPU the harness answers
+`not_measured` and the search falls back to cost-model estimates, which it labels as such.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import math
+import random
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .costmodel import CostModel
+from .harness.types import BASELINES, MODES, Shape
+
+MAX_ENUMERATE = 200_000        # above this a family's product space is sampled, not listed
+
+
+# --- shape files -----------------------------------------------------------------------------
+def read_shapes(path) -> list[Shape]:
+    """`M,N,K[,...]` CSV (extra columns ignored) -> shapes, in file order, duplicates dropped."""
+    path = Path(path)
+    try:
+        f = path.open(newline="")
+    except OSError as exc:
+        raise ValueError(f"cannot read shape file {path}: {exc}") from None
+    with f:
+        reader = csv.DictReader(f)
+        missing = {"M", "N", "K"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: header must have columns M,N,K (missing {sorted(missing)})")
+        seen, out = set(), []
+        for i, row in enumerate(reader, start=2):
+            try:
+                s = Shape(int(row["M"]), int(row["N"]), int(row["K"]))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{i}: bad shape row {row}: {exc}") from None
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+    if not out:
+        raise ValueError(f"{path}: no shapes")
+    return out
+
+
+# --- the space ---------------------------------------------------------------------------------
+def _templates():
+    from . import templates
+    return templates
+
+
+def families_for(arch: str, names: Iterable[str] | None = None) -> list[Any]:
+    """The families to search: `names` (all must exist and support `arch`) or every one that does."""
+    fams = _templates().FAMILIES
+    if names:
+        out = []
+        for n in names:
+            if n not in fams:
+                raise ValueError(f"unknown family {n!r}; known: {sorted(fams)}")
+            if arch not in fams[n].arches:
+                raise ValueError(f"family {n!r} does not target {arch} (it targets {fams[n].arches})")
+            out.append(fams[n])
+        return out
+    return [f for f in fams.values() if arch in f.arches]
+
+
+def enumerate_space(family, *, seed: int = 0) -> list[Any]:
+    """Every valid config of a family (sampled uniformly when the product is huge)."""
+    space = family.space()
+    names = sorted(space)
+    size = math.prod(len(space[n]) for n in names)
+    default = family.default()
+    if size <= MAX_ENUMERATE:
+        combos: Iterable = itertools.product(*(space[n] for n in names))
+    else:
+        rng = random.Random(seed)
+        combos = (tuple(rng.choice(space[n]) for n in names) for _ in range(MAX_ENUMERATE))
+    out, seen = [], set()
+    for values in combos:
+        cfg = default.with_(**dict(zip(names, values)))
+        if cfg not in seen and family.valid(cfg):
+            seen.add(cfg)
+            out.append(cfg)
+    return out
+
+
+def instantiate(family, config) -> str:
+    fn = getattr(family, "instantiate", None) or _templates().instantiate
+    return fn(config)
+
+
+def config_meta(config) -> dict:
+    """What the cost model reads from a config before it is built."""
+    d = {k: v for k, v in config.params}
+    d["style"] = config.family
+    return d
+
+
+@dataclass
+class Candidate:
+    family: str
+    config: Any
+    source: str
+    shapes: list[Shape] = field(default_factory=list)   # the shapes this one build serves
+    build: Any = None                                     # BuildResult once built
+
+    @property
+    def label(self) -> str:
+        return self.config.label()
+
+
+@dataclass
+class BuildPlan:
+    arch: str
+    shapes: list[Shape]
+    candidates: list[Candidate]            # unique by source
+    per_shape: dict[Shape, list[Candidate]]
+    pairs: int                             # (shape, candidate) pairs: what per-shape builds would cost
+
+
+def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
+         limit_per_shape: int | None = None, model: CostModel | None = None) -> BuildPlan:
+    """Candidates for every shape, deduplicated: one Candidate per distinct source.
+    With `limit_per_shape` each shape keeps its best configs by the cost model's prior."""
+    model = model or CostModel.default()
+    fams = families_for(arch, families)
+    by_source: dict[str, Candidate] = {}
+    per_shape: dict[Shape, list[Candidate]] = {}
+    pairs = 0
+    spaces = [(fam, enumerate_space(fam)) for fam in fams]
+    src_of: dict[Any, str] = {}
+    for shape in shapes:
+        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.accepts(c, shape.M, shape.N, shape.K)]
+        if limit_per_shape:
+            fitting.sort(key=lambda fc: model.predict_us(config_meta(fc[1]), None, shape))
+            fitting = fitting[:limit_per_shape]
+        cands = []
+        for fam, cfg in fitting:
+            src = src_of.get(cfg)
+            if src is None:
+                src = src_of[cfg] = instantiate(fam, cfg)
+            cand = by_source.get(src)
+            if cand is None:
+                cand = by_source[src] = Candidate(fam.name, cfg, src)
+            if shape not in cand.shapes:
+                cand.shapes.append(shape)
+            cands.append(cand)
+        per_shape[shape] = cands
+        pairs += len(cands)
+    return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs)
+
+
+# --- the build farm ------------------------------------------------------------------------------
+class _PeakRss:
+    """Peak summed RSS of this process's children (the nvcc trees), sampled."""
+
+    def __init__(self, period: float = 0.25):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._period = period
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        try:
+            import psutil
+        except ImportError:
+            return
+        me = psutil.Process()
+        while not self._stop.wait(self._period):
+            total = 0
+            for p in me.children(recursive=True):
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+@dataclass
+class BuildReport:
+    arch: str
+    shapes: int
+    pairs: int                  # (shape, candidate) pairs
+    unique: int                 # distinct sources = builds needed
+    cached: int                 # of those, answered by the cache
+    compiled: int
+    failed: int
+    seconds: float
+    peak_rss_bytes: int         # summed RSS of concurrent compiler processes (sampled)
+    max_child_rss_bytes: int    # largest single child process (getrusage)
+    jobs: int
+    failures: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return (f"{self.unique} unique candidates for {self.shapes} shapes ({self.pairs} shape x "
+                f"candidate pairs) on {self.arch}: {self.compiled} compiled, {self.cached} cached, "
+                f"{self.failed} failed, {self.seconds:.1f} s with {self.jobs} jobs, peak compiler "
+                f"memory {self.peak_rss_bytes / 2**30:.2f} GiB (largest process "
+                f"{self.max_child_rss_bytes / 2**30:.2f} GiB)")
+
+
+def build_plan(p: BuildPlan, *, jobs: int | None = None, progress: Callable | None = None,
+               timeout: float = 900) -> BuildReport:
+    """Build every candidate of a plan in parallel (cudal2.build.build_many); fills cand.build."""
+    from . import knobs
+    from .build import BuildSpec, build_many
+
+    jobs = jobs or knobs.build_jobs()
+    specs = [BuildSpec(c.source, arch=p.arch, name=f"{c.family}:{c.label}") for c in p.candidates]
+    start = time.perf_counter()
+    with _PeakRss() as peak:
+        results = build_many(specs, jobs=jobs, timeout=timeout, progress=progress)
+    seconds = time.perf_counter() - start
+    for c, r in zip(p.candidates, results):
+        c.build = r
+    failures = [f"{c.family}:{c.label}: {r.status}" for c, r in zip(p.candidates, results) if not r.ok]
+    return BuildReport(
+        arch=p.arch, shapes=len(p.shapes), pairs=p.pairs, unique=len(results),
+        cached=sum(r.cached for r in results), compiled=sum(not r.cached and r.ok for r in results),
+        failed=len(failures), seconds=seconds, peak_rss_bytes=peak.peak,
+        max_child_rss_bytes=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+        jobs=jobs, failures=failures)
+
+
+# --- search ------------------------------------------------------------------------------------------
+@dataclass
+class Trial:
+    config: Any
+    family: str
+    status: str
+    time_us: float | None        # measured median, or the model's estimate when `estimated`
+    estimated: bool
+    source_sha: str = ""
+
+
+@dataclass
+class SearchResult:
+    shape: Shape
+    strategy: str
+    trials: list[Trial]
+    seconds: float
+
+    @property
+    def best(self) -> Trial | None:
+        ok = [t for t in self.trials if t.time_us is not None]
+        return min(ok, key=lambda t: (t.estimated, t.time_us)) if ok else None
+
+
+def _mutate(cfg, family, space: dict, rng: random.Random, tries: int = 20):
+    """One parameter moved to a neighbouring value (or, sometimes, any value): local search."""
+    names = [n for n in space if len(space[n]) > 1]
+    for _ in range(tries):
+        n = rng.choice(names)
+        vals = list(space[n])
+        cur = cfg.get(n)
+        i = vals.index(cur) if cur in vals else 0
+        j = i + rng.choice((-1, 1)) if rng.random() < 0.8 else rng.randrange(len(vals))
+        if 0 <= j < len(vals) and vals[j] != cur:
+            new = cfg.with_(**{n: vals[j]})
+            if family.valid(new):
+                return new
+    return None
+
+
+def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
+           budget_evals: int = 32, budget_s: float = 600.0, strategy: str = "auto",
+           population: int = 8, seed: int = 0, model: CostModel | None = None,
+           modes: tuple[str, ...] = ("offline",), baselines: tuple[str, ...] = BASELINES,
+           db=None, pool=None, evaluate: Callable | None = None, log: Callable = print) -> SearchResult:
+    """Search one shape. strategy: auto | exhaustive | evolutionary | model."""
+    from .build import source_sha
+    from .harness.types import EvalRequest
+
+    if evaluate is None:
+        from .harness import evaluate
+    if strategy not in ("auto", "exhaustive", "evolutionary", "model"):
+        raise ValueError(f"unknown strategy {strategy!r}")
+    model = model or CostModel.default()
+    rng = random.Random(seed)
+    fams = {f.name: f for f in families_for(arch, families)}
+    space = {name: [c for c in enumerate_space(f) if f.accepts(c, shape.M, shape.N, shape.K)]
+             for name, f in fams.items()}
+    everything = [(n, c) for n, cs in space.items() for c in cs]
+    if not everything:
+        raise ValueError(f"no candidate of {sorted(fams)} accepts shape {shape} on {arch}")
+    if strategy == "auto":
+        strategy = "exhaustive" if len(everything) <= budget_evals else "evolutionary"
+    ranked = sorted(everything, key=lambda nc: model.predict_us(config_meta(nc[1]), None, shape))
+    mode = modes[0]
+    start = time.perf_counter()
+    trials: list[Trial] = []
+    done: set = set()
+
+    def run(name, cfg) -> Trial | None:
+        if cfg in done or len(trials) >= budget_evals or time.perf_counter() - start > budget_s:
+            return None
+        done.add(cfg)
+        src = instantiate(fams[name], cfg)
+        ev = evaluate(EvalRequest(source=src, shape=shape, arch=arch, modes=modes,
+                                  baselines=baselines, origin="tune"), db=db, pool=pool)
+        med = ((ev.timings.get(mode) or {}).get("candidate") or {}).get("median_us")
+        if ev.status == "ok" and med and not ev.estimated:
+            t = Trial(cfg, name, ev.status, float(med), False, ev.source_sha)
+        elif ev.status == "not_measured":          # built and audited, no GPU: the model guesses
+            t = Trial(cfg, name, ev.status, model.predict_us(config_meta(cfg), ev.build, shape), True,
+                      ev.source_sha)
+        else:
+            t = Trial(cfg, name, ev.status, None, False, ev.source_sha or source_sha(src))
+        trials.append(t)
+        log(f"  {shape} {name}:{cfg.label()} -> {t.status}"
+            + (f" {t.time_us:.2f} us{' (estimated)' if t.estimated else ''}" if t.time_us else ""))
+        return t
+
+    def out_of_budget() -> bool:
+        return len(trials) >= budget_evals or time.perf_counter() - start > budget_s
+
+    if strategy in ("exhaustive", "model"):
+        for name, cfg in ranked:
+            if out_of_budget():
+                break
+            run(name, cfg)
+    else:  # evolutionary: seed with the model's favourites, then mutate the best survivors
+        for name, cfg in ranked[:population]:
+            run(name, cfg)
+        stale = 0
+        while not out_of_budget() and stale < 50:
+            pop = sorted((t for t in trials if t.time_us is not None),
+                         key=lambda t: (t.estimated, t.time_us))[:population]
+            if not pop:
+                break
+            parent = pop[min(int(rng.expovariate(1.0)), len(pop) - 1)]   # bias toward the best
+            fam = fams[parent.family]
+            child = _mutate(parent.config, fam, fam.space(), rng)
+            if child is None or child in done or not fam.accepts(child, shape.M, shape.N, shape.K):
+                stale += 1
+                continue
+            stale = 0
+            run(parent.family, child)
+    return SearchResult(shape, strategy, trials, time.perf_counter() - start)
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", required=True, help="CSV with M,N,K columns (shapes/stratified_100.csv)")
+    parser.add_argument("--arch", default=None, help="sm_80 | sm_90a (default: CUDAL2_ARCH, else the visible GPU)")
+    parser.add_argument("--families", nargs="+", default=None, help="template families (default: all for the arch)")
+    parser.add_argument("--build-only", action="store_true",
+                        help="build every candidate for the shape list (no GPU) and report counts, time, memory")
+    parser.add_argument("--limit-per-shape", type=int, default=None,
+                        help="keep the N best configs per shape by the cost model's prior")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: all cores)")
+    parser.add_argument("--budget-evals", type=int, default=32, help="evaluations per shape")
+    parser.add_argument("--budget-s", type=float, default=600.0, help="seconds per shape")
+    parser.add_argument("--strategy", default="auto", choices=("auto", "exhaustive", "evolutionary", "model"))
+    parser.add_argument("--modes", nargs="+", default=["offline"], choices=MODES)
+    parser.add_argument("--db", default="results.db", help="results DB (SQLite)")
+    parser.add_argument("--cost-model", default=None, help="a fitted cost model JSON (default: the roofline prior)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .toolchain import detect_arch
+    try:
+        shapes = read_shapes(args.shapes)
+        arch = detect_arch(args.arch)
+        model = CostModel.load(args.cost_model) if args.cost_model else CostModel.default(
+            "A100" if arch.startswith("sm_8") else "H100")
+        if args.build_only:
+            p = plan(shapes, arch, families=args.families, limit_per_shape=args.limit_per_shape, model=model)
+        else:
+            families_for(arch, args.families)
+    except ValueError as exc:
+        print(f"cudal2 tune: {exc}", file=sys.stderr)
+        return 2
+    if args.build_only:
+        print(f"tune --build-only: {len(shapes)} shapes from {args.shapes}, {len(p.candidates)} unique "
+              f"candidates ({p.pairs} shape x candidate pairs) for {arch}")
+        n = [0]
+
+        def progress(r):
+            n[0] += 1
+            print(f"  [{n[0]}/{len(p.candidates)}] {r.name}: {r.status}"
+                  f"{' (cached)' if r.cached else f' {r.seconds:.1f} s'}", flush=True)
+
+        rep = build_plan(p, jobs=args.jobs, progress=progress)
+        print(rep.text())
+        for f in rep.failures[:20]:
+            print(f"  failed: {f}")
+        print(f"builds are in the cache ({_cache_dir()}); `cudal2 tune --shapes {args.shapes}` on a GPU "
+              f"machine times them")
+        return 0 if rep.failed < rep.unique else 1
+    from .harness import ResultsDB
+    db = ResultsDB(args.db)
+    print(f"tune: {len(shapes)} shapes, budget {args.budget_evals} evaluations / {args.budget_s:.0f} s "
+          f"per shape, strategy {args.strategy}, results in {args.db}")
+    for i, shape in enumerate(shapes, 1):
+        print(f"[{i}/{len(shapes)}] {shape}")
+        try:
+            res = search(shape, arch, families=args.families, budget_evals=args.budget_evals,
+                         budget_s=args.budget_s, strategy=args.strategy, model=model,
+                         modes=tuple(args.modes), db=db, seed=args.seed)
+        except ValueError as exc:
+            print(f"  skipped: {exc}")
+            continue
+        b = res.best
+        print(f"  {res.strategy}: {len(res.trials)} evaluations in {res.seconds:.0f} s; best "
+              + (f"{b.family}:{b.config.label()} {b.time_us:.2f} us{' (ESTIMATED, no GPU)' if b.estimated else ''}"
+                 if b else "none"))
+    print(f"results in {args.db}; `cudal2 export --db {args.db}` copies the winners into generated_kernels/")
+    return 0
+
+
+def _cache_dir():
+    from . import knobs
+    return knobs.cache_dir()
