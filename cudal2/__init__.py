@@ -1,0 +1,49 @@
+"""cudal2: per-shape HGEMM CUDA kernels behind a drop-in ``torch.matmul``.
+
+``cudal2.matmul(a, b, *, out=None)`` has torch.matmul's semantics for every input; 2-D fp16 CUDA
+tensors with a supported layout are served by a tuned kernel when one beat cuBLAS for the shape.
+``cudal2.patch(model)`` / ``cudal2.patched(model)`` route a model's nn.Linear layers through it.
+
+Importing the package loads the standard library only: no build, no GPU query, not even the
+torch.library op (registered when cudal2.matmul is first touched). Sub-modules and the public
+names are imported on first attribute access.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# Sub-modules reachable as cudal2.<name> without importing them up front.
+_LAZY_MODULES = (
+    "abi", "build", "campaign", "cli", "costmodel", "dispatch", "export", "harness", "kernels",
+    "knobs", "overhead", "report", "templates", "toolchain", "tune",
+)
+# Names re-exported from a sub-module on first use.
+_LAZY_NAMES = {
+    "matmul": "dispatch",
+    "patch": "dispatch",
+    "patched": "dispatch",
+    "unpatch": "dispatch",
+    "plan": "dispatch",
+    "Decision": "dispatch",
+    "KernelIndex": "kernels",
+    "IndexRow": "kernels",
+}
+
+__all__ = ["__version__", *_LAZY_NAMES]
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    mod = _LAZY_NAMES.get(name)
+    if mod is not None:
+        value = getattr(importlib.import_module(f".{mod}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cudal2' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_MODULES) | set(_LAZY_NAMES))
