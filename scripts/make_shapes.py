@@ -40,16 +40,8 @@ MODELS = {
     "llama3-8b": dict(hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, layers=32),
     "llama3-70b": dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128, layers=80),
 }
-# Flop buckets (ANCHORS.md): upper bounds, the last open.
-BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
-
-
-def bucket(M: int, N: int, K: int) -> str:
-    f = 2.0 * M * N * K
-    for hi, name in BUCKETS:
-        if f < hi:
-            return name
-    raise AssertionError
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cudal2.report import BUCKETS, size_bucket as bucket  # noqa: E402  (one definition of the buckets)
 
 
 def linear_layers(cfg: dict) -> list[tuple[str, int, int]]:

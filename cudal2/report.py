@@ -1,0 +1,294 @@
+"""Speedup summaries from results-DB rows (`cudal2 report`, `cudal2 report --compare`).
+
+Per shape, the best measured candidate of each origin (search = "tune", "rl", anything else by
+name) against the five baselines, with the baselines' medians taken from the *same* run as that
+candidate (interleaved timing). Aggregates: geomean and mean speedup per baseline, count below
+1.0, per flop bucket, a flop-weighted speedup (total baseline time / total candidate time) and,
+with a weighted shape list (shapes/llm_trace.csv), the time-weighted speedup
+1 / sum(w_i / s_i). Only stdlib + numpy; PNGs only when matplotlib is importable.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .harness.types import BASELINES
+
+# Flop buckets (../shared/ANCHORS.md): upper bounds on 2*M*N*K, the last open.
+BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
+
+
+def size_bucket(M: int, N: int, K: int) -> str:
+    f = 2.0 * M * N * K
+    return next(name for hi, name in BUCKETS if f < hi)
+
+
+def origin_group(origin: str) -> str:
+    o = (origin or "").lower()
+    if o.startswith("tune") or o == "search":
+        return "search"
+    if o.startswith("rl"):
+        return "rl"
+    return o or "other"
+
+
+@dataclass
+class Best:
+    """The best measured candidate of one origin for one shape."""
+    origin: str
+    source_sha: str
+    median_us: float
+    baselines_us: dict[str, float]
+
+    def speedup(self, baseline: str) -> float | None:
+        b = self.baselines_us.get(baseline)
+        return b / self.median_us if b else None
+
+
+@dataclass
+class ShapeRow:
+    M: int
+    N: int
+    K: int
+    best: dict[str, Best] = field(default_factory=dict)     # origin group -> Best
+
+    @property
+    def bucket(self) -> str:
+        return size_bucket(self.M, self.N, self.K)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.M, self.N, self.K)
+
+    def baselines_us(self) -> dict[str, float]:
+        """Baseline medians: from the overall best candidate's run (any origin)."""
+        if not self.best:
+            return {}
+        b = min(self.best.values(), key=lambda x: x.median_us)
+        return b.baselines_us
+
+
+def collect(evaluations: Iterable, *, mode: str = "offline", gpu: str | None = None) -> list[ShapeRow]:
+    """Best measured (status ok, correct, not estimated) candidate per shape and origin group."""
+    rows: dict[tuple, ShapeRow] = {}
+    for ev in evaluations:
+        if ev.estimated or ev.status != "ok" or (ev.correctness or {}).get("ok") is False:
+            continue
+        if gpu and gpu.lower() not in str((ev.env or {}).get("gpu", "")).lower():
+            continue
+        t = (ev.timings or {}).get(mode) or {}
+        cand = (t.get("candidate") or {}).get("median_us")
+        if not cand:
+            continue
+        key = (ev.shape.M, ev.shape.N, ev.shape.K)
+        row = rows.setdefault(key, ShapeRow(*key))
+        g = origin_group(ev.origin)
+        if g not in row.best or cand < row.best[g].median_us:
+            bases = {b: float(r["median_us"]) for b, r in t.items()
+                     if b != "candidate" and r and r.get("median_us")}
+            row.best[g] = Best(g, ev.source_sha, float(cand), bases)
+    return [rows[k] for k in sorted(rows)]
+
+
+def geomean(xs) -> float:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | None = None,
+              baselines=BASELINES) -> dict[str, dict]:
+    """Per baseline: n, geomean, mean, below_1, flop_weighted and (with weights) time_weighted.
+    `origin=None` takes the best candidate of any origin for each shape."""
+    out = {}
+    for b in baselines:
+        sp, cand_t, base_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
+        for r in rows:
+            best = r.best.get(origin) if origin else (
+                min(r.best.values(), key=lambda x: x.median_us) if r.best else None)
+            s = best.speedup(b) if best else None
+            if s is None:
+                continue
+            sp.append(s)
+            cand_t += best.median_us
+            base_t += best.baselines_us[b]
+            if weights is not None and r.shape in weights:
+                wsum += weights[r.shape]
+                wdiv += weights[r.shape] / s
+        out[b] = {"n": len(sp), "geomean": geomean(sp),
+                  "mean": sum(sp) / len(sp) if sp else float("nan"),
+                  "below_1": sum(s < 1.0 for s in sp),
+                  "flop_weighted": base_t / cand_t if cand_t else float("nan"),
+                  "time_weighted": (wsum / wdiv) if wdiv else float("nan"),
+                  "weight_covered": wsum}
+    return out
+
+
+def read_weights(path) -> dict[tuple[int, int, int], float]:
+    """shape -> summed weight from a CSV with M,N,K,weight (shapes/llm_trace.csv)."""
+    out: dict[tuple, float] = {}
+    with open(path, newline="") as f:
+        r = csv.DictReader(f)
+        if "weight" not in (r.fieldnames or ()):
+            raise ValueError(f"{path}: no 'weight' column")
+        for rec in r:
+            k = (int(rec["M"]), int(rec["N"]), int(rec["K"]))
+            out[k] = out.get(k, 0.0) + float(rec["weight"])
+    return out
+
+
+def _fmt(x, nd=3) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, title: str = "") -> dict:
+    """compare.csv (per shape) + compare.md (per origin and size bucket). Returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    origins = sorted({g for r in rows for g in r.best}, key=lambda g: (g not in ("search", "rl"), g))
+    csv_path = out / "compare.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["M", "N", "K", "bucket", *[f"{b}_us" for b in BASELINES],
+                    *[c for g in origins for c in (f"{g}_us", f"{g}_sha",
+                                                    *[f"{g}_vs_{b}" for b in BASELINES])]])
+        for r in rows:
+            bases = r.baselines_us()
+            line = [r.M, r.N, r.K, r.bucket, *[_fmt(bases.get(b), 2) for b in BASELINES]]
+            for g in origins:
+                best = r.best.get(g)
+                line += [_fmt(best.median_us, 2) if best else "", best.source_sha[:12] if best else "",
+                         *[_fmt(best.speedup(b)) if best else "" for b in BASELINES]]
+            w.writerow(line)
+    md = [f"# {title or 'Search vs RL vs baselines'} ({mode})", "",
+          f"{len(rows)} shapes with a measured candidate. Speedup = baseline median / candidate "
+          "median, both from the same interleaved run; geomean over shapes; `<1` = shapes where "
+          "the candidate is slower (the library would not use it).", ""]
+    for g in origins:
+        md += [f"## {g}", "", "| bucket | shapes | " + " | ".join(BASELINES) + " | <1 vs " + BASELINES[-1] + " |",
+               "|---|---|" + "---|" * len(BASELINES) + "---|"]
+        for _, bname in BUCKETS + ((None, "all"),):
+            sub = [r for r in rows if g in r.best and (bname == "all" or r.bucket == bname)]
+            if not sub:
+                continue
+            agg = aggregate(sub, g)
+            md.append(f"| {bname} | {len(sub)} | " + " | ".join(_fmt(agg[b]['geomean']) for b in BASELINES)
+                      + f" | {agg[BASELINES[-1]]['below_1']} |")
+        agg = aggregate([r for r in rows if g in r.best], g, weights)
+        md += ["", "flop-weighted (total baseline time / total candidate time): "
+               + ", ".join(f"{b} {_fmt(agg[b]['flop_weighted'])}" for b in BASELINES)]
+        if weights:
+            md += ["", f"time-weighted on the trace (1/sum(w/s), weight covered "
+                       f"{_fmt(agg[BASELINES[-1]]['weight_covered'])}): "
+                   + ", ".join(f"{b} {_fmt(agg[b]['time_weighted'])}" for b in BASELINES)]
+        md.append("")
+    both = [r for r in rows if "search" in r.best and "rl" in r.best]
+    if both:
+        rl_wins = sum(r.best["rl"].median_us < r.best["search"].median_us for r in both)
+        ratio = geomean([r.best["search"].median_us / r.best["rl"].median_us for r in both])
+        md += ["## RL vs search, head to head", "",
+               f"{len(both)} shapes with both: RL faster on {rl_wins}, search faster on "
+               f"{len(both) - rl_wins}; geomean search time / RL time = {_fmt(ratio)}.", ""]
+    md_path = out / "compare.md"
+    md_path.write_text("\n".join(md) + "\n")
+    return {"csv": csv_path, "md": md_path}
+
+
+def write_summary(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, title: str = "",
+                  command: str = "") -> dict:
+    """summary.md + per_shape.csv (+ PNGs when matplotlib is importable) for one run."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = write_compare(rows, out, mode=mode, weights=weights, title=title)
+    agg = aggregate(rows, None, weights)
+    md = [f"# {title or 'Speedup summary'} ({mode})", "", f"{len(rows)} shapes. Best candidate of any "
+          "origin per shape vs each baseline (same-run medians).", "",
+          "| baseline | shapes | geomean | mean | below 1.0 | flop-weighted | time-weighted (trace) |",
+          "|---|---|---|---|---|---|---|"]
+    for b in BASELINES:
+        a = agg[b]
+        md.append(f"| {b} | {a['n']} | {_fmt(a['geomean'])} | {_fmt(a['mean'])} | {a['below_1']} | "
+                  f"{_fmt(a['flop_weighted'])} | {_fmt(a['time_weighted'])} |")
+    md += ["", "Per size bucket (geomean):", "", "| bucket | shapes | " + " | ".join(BASELINES) + " |",
+           "|---|---|" + "---|" * len(BASELINES)]
+    for _, bname in BUCKETS:
+        sub = [r for r in rows if r.bucket == bname]
+        if sub:
+            a = aggregate(sub)
+            md.append(f"| {bname} | {len(sub)} | " + " | ".join(_fmt(a[b]['geomean']) for b in BASELINES) + " |")
+    pngs = plot(rows, out, mode=mode)
+    if pngs:
+        md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
+    if command:
+        md += ["", f"Made by: `{command}`"]
+    (out / "summary.md").write_text("\n".join(md) + "\n")
+    paths.update(summary=out / "summary.md", pngs=pngs)
+    return paths
+
+
+def plot(rows: list[ShapeRow], out: Path, *, mode: str) -> list[Path]:
+    """Speedup vs problem size per baseline (PNG); [] when matplotlib is absent."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for b in BASELINES:
+        pts = [(2.0 * r.M * r.N * r.K, s) for r in rows for best in [min(r.best.values(), key=lambda x: x.median_us)]
+               if (s := best.speedup(b))]
+        if pts:
+            ax.scatter(*zip(*pts), s=10, label=b, alpha=0.7)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("problem size (2*M*N*K flop)")
+    ax.set_ylabel("speedup (baseline / candidate median)")
+    ax.set_title(f"best candidate vs baselines ({mode})")
+    ax.legend(fontsize=8)
+    p = out / f"speedup_vs_size_{mode}.png"
+    fig.tight_layout()
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return [p]
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", default="results.db", help="results DB (SQLite)")
+    parser.add_argument("--compare", action="store_true", help="search vs RL vs baselines per shape and bucket")
+    parser.add_argument("--mode", default="offline", choices=("offline", "server", "wall"))
+    parser.add_argument("--gpu", default=None, help="only rows measured on this GPU (substring)")
+    parser.add_argument("--weights", default=None, help="weighted shape CSV for a time-weighted speedup "
+                                                        "(shapes/llm_trace.csv)")
+    parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-report)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .harness import ResultsDB
+    if not Path(args.db).exists():
+        print(f"cudal2 report: no results DB at {args.db}", file=sys.stderr)
+        return 2
+    evs = ResultsDB(args.db).rows()
+    rows = collect(evs, mode=args.mode, gpu=args.gpu)
+    if not rows:
+        print(f"cudal2 report: no measured candidate rows in {args.db} (mode {args.mode}); "
+              "rows from machines without a GPU are not_measured and make no report", file=sys.stderr)
+        return 1
+    weights = read_weights(args.weights) if args.weights else None
+    gpus = sorted({str((e.env or {}).get("gpu", "")) for e in evs if e.status == "ok"} - {""})
+    tag = (args.gpu or (gpus[0] if len(gpus) == 1 else "mixed")).replace(" ", "_")
+    out = Path(args.out) if args.out else Path("reports") / tag / (
+        _dt.date.today().isoformat() + ("-compare" if args.compare else "-report"))
+    cmd = "cudal2 report " + " ".join(sys.argv[2:])
+    if args.compare:
+        paths = write_compare(rows, out, mode=args.mode, weights=weights)
+    else:
+        paths = write_summary(rows, out, mode=args.mode, weights=weights, command=cmd)
+    (out / "command.txt").write_text(cmd + "\n")
+    print(f"report over {len(rows)} shapes written to {out}: " + ", ".join(
+        str(p.name) for p in paths.values() if isinstance(p, Path)))
+    return 0
