@@ -1,0 +1,259 @@
+"""The correctness suite on CPU: tolerance formula, exact 0/1 inputs, guard bands, and planted
+bugs as Python "kernels" that write through the same Operands a .so launch gets."""
+import pytest
+import torch
+
+from cudal2.harness import check
+from cudal2.harness.check import check_kernel, compare, reference, tolerance
+
+
+def fp32_acc(a, b):
+    return (a.float() @ b.float()).half()
+
+
+def fp16_acc(a, b, chunk=16):
+    """An fp16 accumulator updated every `chunk` products (an MMA's k)."""
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float16)
+    for k0 in range(0, a.shape[1], chunk):
+        acc = (acc.float() + a[:, k0:k0 + chunk].float() @ b[k0:k0 + chunk].float()).half()
+    return acc
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- tolerance -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("K", [256, 1024, 4096])
+def test_fp32_accumulate_passes_and_fp16_accumulate_declared_f32_fails(K):
+    a, b = check.random_inputs(64, 64, K, gen(K))
+    ref = reference(a, b)
+    assert compare(fp32_acc(a, b), ref, K=K, acc="f32").ok
+    bad = compare(fp16_acc(a, b), ref, K=K, acc="f32")
+    assert not bad.ok and "f32-accumulate bound" in bad.detail
+    # declared honestly as f16, the same result passes
+    assert compare(fp16_acc(a, b), ref, K=K, acc="f16").ok
+
+
+def test_sequential_fp16_accumulation_is_within_the_f16_bound():
+    a, b = check.random_inputs(32, 32, 1024, gen(1))
+    assert compare(fp16_acc(a, b, chunk=1), reference(a, b), K=1024, acc="f16").ok
+
+
+def test_tolerance_formula_and_errors():
+    rtol, atol = tolerance(1024, "f32")
+    assert rtol == 2.0 ** -10
+    assert atol == pytest.approx(6 * 2.0 ** -20 * 1024 / 3 ** 0.5 + 2.0 ** -24)
+    assert tolerance(1024, "f16")[1] > 400 * atol
+    assert tolerance(1024, "f32", 2.0, 3.0)[1] == pytest.approx(6 * (atol - 2.0 ** -24) + 2.0 ** -24)
+    with pytest.raises(ValueError, match="accumulator"):
+        tolerance(64, "f64")
+    with pytest.raises(ValueError, match="K"):
+        tolerance(0, "f32")
+
+
+def test_compare_flags_nonfinite_and_wrong_values():
+    ref = torch.ones(4, 4)
+    c = torch.ones(4, 4, dtype=torch.float16)
+    assert compare(c, ref, exact=True).ok
+    c[1, 2] = float("nan")
+    r = compare(c, ref, exact=True)
+    assert not r.ok and "non-finite" in r.detail and "(1, 2)" in r.detail
+    c = torch.ones(4, 4, dtype=torch.float16)
+    c[3, 0] = 2
+    r = compare(c, ref, exact=True)
+    assert not r.ok and "(3, 0)" in r.detail and r.max_abs_err == 1.0
+
+
+# ---- exact 0/1 inputs --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("K", [1, 40, 2048, 8192])
+def test_ones_inputs_are_exact_under_fp16_accumulation(K):
+    a, b = check.ones_inputs(48, 40, K, gen(K))
+    assert set(a.unique().tolist()) <= {0.0, 1.0} and set(b.unique().tolist()) <= {0.0, 1.0}
+    assert a.float().sum(dim=1).max() <= check.ONES_MAX_DOT
+    ref = reference(a, b)
+    assert ref.max() <= check.ONES_MAX_DOT
+    assert torch.equal(fp16_acc(a, b).float(), ref)
+    assert torch.equal(fp16_acc(a, b, chunk=1).float(), ref)
+    if K >= 40:
+        assert ref.std() > 0          # informative: sums vary
+
+
+def test_row_cap_bounds_every_dot_product():
+    a = torch.ones(3, 5000, dtype=torch.float16)
+    capped = check.cap_row_ones(a)
+    assert capped.sum(dim=1).tolist() == [2048.0] * 3
+    b = torch.ones(5000, 2, dtype=torch.float16)
+    assert torch.equal(fp16_acc(capped, b, chunk=1).float(), reference(capped, b))
+    assert check.ones_density(64) == 0.5 and check.ones_density(16384) == 1024 / 16384
+
+
+# ---- guard bands on CPU tensors ------------------------------------------------------------------
+
+def test_guard_band_checker_sees_writes_outside_c_only():
+    ops = check.make_operands(8, 8, 8, "RR", 0, gen(), pad=8)
+    before = ops.c_buf.clone()
+    ops.c.fill_(1.0)                                  # the interior is the kernel's to write
+    assert check.outside_c_changed(before, ops) == 0
+    ops.c_buf[-1] = 7.0                               # last element of the back band
+    assert check.outside_c_changed(before, ops) == 1
+    ops.c_buf.copy_(before)
+    row0 = ops.c_buf[(ops.c_buf.numel() - 8 * ops.ldc) // 2:].view(-1)
+    row0[8] = 3.0                                     # the padding column of row 0 (ld = N + 8)
+    assert check.outside_c_changed(before, ops) == 1
+
+
+def test_operand_views_and_layouts():
+    for layout in ("RR", "RC"):
+        ops = check.make_operands(5, 7, 3, layout, 64, gen())
+        assert tuple(ops.a.shape) == (5, 3) and tuple(ops.b.shape) == (3, 7)
+        assert tuple(ops.c.shape) == (5, 7) and ops.ws.numel() == 64
+        assert ops.ldb == (7 if layout == "RR" else 3)
+        a, b = check.random_inputs(5, 7, 3, gen(1))
+        check.set_inputs(ops, a, b)
+        assert torch.equal(ops.a, a) and torch.equal(ops.b, b)
+    with pytest.raises(ValueError, match="layout"):
+        check.make_operands(1, 1, 1, "CC", 0, gen())
+
+
+# ---- planted bugs as Python kernels ---------------------------------------------------------------
+
+def good(ops):
+    ops.c.copy_(fp32_acc(ops.a, ops.b))
+    return 0
+
+
+def run_suite(kernel, M=64, N=48, K=256, acc="f32", layout="RR", **kw):
+    return check_kernel(kernel, M, N, K, acc=acc, layout=layout, seeds=2, **kw)
+
+
+def test_correct_kernel_passes_every_check():
+    for layout in ("RR", "RC"):
+        rep = run_suite(good, layout=layout, ws_bytes=128, any_shape=True)
+        assert rep.ok, rep.first_failure
+        for name in ("ones_exact", "random_tol", "guards", "inputs", "determinism", "reuse",
+                     "padded_ld", "edge_shapes", "fresh_buffers"):
+            assert rep.checks[name]["ok"] and rep.checks[name]["n"] >= 1, name
+        assert 0 < rep.max_abs_err < 0.1
+
+
+def test_fp16_accumulator_declared_f32_is_wrong():
+    def f16(ops):
+        ops.c.copy_(fp16_acc(ops.a, ops.b))
+        return 0
+    rep = run_suite(f16, K=512)
+    assert not rep.ok
+    assert rep.checks["ones_exact"]["ok"]                 # CUDA-L2's check alone passes it
+    assert not rep.checks["random_tol"]["ok"]
+
+
+def test_out_of_bounds_writer_is_caught():
+    def oob(ops):
+        good(ops)
+        band = (ops.c_buf.numel() - ops.M * ops.ldc) // 2
+        ops.c_buf[band + ops.M * ops.ldc] = 0.0          # row M, column 0: one row too far
+        return 0
+    rep = run_suite(oob)
+    assert not rep.checks["guards"]["ok"] and "outside C" in rep.checks["guards"]["detail"]
+
+
+def test_full_tile_writer_caught_by_padded_ld():
+    def tile_writer(ops):                     # writes 8 columns past N in each row
+        good(ops)
+        band = (ops.c_buf.numel() - ops.M * ops.ldc) // 2
+        rows = ops.c_buf[band:band + ops.M * ops.ldc].view(ops.M, ops.ldc)
+        rows[:, ops.N:min(ops.ldc, ops.N + 8)] = 0.0
+        return 0
+    rep = run_suite(tile_writer)
+    assert rep.checks["ones_exact"]["ok"] and not rep.checks["guards"]["ok"]
+
+
+def test_workspace_overrun_is_caught():
+    def ws_over(ops):
+        good(ops)
+        ops.ws_buf[ops.ws_band + ops.ws_bytes] += 1
+        return 0
+    rep = run_suite(ws_over, ws_bytes=256)
+    assert not rep.checks["guards"]["ok"] and "workspace" in rep.checks["guards"]["detail"]
+
+
+def test_input_writer_is_caught():
+    def scribble(ops):
+        good(ops)
+        ops.b[0, 0] = 5.0
+        return 0
+    rep = run_suite(scribble)
+    assert not rep.checks["inputs"]["ok"]
+
+
+def test_pointer_memoiser_is_caught():
+    cache = {}
+
+    def memo(ops):
+        key = (ops.a.data_ptr(), ops.b_store.data_ptr(), ops.c.data_ptr())
+        if key not in cache:
+            cache[key] = fp32_acc(ops.a, ops.b)
+        ops.c.copy_(cache[key])
+        return 0
+    rep = run_suite(memo)
+    assert not rep.checks["reuse"]["ok"]
+
+
+def test_write_c_only_on_first_call_is_caught():
+    calls = []
+
+    def once(ops):
+        if not calls:
+            good(ops)
+        calls.append(1)
+        return 0
+    rep = run_suite(once)
+    assert not rep.ok and not rep.checks["random_tol"]["ok"]
+
+
+def test_reading_c_old_contents_is_caught():
+    def accumulate(ops):                      # C += A @ B (beta = 1)
+        ops.c.copy_((ops.c.float() + ops.a.float() @ ops.b.float()).half())
+        return 0
+    rep = run_suite(accumulate)
+    assert not rep.checks["ones_exact"]["ok"]
+
+
+def test_nondeterminism_is_caught():
+    calls = [0]
+
+    def jitter(ops):
+        good(ops)
+        calls[0] += 1
+        if calls[0] % 2 == 0:                 # within tolerance, but not bit-identical
+            flat = ops.c.view(torch.int16)
+            flat[0, 0] += 1
+        return 0
+    rep = run_suite(jitter)
+    assert not rep.checks["determinism"]["ok"]
+
+
+def test_tile_aligned_only_fails_edge_shapes():
+    def aligned_only(ops):                    # computes only the 16-aligned part of C
+        m, n = ops.M // 16 * 16, ops.N // 16 * 16
+        ops.c[:m, :n].copy_(fp32_acc(ops.a[:m], ops.b[:, :n]))
+        return 0
+    rep = run_suite(aligned_only, any_shape=True)
+    assert rep.checks["ones_exact"]["ok"] and not rep.checks["edge_shapes"]["ok"]
+
+
+def test_launch_error_stops_the_suite():
+    rep = run_suite(lambda ops: 700)
+    assert not rep.ok and rep.launch_error == 700 and "launch" in rep.first_failure
+
+
+def test_shape_not_accepted_without_any_shape():
+    rep = run_suite(good, M=100, tile=(64, 64, 32))
+    assert not rep.ok and "not a multiple" in rep.checks["shape"]["detail"]
+
+
+def test_edge_shapes_clip_at_one():
+    assert check.edge_shapes(1, 1, 1) == [(1, 2, 1), (2, 1, 6)]
+    assert check.edge_shapes(64, 64, 64) == [(63, 65, 61), (65, 63, 69)]
