@@ -1,0 +1,506 @@
+// cudal2 reference kernel family "mma": HGEMM with raw CUDA tensor-core instructions.
+//
+//   C[M,N] (fp16, row-major, ldc) = A[M,K] (fp16, row-major, lda) @ B
+//   B is K x N row-major (ldb >= N) when LAYOUT_RC == 0 ("RR"),
+//        N x K row-major, i.e. K x N column-major (ldb >= K), when LAYOUT_RC == 1 ("RC").
+//
+// Building blocks (sm_80 and later): mma.sync.aligned.m16n8k16 (f32 or f16 accumulate, chosen by
+// ACC_F16), ldmatrix.x4 (.trans for row-major B), a STAGES-deep cp.async pipeline into padded
+// shared memory (rows padded by 16 bytes, so the 8 row addresses of every ldmatrix hit distinct
+// bank groups), grouped threadblock raster (SWIZZLE) and optional split-K (SPLITK) with fp32
+// partial sums in the caller's workspace reduced by a second kernel on the same stream.
+//
+// Any M, N, K: tile loads are predicated and zero-filled (cp.async src-size), stores are
+// predicated. When A/B are not 16-byte aligned or lda/ldb are not multiples of 8 elements the
+// launcher picks the guarded scalar-load instantiation of the same kernel.
+//
+// Every parameter is a macro with a default, so an instantiation is "#define ..." lines followed
+// by this file. Exports the cudal2 kernel ABI: cudal2_hgemm and cudal2_meta (docs/templates.md).
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <atomic>
+
+#ifndef BM
+#define BM 128          // threadblock tile rows (M)
+#endif
+#ifndef BN
+#define BN 128          // threadblock tile columns (N)
+#endif
+#ifndef BK
+#define BK 32           // K depth of one pipeline stage
+#endif
+#ifndef WM
+#define WM 64           // warp tile rows
+#endif
+#ifndef WN
+#define WN 64           // warp tile columns
+#endif
+#ifndef STAGES
+#define STAGES 3        // cp.async pipeline depth (>= 2)
+#endif
+#ifndef SWIZZLE
+#define SWIZZLE 8       // grouped raster: this many tile rows share a column sweep (1 = row-major)
+#endif
+#ifndef SPLITK
+#define SPLITK 1        // K split factor; > 1 needs SPLITK*M*N*4 bytes of workspace
+#endif
+#ifndef ACC_F16
+#define ACC_F16 0       // 0: fp32 accumulate, 1: fp16 accumulate
+#endif
+#ifndef LAYOUT_RC
+#define LAYOUT_RC 0     // 0: B row-major K x N ("RR"), 1: B column-major, stored N x K ("RC")
+#endif
+#ifndef CUDAL2_STYLE
+#define CUDAL2_STYLE "mma"
+#endif
+#ifndef CUDAL2_FAMILY
+#define CUDAL2_FAMILY "mma"
+#endif
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800)
+#error "cudal2 mma/ptx HGEMM needs sm_80 or later (cp.async, ldmatrix, mma.sync.m16n8k16)"
+#endif
+
+#define CUDAL2_STR2(x) #x
+#define CUDAL2_STR(x) CUDAL2_STR2(x)
+
+namespace cudal2_hgemm_impl {
+
+constexpr int kWarpsM = BM / WM;
+constexpr int kWarpsN = BN / WN;
+constexpr int kThreads = kWarpsM * kWarpsN * 32;
+constexpr int kMI = WM / 16;   // m16 fragments per warp tile
+constexpr int kNI = WN / 8;    // n8 fragments per warp tile
+constexpr int kPad = 8;        // halfs of padding per shared-memory row (16 bytes)
+constexpr int kAStride = BK + kPad;            // A tile: BM rows of BK (k contiguous)
+#if LAYOUT_RC
+constexpr int kBRows = BN, kBCols = BK;        // B tile: BN rows of BK (k contiguous)
+#else
+constexpr int kBRows = BK, kBCols = BN;        // B tile: BK rows of BN (n contiguous)
+#endif
+constexpr int kBStride = kBCols + kPad;
+constexpr int kAStage = BM * kAStride;         // halfs per stage
+constexpr int kBStage = kBRows * kBStride;
+constexpr size_t kSmemBytes = (size_t)STAGES * (kAStage + kBStage) * sizeof(half);
+
+static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide the block tile");
+static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16x16");
+static_assert(BK % 16 == 0, "BK must be a multiple of 16 (mma k16)");
+static_assert(kThreads <= 1024, "too many threads per block");
+static_assert((BM * BK / 8) % kThreads == 0, "A tile 16-byte chunks must split evenly over threads");
+static_assert((BK * BN / 8) % kThreads == 0, "B tile 16-byte chunks must split evenly over threads");
+static_assert(STAGES >= 2, "STAGES must be >= 2");
+static_assert(SWIZZLE >= 1, "SWIZZLE must be >= 1");
+static_assert(SPLITK >= 1, "SPLITK must be >= 1");
+
+#if ACC_F16
+typedef uint32_t AccFrag[kMI][kNI][2];   // packed half2: {row g, cols 2t..2t+1}, {row g+8, ...}
+#else
+typedef float AccFrag[kMI][kNI][4];      // {g,2t} {g,2t+1} {g+8,2t} {g+8,2t+1}
+#endif
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; bytes < 16 copies that many and zero-fills the rest (0 = pure zero-fill).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Copies a ROWS x COLS tile (COLS contiguous in global and shared memory) starting at global
+// (r0, c0); elements at row >= row_lim or col >= col_lim read as zero. VEC: 16-byte cp.async
+// (needs 16-byte aligned base and ld % 8 == 0); else guarded 2-byte loads and 16-byte smem stores.
+template <int ROWS, int COLS, bool VEC>
+__device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g, int ld, int r0,
+                                          int row_lim, int c0, int col_lim, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  constexpr int kIters = ROWS * kChunksPerRow / kThreads;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx / kChunksPerRow;
+    const int c = (idx % kChunksPerRow) * 8;
+    const int gr = r0 + r, gc = c0 + c;
+    half* dst = smem + r * sstride + c;
+    if (VEC) {
+      int valid = (gr < row_lim) ? (col_lim - gc) : 0;
+      valid = valid < 0 ? 0 : (valid > 8 ? 8 : valid);
+      const half* src = valid > 0 ? g + (size_t)gr * (size_t)ld + gc : g;
+      cp_async_16(smem_u32(dst), src, valid * 2);
+    } else {
+      const unsigned short* p =
+          reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
+      const bool row_ok = gr < row_lim;
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = (row_ok && gc + 2 * j < col_lim) ? p[2 * j] : 0u;
+        const uint32_t hi = (row_ok && gc + 2 * j + 1 < col_lim) ? p[2 * j + 1] : 0u;
+        w[j] = lo | (hi << 16);
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+#if defined(CUDAL2_PTX_KSTEP)
+// The ptx family supplies cudal2_ptx_kstep (one asm block per k16 step) before including us.
+#else
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+#if ACC_F16
+__device__ __forceinline__ void mma16816(uint32_t (&c)[2], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, "
+      "{%0,%1};\n"
+      : "+r"(c[0]), "+r"(c[1])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// One k16 step of the warp tile: ldmatrix A (kMI x4) and B (kNI/2 x4), then kMI*kNI mma.
+// a_addr[mi]: this lane's ldmatrix row address for fragment mi; b_addr[p]: for n16 pair p.
+__device__ __forceinline__ void warp_kstep(AccFrag& acc, const uint32_t (&a_addr)[kMI],
+                                           const uint32_t (&b_addr)[kNI / 2]) {
+  uint32_t a[kMI][4];
+  uint32_t b[kNI / 2][4];
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) ldmatrix_x4(a[mi], a_addr[mi]);
+#pragma unroll
+  for (int p = 0; p < kNI / 2; ++p) {
+#if LAYOUT_RC
+    ldmatrix_x4(b[p], b_addr[p]);
+#else
+    ldmatrix_x4_trans(b[p], b_addr[p]);
+#endif
+  }
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni)
+      mma16816(acc[mi][ni], a[mi], b[ni / 2][(ni % 2) * 2], b[ni / 2][(ni % 2) * 2 + 1]);
+}
+#endif  // CUDAL2_PTX_KSTEP
+
+// Tile index -> (tile_m, tile_n) with grouped raster: SWIZZLE tile rows are swept together
+// column by column so their A rows and B columns stay in L2.
+__device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int group = SWIZZLE * tiles_n;
+  const int first_m = (pid / group) * SWIZZLE;
+  const int rows = min(tiles_m - first_m, SWIZZLE);
+  const int in_group = pid % group;
+  tm = first_m + in_group % rows;
+  tn = in_group / rows;
+}
+
+// grid.x = tiles_m * tiles_n, grid.y = split index. Each block computes one BM x BN tile of the
+// K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (SPLITK == 1) or fp32 partials
+// to ws[z][M][N] (SPLITK > 1).
+template <bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
+                 float* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
+                 int k_chunk, int c_vec2) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  half* sA = reinterpret_cast<half*>(smem_raw);
+  half* sB = sA + STAGES * kAStage;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp / kWarpsN;
+  const int wn = warp % kWarpsN;
+
+  const int tiles_m = (M + BM - 1) / BM;
+  const int tiles_n = (N + BN - 1) / BN;
+  int tm, tn;
+  tile_coords(blockIdx.x, tiles_m, tiles_n, tm, tn);
+  const int m0 = tm * BM;
+  const int n0 = tn * BN;
+  const int z = blockIdx.y;
+  const int k_begin = z * k_chunk;
+  const int k_end = min(K, k_begin + k_chunk);
+  const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+
+  AccFrag acc;
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+      for (int r = 0; r < (int)(sizeof(acc[0][0]) / sizeof(acc[0][0][0])); ++r) acc[mi][ni][r] = 0;
+
+  auto load_stage = [&](int stage, int kt) {
+    const int k0 = k_begin + kt * BK;
+    load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
+#if LAYOUT_RC
+    load_tile<BN, BK, VEC>(sB + stage * kBStage, kBStride, B, ldb, n0, N, k0, k_end, tid);
+#else
+    load_tile<BK, BN, VEC>(sB + stage * kBStage, kBStride, B, ldb, k0, k_end, n0, N, tid);
+#endif
+  };
+
+  // Per-lane ldmatrix byte offsets inside one stage (see docs/templates.md for the mapping).
+  const uint32_t sA_base = smem_u32(sA);
+  const uint32_t sB_base = smem_u32(sB);
+  const uint32_t a_lane = ((wm * WM + (lane & 15)) * kAStride + (lane >> 4) * 8) * 2;
+#if LAYOUT_RC
+  const uint32_t b_lane = ((wn * WN + (lane & 7) + (lane >> 4) * 8) * kBStride + ((lane >> 3) & 1) * 8) * 2;
+  constexpr uint32_t kBPairStep = 16 * kBStride * 2;   // next n16 pair: 16 rows down
+  constexpr uint32_t kBKStep = 16 * 2;                 // next k16: 16 halfs right
+#else
+  const uint32_t b_lane = (((lane & 7) + ((lane >> 3) & 1) * 8) * kBStride + wn * WN + (lane >> 4) * 8) * 2;
+  constexpr uint32_t kBPairStep = 16 * 2;              // next n16 pair: 16 halfs right
+  constexpr uint32_t kBKStep = 16 * kBStride * 2;      // next k16: 16 rows down
+#endif
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();   // always commit so group counting stays uniform
+  }
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();   // stage kt visible to all; stage kt-1 fully consumed by all warps
+    const int next = kt + STAGES - 1;
+    if (next < k_tiles) load_stage(next % STAGES, next);
+    cp_async_commit();
+
+    const int stage = kt % STAGES;
+    const uint32_t a_stage = sA_base + stage * kAStage * 2 + a_lane;
+    const uint32_t b_stage = sB_base + stage * kBStage * 2 + b_lane;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a_addr[kMI];
+      uint32_t b_addr[kNI / 2];
+#pragma unroll
+      for (int mi = 0; mi < kMI; ++mi) a_addr[mi] = a_stage + mi * 16 * kAStride * 2 + kk * 32;
+#pragma unroll
+      for (int p = 0; p < kNI / 2; ++p) b_addr[p] = b_stage + p * kBPairStep + kk * kBKStep;
+#if defined(CUDAL2_PTX_KSTEP)
+      cudal2_ptx_kstep(acc, a_addr, b_addr);
+#else
+      warp_kstep(acc, a_addr, b_addr);
+#endif
+    }
+  }
+  cp_async_wait<0>();   // no copies may be in flight when the block exits
+
+  // Epilogue: predicated stores straight from the accumulator fragments.
+  const int g = lane >> 2;
+  const int t = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNI; ++ni) {
+      const int col = n0 + wn * WN + ni * 8 + 2 * t;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wm * WM + mi * 16 + g + 8 * h;
+        if (row >= M) continue;
+#if ACC_F16
+        const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
+        const float v0 = __low2float(v), v1 = __high2float(v);
+#else
+        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+#endif
+        if (SPLITK > 1) {
+          float* w = ws + ((size_t)z * M + row) * (size_t)N + col;
+          if (col < N) w[0] = v0;
+          if (col + 1 < N) w[1] = v1;
+        } else {
+          half* c = C + (size_t)row * (size_t)ldc + col;
+          if (c_vec2 && col + 1 < N) {
+#if ACC_F16
+            *reinterpret_cast<__half2*>(c) = v;
+#else
+            *reinterpret_cast<__half2*>(c) = __floats2half2_rn(v0, v1);
+#endif
+          } else {
+            if (col < N) c[0] = __float2half_rn(v0);
+            if (col + 1 < N) c[1] = __float2half_rn(v1);
+          }
+        }
+      }
+    }
+  }
+}
+
+// C = sum over splits of ws[z] (fp32), rounded once to fp16.
+__global__ void __launch_bounds__(256)
+    splitk_reduce_kernel(const float* __restrict__ ws, half* __restrict__ C, int M, int N, int ldc,
+                         int splits) {
+  const size_t total = (size_t)M * (size_t)N;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float s = 0.f;
+    for (int z = 0; z < splits; ++z) s += ws[(size_t)z * total + i];
+    const size_t m = i / (size_t)N, n = i % (size_t)N;
+    C[m * (size_t)ldc + n] = __float2half_rn(s);
+  }
+}
+
+// K == 0: the product of empty sums is C = 0.
+__global__ void __launch_bounds__(256) zero_kernel(half* __restrict__ C, int M, int N, int ldc) {
+  const size_t total = (size_t)M * (size_t)N;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const size_t m = i / (size_t)N, n = i % (size_t)N;
+    C[m * (size_t)ldc + n] = __float2half_rn(0.f);
+  }
+}
+
+static cudaError_t launch_elementwise(const void* fn, void** args, size_t total, cudaStream_t s) {
+  size_t blocks = (total + 255) / 256;
+  if (blocks > 65535u * 8u) blocks = 65535u * 8u;   // grid-stride loop covers the rest
+  return cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(256), args, 0, s);
+}
+
+// Opt in to > 48 KiB of dynamic shared memory once per (device, kernel variant).
+template <bool VEC>
+static cudaError_t ensure_smem_attribute() {
+  if (kSmemBytes <= 48 * 1024) return cudaSuccess;
+  static std::atomic<unsigned long long> done{0};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(reinterpret_cast<const void*>(&hgemm_kernel<VEC>),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
+  if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
+static const char* arch_name() {
+#if defined(CUDAL2_ARCH_NAME)
+  return CUDAL2_ARCH_NAME;
+#elif !defined(__CUDA_ARCH_LIST__)
+  return "unknown";
+#elif __CUDA_ARCH_LIST__ == 800
+  return "sm_80";
+#elif __CUDA_ARCH_LIST__ == 860
+  return "sm_86";
+#elif __CUDA_ARCH_LIST__ == 890
+  return "sm_89";
+#elif __CUDA_ARCH_LIST__ == 900
+  return "sm_90a";
+#else
+  return "sm_" CUDAL2_STR(__CUDA_ARCH_LIST__);
+#endif
+}
+
+static const char* build_meta() {
+  static char buf[1536];
+  snprintf(buf, sizeof(buf),
+           "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"acc\": \"%s\", "
+           "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"warp_tile\": [%d, %d], \"warps\": %d, "
+           "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
+           "\"workspace_bytes\": 0, \"workspace_per_mn\": %d, \"splitk\": %d, "
+           "\"vector_loads_need\": {\"ptr_align_bytes\": 16, \"ld_multiple\": 8}, "
+           "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
+           "\"STAGES\": %d, \"SWIZZLE\": %d, \"SPLITK\": %d, \"ACC\": \"%s\", \"LAYOUT\": \"%s\"}}",
+           CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), ACC_F16 ? "f16" : "f32",
+           LAYOUT_RC ? "RC" : "RR", BM, BN, BK, WM, WN, kWarpsM * kWarpsN, kThreads, STAGES,
+           (int)kSmemBytes, SPLITK > 1 ? SPLITK * 4 : 0, SPLITK, BM, BN, BK, WM, WN, STAGES,
+           SWIZZLE, SPLITK, ACC_F16 ? "f16" : "f32", LAYOUT_RC ? "RC" : "RR");
+  return buf;
+}
+
+}  // namespace cudal2_hgemm_impl
+
+extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
+                            int ldb, int ldc, void* workspace, size_t workspace_bytes,
+                            void* stream) {
+  using namespace cudal2_hgemm_impl;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (C == nullptr || ldc < N) return cudaErrorInvalidValue;
+  half* c = reinterpret_cast<half*>(C);
+  if (K == 0) {
+    void* args[] = {&c, &M, &N, &ldc};
+    return launch_elementwise(reinterpret_cast<const void*>(&zero_kernel), args,
+                              (size_t)M * (size_t)N, s);
+  }
+  if (A == nullptr || B == nullptr || lda < K || ldb < (LAYOUT_RC ? K : N))
+    return cudaErrorInvalidValue;
+
+  const long long tiles = (long long)((M + BM - 1) / BM) * (long long)((N + BN - 1) / BN);
+  if (tiles > 2147483647LL) return cudaErrorInvalidValue;
+  // K range per split, rounded up to whole BK tiles so every split starts 16-byte aligned.
+  const int per_split = (K + SPLITK - 1) / SPLITK;
+  int k_chunk = ((per_split + BK - 1) / BK) * BK;
+  float* ws = nullptr;
+  if (SPLITK > 1) {
+    const size_t need = (size_t)SPLITK * (size_t)M * (size_t)N * sizeof(float);
+    if (workspace == nullptr || workspace_bytes < need ||
+        (reinterpret_cast<uintptr_t>(workspace) % 16) != 0)
+      return cudaErrorInvalidValue;
+    ws = reinterpret_cast<float*>(workspace);
+  }
+
+  const bool vec = (reinterpret_cast<uintptr_t>(A) % 16 == 0) &&
+                   (reinterpret_cast<uintptr_t>(B) % 16 == 0) && (lda % 8 == 0) && (ldb % 8 == 0);
+  int c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
+  const half* a = reinterpret_cast<const half*>(A);
+  const half* b = reinterpret_cast<const half*>(B);
+  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2};
+  const dim3 grid((unsigned)tiles, SPLITK);
+  cudaError_t err;
+  if (vec) {
+    err = ensure_smem_attribute<true>();
+    if (err != cudaSuccess) return err;
+    err = cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<true>), grid,
+                           dim3(kThreads), args, kSmemBytes, s);
+  } else {
+    err = ensure_smem_attribute<false>();
+    if (err != cudaSuccess) return err;
+    err = cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<false>), grid,
+                           dim3(kThreads), args, kSmemBytes, s);
+  }
+  if (err != cudaSuccess || SPLITK == 1) return err;
+  int splits = SPLITK;
+  const float* wsc = ws;
+  void* rargs[] = {&wsc, &c, &M, &N, &ldc, &splits};
+  return launch_elementwise(reinterpret_cast<const void*>(&splitk_reduce_kernel), rargs,
+                            (size_t)M * (size_t)N, s);
+}
+
+extern "C" const char* cudal2_meta(void) {
+  static const char* meta = cudal2_hgemm_impl::build_meta();   // thread-safe one-time init
+  return meta;
+}
