@@ -1,0 +1,383 @@
+"""A GPU campaign in two halves (`cudal2 campaign prepare|run`).
+
+prepare (CPU machine, nvcc, no GPU): plan the deduplicated candidates for a shape list
+  (cudal2.tune.plan), build them all in parallel (build cache), copy each build-cache entry
+  (.so, ptxas stats, source, gzipped PTX) into a pack folder with a manifest, and dry-run the pack:
+  every .so loads in a killable worker and exports the ABI symbols, its meta matches the
+  manifest. The pack is small enough to carry (< 64 MiB, checked).
+run (GPU machine; needs torch + numpy + stdlib, matplotlib optional): seed a build cache from
+  the pack (re-keyed for the local nvcc, so nothing is recompiled), then time candidates and
+  every baseline in both modes through cudal2.harness.evaluate into a fresh results DB, in
+  rounds (every shape's most promising candidate first, then every shape's second, ...) so a
+  budget cut still covers the shape list; stop cleanly before the budget runs out, export the
+  winners, write reports (CSV, markdown, PNG) next to the DB.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCHEMA = "cudal2.campaign/1"
+MAX_PACK_BYTES = 64 << 20
+MANIFEST = "manifest.json"
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _sha_file(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _pack_entry(result, dest: Path) -> dict:
+    """Copy one build-cache entry into the pack (PTX gzipped). Returns its manifest fields."""
+    entry = result.so_path.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(result.so_path, dest / "kernel.so")
+    shutil.copy2(entry / "build.json", dest / "build.json")
+    if result.ptx_path and result.ptx_path.exists():
+        with result.ptx_path.open("rb") as f, gzip.open(dest / "kernel.ptx.gz", "wb", compresslevel=6) as g:
+            shutil.copyfileobj(f, g)
+    return {"key": result.key, "so_sha256": _sha_file(dest / "kernel.so"),
+            "resources": {"registers": result.max_registers, "shared_bytes": result.max_shared_bytes,
+                          "spills": result.spills}}
+
+
+def _baseline_sources() -> list[Path]:
+    """Baseline kernel files the harness ships (cudal2/harness/baselines/*.cu), if any."""
+    d = Path(__file__).resolve().parent / "harness" / "baselines"
+    return sorted(d.glob("*.cu")) if d.is_dir() else []
+
+
+def _dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
+            jobs: int | None = None, log=print) -> dict:
+    """The CPU half: plan, build, pack, dry-run. Returns the manifest."""
+    from .build import BuildSpec, build_many, source_sha
+    from .costmodel import CostModel
+    from .tune import build_plan, plan, read_shapes
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
+    shapes = read_shapes(shapes_file)
+    model = CostModel.default("A100" if arch.startswith("sm_8") else "H100")
+    p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model)
+    log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
+        f"({p.pairs} shape x candidate pairs) for {arch}, packing into {out}")
+    rep = build_plan(p, jobs=jobs, progress=lambda r: log(
+        f"  built {r.name}: {r.status}{' (cached)' if r.cached else f' {r.seconds:.1f} s'}"))
+    log("  " + rep.text())
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(shapes_file, out / "shapes.csv")
+    cands = []
+    for c in p.candidates:
+        if not c.build.ok:
+            log(f"  dropped {c.family}:{c.label}: {c.build.status}")
+            continue
+        sha = source_sha(c.source)
+        fields = _pack_entry(c.build, out / "builds" / sha[:16])
+        (out / "builds" / sha[:16] / "kernel.cu").write_text(c.source)
+        cands.append({"sha": sha, "dir": f"builds/{sha[:16]}", "family": c.family, "label": c.label,
+                      "params": [[k, v] for k, v in c.config.params],
+                      "shapes": [[s.M, s.N, s.K] for s in c.shapes], **fields})
+    bases = []
+    base_files = _baseline_sources()
+    if base_files:
+        specs = [BuildSpec(f.read_text(), arch=arch, libraries=("cublas", "cublasLt"), name=f.name)
+                 for f in base_files]
+        for f, r in zip(base_files, build_many(specs, jobs=jobs)):
+            if not r.ok:
+                raise RuntimeError(f"baseline {f.name} failed to build: {r.status}\n{r.log[-2000:]}")
+            src = f.read_text()
+            d = f"baselines/{f.stem}"
+            fields = _pack_entry(r, out / d)
+            (out / d / "kernel.cu").write_text(src)
+            bases.append({"name": f.stem, "sha": source_sha(src), "dir": d, **fields})
+    try:
+        from .toolchain import find_toolchain
+        nvcc = find_toolchain().version
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
+        nvcc = f"unknown ({exc})"
+    manifest = {"schema": SCHEMA, "arch": arch, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+        timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
+        "shapes": [[s.M, s.N, s.K] for s in shapes], "candidates": cands, "baselines": bases,
+        "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    size = _dir_bytes(out)
+    manifest["pack_bytes"] = size
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    if size > MAX_PACK_BYTES:
+        raise RuntimeError(f"pack {out} is {size / 2**20:.1f} MiB > {MAX_PACK_BYTES >> 20} MiB: "
+                           "lower --limit-per-shape or the shape count")
+    problems = dry_run(out, log=log)
+    if problems:
+        raise RuntimeError(f"dry run of {out} failed:\n  " + "\n  ".join(problems))
+    log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
+        f"carry it to a GPU machine and run `cudal2 campaign run {out} --budget-s 480 --out reports/`")
+    return manifest
+
+
+def load_manifest(pack) -> dict:
+    pack = Path(pack)
+    try:
+        m = json.loads((pack / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{pack} has no {MANIFEST}: not a campaign pack (run `cudal2 campaign prepare`)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{pack / MANIFEST} is not JSON: {exc}") from None
+    if m.get("schema") != SCHEMA:
+        raise ValueError(f"{pack / MANIFEST}: schema {m.get('schema')!r}, want {SCHEMA}")
+    return m
+
+
+def dry_run(pack, *, log=print) -> list[str]:
+    """Check a pack: manifest loads, every file is there and hashes right, every .so loads in a
+    killable worker and exports cudal2_hgemm + cudal2_meta with meta matching the manifest.
+    Returns the problems found ([] = good)."""
+    from .harness.worker import WorkerPool, probe_library
+
+    pack = Path(pack)
+    m = load_manifest(pack)
+    problems = []
+    entries = [(f"candidate {c['family']}:{c['label']}", c) for c in m["candidates"]]
+    entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
+    with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
+        for what, e in entries:
+            so = pack / e["dir"] / "kernel.so"
+            if not so.is_file():
+                problems.append(f"{what}: {so} missing")
+                continue
+            if _sha_file(so) != e["so_sha256"]:
+                problems.append(f"{what}: {so} does not match its sha256 in the manifest")
+                continue
+            src = pack / e["dir"] / "kernel.cu"
+            if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != e["sha"]:
+                problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
+                continue
+            out = pool.run(probe_library, str(so.resolve()), timeout_s=60)
+            if not out.ok:
+                problems.append(f"{what}: loading {so} -> {out.status}: {out.detail[-300:]}")
+                continue
+            syms = out.value["symbols"]
+            if what.startswith("candidate"):
+                if not all(syms.values()):
+                    problems.append(f"{what}: missing ABI symbol(s) {[s for s, ok in syms.items() if not ok]}")
+                    continue
+                meta = out.value["meta"]
+                if meta.get("arch") not in (None, m["arch"]):
+                    problems.append(f"{what}: meta arch {meta.get('arch')} != pack arch {m['arch']}")
+                    continue
+                e.setdefault("meta", meta)
+    log(f"dry run {pack}: {len(entries)} libraries checked, {len(problems)} problem(s)")
+    return problems
+
+
+def seed_cache(pack, cache, arch: str) -> int:
+    """Make the pack's builds cache hits for this machine's toolchain: each entry is copied under
+    the key this machine computes for (source, arch), so evaluate() finds it instead of calling
+    nvcc (the GPU image may lack CUTLASS headers or have another nvcc). Returns entries seeded."""
+    from .build import BuildSpec, _entry_dir, cache_key
+    from .toolchain import find_toolchain
+
+    pack, cache = Path(pack), Path(cache)
+    m = load_manifest(pack)
+    try:
+        version = find_toolchain().version
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeError(f"campaign run needs nvcc on PATH only to compute cache keys ({exc})") from None
+    n = 0
+    for e in m["candidates"]:
+        src_dir = pack / e["dir"]
+        key = cache_key(BuildSpec((src_dir / "kernel.cu").read_text(), arch=arch), version)
+        dest = _entry_dir(cache, key)
+        if (dest / "build.json").exists():
+            continue
+        tmp = dest.with_name(dest.name + ".seed")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        shutil.copy2(src_dir / "kernel.so", tmp / "kernel.so")
+        shutil.copy2(src_dir / "kernel.cu", tmp / "kernel.cu")
+        if (src_dir / "kernel.ptx.gz").exists():
+            with gzip.open(src_dir / "kernel.ptx.gz", "rb") as g, (tmp / "kernel.ptx").open("wb") as f:
+                shutil.copyfileobj(g, f)
+        info = json.loads((src_dir / "build.json").read_text())
+        info["prebuilt"] = {"key": info.get("key"), "nvcc": info.get("nvcc"), "pack": str(pack)}
+        info["key"] = key
+        (tmp / "build.json").write_text(json.dumps(info))
+        os.replace(tmp, dest)
+        n += 1
+    return n
+
+
+def _schedule(m: dict, model) -> list[tuple[tuple, dict]]:
+    """(shape, candidate) pairs in rounds: each shape's best-predicted candidate, then the next..."""
+    per_shape: dict[tuple, list[dict]] = {}
+    for c in m["candidates"]:
+        for s in c["shapes"]:
+            per_shape.setdefault(tuple(s), []).append(c)
+    for s, cs in per_shape.items():
+        cs.sort(key=lambda c: model.predict_us(c.get("meta") or dict(c["params"], style=c["family"]),
+                                               c["resources"], s))
+    order, rnd = [], 0
+    while True:
+        batch = [(s, cs[rnd]) for s, cs in per_shape.items() if rnd < len(cs)]
+        if not batch:
+            return order
+        order += batch
+        rnd += 1
+
+
+def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), baselines=None,
+        kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, log=print) -> dict:
+    """The GPU half. Returns a summary dict (counts, paths)."""
+    from . import export as export_mod
+    from . import report
+    from .costmodel import CostModel
+    from .harness import ResultsDB, evaluate
+    from .harness.types import BASELINES, EvalRequest, Shape
+    from .harness.worker import WorkerPool
+
+    start = time.monotonic()
+    pack, out = Path(pack).resolve(), Path(out)
+    m = load_manifest(pack)
+    baselines = tuple(baselines or BASELINES)
+    import torch
+    has_gpu = torch.cuda.is_available()
+    if not has_gpu and not allow_no_gpu:
+        raise RuntimeError("campaign run needs a CUDA GPU (torch.cuda.is_available() is False); "
+                           "--allow-no-gpu runs the plumbing only (rows are not_measured)")
+    gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+    tag = gpu.replace(" ", "_").replace("/", "_")
+    run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cache = run_dir / "cache"
+    os.environ["CUDAL2_CACHE"] = str(cache)          # the workers inherit it
+    seeded = seed_cache(pack, cache, m["arch"])
+    log(f"campaign run: {len(m['shapes'])} shapes, {len(m['candidates'])} candidates x {list(modes)} x "
+        f"{len(baselines)} baselines on {gpu}, budget {budget_s:.0f} s; {seeded} builds seeded; "
+        f"output {run_dir}")
+    model = CostModel.default(gpu if has_gpu and "A100" not in gpu else ("A100" if "A100" in gpu else "H100"))
+    order = _schedule(m, model)
+    db = ResultsDB(run_dir / "results.db")
+    reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing
+    deadline = start + budget_s - reserve
+    done, statuses, avg = 0, {}, None
+    with WorkerPool(1) as pool:
+        for shape, c in order:
+            now = time.monotonic()
+            if now + (avg or 0.0) > deadline:
+                log(f"budget: stopping after {done} of {len(order)} evaluations "
+                    f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
+                break
+            src = (pack / c["dir"] / "kernel.cu").read_text()
+            t0 = time.monotonic()
+            ev = evaluate(EvalRequest(source=src, shape=Shape(*shape), arch=m["arch"], modes=tuple(modes),
+                                      baselines=baselines, origin="tune",
+                                      timeout_s=max(5.0, min(60.0, deadline - t0))), db=db, pool=pool)
+            dt = time.monotonic() - t0
+            avg = dt if avg is None else 0.8 * avg + 0.2 * dt
+            done += 1
+            statuses[ev.status] = statuses.get(ev.status, 0) + 1
+            log(f"  [{done}/{len(order)}] {Shape(*shape)} {c['family']}:{c['label']}: {ev.status} ({dt:.1f} s)")
+    rows = db.rows()
+    summary = {"gpu": gpu, "run_dir": str(run_dir), "evaluations": done, "planned": len(order),
+               "statuses": statuses, "exported": 0, "reports": []}
+    src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
+    by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
+
+    def source_for(sha):
+        p = by_sha.get(sha)
+        return p.read_text() if p else src_for(sha)
+
+    if has_gpu:
+        res = export_mod.export(rows, source_for, root=kernels_root, mode=modes[0], margin=margin,
+                                report=str(run_dir), gpu=gpu)
+        summary["exported"] = len(res.exported)
+        (run_dir / "export.txt").write_text("\n".join(
+            f"{'exported' if d.exported else 'refused '} {d.key}: {d.reason}" for d in res.decisions) + "\n")
+    weights = None
+    try:
+        weights = report.read_weights(pack / "shapes.csv")
+    except (ValueError, KeyError):
+        pass
+    for mode in modes:
+        shape_rows = report.collect(rows, mode=mode)
+        if shape_rows:
+            paths = report.write_summary(shape_rows, run_dir / mode, mode=mode, weights=weights,
+                                         title=f"campaign on {gpu}", command=" ".join(sys.argv))
+            summary["reports"].append(str(paths["summary"]))
+    shutil.rmtree(cache, ignore_errors=True)          # the binaries live in the pack already
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    with (run_dir / "evaluations.csv").open("w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["M", "N", "K", "source_sha", "status", "mode", "who", "median_us", "p10_us", "p90_us", "n"])
+        for ev in rows:
+            for mode, whos in (ev.timings or {}).items():
+                for who, t in whos.items():
+                    w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], ev.status, mode, who,
+                                t.get("median_us"), t.get("p10_us"), t.get("p90_us"), t.get("n")])
+            if not ev.timings:
+                w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], ev.status, "", "", "", "", "", ""])
+    log(f"campaign done in {time.monotonic() - start:.0f} s: {done} evaluations {statuses}, "
+        f"{summary['exported']} exported; DB, CSV and reports in {run_dir}")
+    return summary
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("prepare", help="CPU half: build every candidate + baselines, pack, dry run")
+    p.add_argument("--shapes", required=True, help="CSV with M,N,K (shapes/stratified_100.csv)")
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--out", required=True, help="pack folder to create (must be new or empty)")
+    p.add_argument("--families", nargs="+", default=None)
+    p.add_argument("--limit-per-shape", type=int, default=4,
+                   help="candidates per shape, best first by the cost model (0 = all)")
+    p.add_argument("--jobs", type=int, default=None)
+    r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
+    r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
+    r.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for the whole run")
+    r.add_argument("--out", default="reports", help="reports root: <out>/<gpu>/<date>-campaign/")
+    r.add_argument("--modes", nargs="+", default=["offline", "server"])
+    r.add_argument("--margin", type=float, default=0.02)
+    r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
+    r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
+    d = sub.add_parser("check", help="dry-run an existing pack (loads every .so in a worker)")
+    d.add_argument("pack")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "prepare":
+            prepare(args.shapes, args.arch, args.out, families=args.families,
+                    limit_per_shape=args.limit_per_shape or None, jobs=args.jobs)
+        elif args.action == "run":
+            run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
+                kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu)
+        else:
+            problems = dry_run(args.pack)
+            for p in problems:
+                print("  " + p)
+            return 1 if problems else 0
+    except (ValueError, RuntimeError) as exc:
+        print(f"cudal2 campaign {args.action}: {exc}", file=sys.stderr)
+        return 2
+    return 0
