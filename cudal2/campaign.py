@@ -173,15 +173,16 @@ def dry_run(pack, *, log=print) -> list[str]:
             if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != e["sha"]:
                 problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
                 continue
-            out = pool.run(probe_library, str(so.resolve()), timeout_s=60)
+            probe = probe_library if what.startswith("candidate") else probe_baseline
+            out = pool.run(probe, str(so.resolve()), timeout_s=60)
             if not out.ok:
                 problems.append(f"{what}: loading {so} -> {out.status}: {out.detail[-300:]}")
                 continue
             syms = out.value["symbols"]
+            if not all(syms.values()):
+                problems.append(f"{what}: missing symbol(s) {[s for s, ok in syms.items() if not ok]}")
+                continue
             if what.startswith("candidate"):
-                if not all(syms.values()):
-                    problems.append(f"{what}: missing ABI symbol(s) {[s for s, ok in syms.items() if not ok]}")
-                    continue
                 meta = out.value["meta"]
                 if meta.get("arch") not in (None, m["arch"]):
                     problems.append(f"{what}: meta arch {meta.get('arch')} != pack arch {m['arch']}")
@@ -189,6 +190,18 @@ def dry_run(pack, *, log=print) -> list[str]:
                 e.setdefault("meta", meta)
     log(f"dry run {pack}: {len(entries)} libraries checked, {len(problems)} problem(s)")
     return problems
+
+
+def probe_baseline(so_path: str) -> dict:
+    """Worker task: load a baseline .so and check its entry points (baselines have their own ABI:
+    cudal2_baseline_abi plus create/run functions, no cudal2_meta)."""
+    import ctypes
+    lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_LOCAL)
+    symbols = {"cudal2_baseline_abi": hasattr(lib, "cudal2_baseline_abi")}
+    if symbols["cudal2_baseline_abi"]:
+        lib.cudal2_baseline_abi.restype = ctypes.c_int
+        symbols["abi_version_1"] = lib.cudal2_baseline_abi() == 1
+    return {"symbols": symbols}
 
 
 def seed_cache(pack, cache, arch: str) -> int:

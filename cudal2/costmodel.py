@@ -114,7 +114,8 @@ def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
     if threads is None:
         warps = _meta_get(meta, "warps", "WARPS")
         if warps is None and _meta_get(meta, "WM") is not None and _meta_get(meta, "WN") is not None:
-            warps = int(meta["WM"]) * int(meta["WN"])
+            # WM/WN are the warp tile (rows, columns): warps = (BM / WM) * (BN / WN)
+            warps = max(1, BM // max(int(meta["WM"]), 1)) * max(1, BN // max(int(meta["WN"]), 1))
         threads = 32 * int(warps) if warps else (384 if str(meta.get("style", "")).startswith("cutlass") else 128)
     stages = int(_meta_get(meta, "stages", "STAGES", default=2))
     splitk = int(_meta_get(meta, "splitk", "split_k", "SPLITK", default=1))
@@ -132,6 +133,8 @@ def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
             regs = max((r.registers for r in rs), default=0)
             smem = max((r.shared_bytes for r in rs), default=0)
             spills = sum(r.spill_stores + r.spill_loads for r in rs)
+    # dynamic shared memory is invisible to ptxas; the meta declares it
+    smem = max(int(smem or 0), int(_meta_get(meta, "smem_bytes", default=0) or 0))
     return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
                        max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0))
 

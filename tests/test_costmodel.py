@@ -83,8 +83,10 @@ def test_occupancy_and_facts():
     f = kernel_facts(_meta(128, 128, 32, 8, 3), {"registers": 255, "shared_bytes": 100 * 1024, "spills": 0})
     assert f.threads == 256 and f.stages == 3
     assert occupancy(f, gpu) == 1          # 255 regs x 256 threads fills the register file
-    f2 = kernel_facts({"BM": 64, "BN": 64, "BK": 32, "WM": 2, "WN": 2, "STAGES": 2}, None)
-    assert (f2.BM, f2.threads, f2.stages) == (64, 128, 2)
+    f2 = kernel_facts({"BM": 64, "BN": 64, "BK": 32, "WM": 32, "WN": 32, "STAGES": 2}, None)
+    assert (f2.BM, f2.threads, f2.stages) == (64, 128, 2)     # (64/32) x (64/32) warps
+    f3 = kernel_facts({"tile": [128, 128, 32], "threads": 256, "smem_bytes": 80000}, {"shared_bytes": 0})
+    assert f3.shared_bytes == 80000 and f3.threads == 256     # dynamic smem from the meta
     assert occupancy(f2, gpu) > 1
     with pytest.raises(ValueError):
         gpu_for(gpu="Voodoo2")
