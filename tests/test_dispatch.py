@@ -1,0 +1,302 @@
+"""Dispatch decisions from synthetic tables (no GPU): plan(), the race verdict rule, lazy
+thread-safe loading, the plan/load loop and the on-disk verdict cache."""
+import json
+import threading
+import time
+
+import pytest
+
+from cudal2 import dispatch as D
+from cudal2.dispatch import Decision, KernelLoader, TableEntry, choose_winner, log_distance, plan
+from cudal2.kernels import KernelIndex
+
+
+def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True):
+    sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
+    return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha, tuned)
+
+
+def table(*entries):
+    return {(e.arch, e.acc, e.layout, e.M, e.N, e.K): e for e in entries}
+
+
+ANY = {"any_shape": True, "tile": [128, 128, 32]}
+
+
+def tile_meta(bm, bn, bk):
+    return {"any_shape": False, "tile": [bm, bn, bk]}
+
+
+# -- plan --------------------------------------------------------------------------------------
+def test_exact_match_wins():
+    t = table(entry(64, 64, 64), entry(128, 128, 128))
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", t)
+    assert isinstance(d, Decision)
+    assert d.kind == "exact" and d.candidates[0].shape == (128, 128, 128)
+
+
+def test_exact_with_known_meta_is_resolved_and_unknown_is_marked():
+    e = entry(128, 128, 128)
+    t = table(e)
+    assert plan((128, 128, 128), "RR", "sm_90a", "f32", t).unresolved == (e,)
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, metas={e.sha256: tile_meta(64, 64, 32)})
+    assert d.kind == "exact" and d.unresolved == ()
+
+
+def test_nearest_by_log_distance_among_accepting_kernels():
+    near, mid, far = entry(256, 256, 256), entry(512, 512, 512), entry(4096, 4096, 4096)
+    t = table(near, mid, far)
+    metas = {e.sha256: ANY for e in (near, mid, far)}
+    d = plan((300, 300, 300), "RR", "sm_90a", "f32", t, metas=metas, k=2)
+    assert d.kind == "nearest"
+    assert [c.shape for c in d.candidates] == [near.shape, mid.shape]
+    assert d.distances[0] == pytest.approx(log_distance((300, 300, 300), near.shape))
+    assert d.distances[0] < d.distances[1]
+    assert "log-space distance" in d.reason
+
+
+def test_nearest_skips_kernels_whose_tile_does_not_divide():
+    near, far = entry(128, 128, 128), entry(1024, 1024, 1024)
+    t = table(near, far)
+    # 192 is not a multiple of 128: the nearer kernel refuses, the farther (64-tile) accepts.
+    metas = {near.sha256: tile_meta(128, 128, 32), far.sha256: tile_meta(64, 64, 32)}
+    d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, metas=metas)
+    assert d.kind == "nearest" and [c.shape for c in d.candidates] == [far.shape]
+
+
+def test_no_kernel_accepts_falls_back():
+    e = entry(128, 128, 128)
+    d = plan((100, 100, 100), "RR", "sm_90a", "f32", table(e), metas={e.sha256: tile_meta(128, 128, 32)})
+    assert d.kind == "fallback" and d.candidates == () and "accepts" in d.reason
+
+
+def test_unknown_meta_candidate_or_rejected():
+    e = entry(128, 128, 128)
+    d = plan((256, 256, 256), "RR", "sm_90a", "f32", table(e))
+    assert d.kind == "nearest" and d.unresolved == (e,)
+    d = plan((256, 256, 256), "RR", "sm_90a", "f32", table(e), unknown_meta="reject")
+    assert d.kind == "fallback"
+
+
+def test_untuned_never_serves():
+    e = entry(128, 128, 128, tuned=False)
+    t = table(e)
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, metas={e.sha256: ANY})
+    assert d.kind == "fallback"
+
+
+def test_untuned_rows_never_reach_the_table(tmp_path):
+    idx = KernelIndex(tmp_path)
+    idx.add("// seed\n", arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64, family="mma")
+    idx.add("// tuned\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=128, K=128,
+            family="mma", tuned=True, mode="offline", report="r1", speedups={"torch": 1.2})
+    idx.write()
+    t = D.table_from_index(KernelIndex.load(tmp_path))
+    assert [e.shape for e in t.values()] == [(128, 128, 128)]
+    assert plan((64, 64, 64), "RR", "sm_90a", "f32", t).kind == "nearest"  # not exact: untuned
+
+
+@pytest.mark.parametrize("arch,acc,layout", [("sm_80", "f32", "RR"), ("sm_90a", "f16", "RR"),
+                                             ("sm_90a", "f32", "RC")])
+def test_arch_acc_layout_mismatch_falls_back(arch, acc, layout):
+    e = entry(128, 128, 128)  # sm_90a f32 RR
+    d = plan((128, 128, 128), layout, arch, acc, table(e), metas={e.sha256: ANY})
+    assert d.kind == "fallback"
+    assert "sm_90a/f32_RR" in d.reason  # says what the table does have
+
+
+def test_other_layout_entry_serves_its_own_layout():
+    rc = entry(128, 128, 128, layout="RC")
+    d = plan((128, 128, 128), "RC", "sm_90a", "f32", table(entry(128, 128, 128), rc))
+    assert d.kind == "exact" and d.candidates[0].layout == "RC"
+
+
+@pytest.mark.parametrize("shape,layout,arch", [((0, 64, 64), "RR", "sm_90a"),
+                                               ((64, 64, 64), "CC", "sm_90a"),
+                                               ((64, 64, 64), "RR", None)])
+def test_degenerate_requests_fall_back(shape, layout, arch):
+    d = plan(shape, layout, arch, "f32", table(entry(64, 64, 64)))
+    assert d.kind == "fallback" and d.reason
+
+
+def test_empty_table_falls_back():
+    d = plan((64, 64, 64), "RR", "sm_90a", "f32", {})
+    assert d.kind == "fallback" and "empty" in d.reason
+
+
+def test_excluded_kernels_are_skipped():
+    a, b = entry(128, 128, 128), entry(256, 256, 256)
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", table(a, b), metas={b.sha256: ANY},
+             exclude={a.sha256})
+    assert d.kind == "nearest" and d.candidates == (b,)
+
+
+def test_plan_is_deterministic_on_ties():
+    a, b = entry(128, 256, 256), entry(256, 128, 256)  # same distance from 181^3-ish
+    t = table(b, a)
+    metas = {a.sha256: ANY, b.sha256: ANY}
+    d1 = plan((181, 181, 256), "RR", "sm_90a", "f32", t, metas=metas, k=1)
+    d2 = plan((181, 181, 256), "RR", "sm_90a", "f32", table(a, b), metas=metas, k=1)
+    assert d1.candidates == d2.candidates == (a,)
+
+
+# -- race verdict ------------------------------------------------------------------------------
+def test_choose_winner_needs_a_clear_margin():
+    assert choose_winner({"torch": [10, 10, 10], "k": [9, 9, 9]}) == "k"
+    assert choose_winner({"torch": [10, 10, 10], "k": [9.9, 9.9, 9.9]}) == "torch"  # within 2%
+    assert choose_winner({"torch": [10, 10, 10], "k": [10, 10, 10]}) == "torch"
+    assert choose_winner({"torch": [10] * 3, "k1": [8] * 3, "k2": [7, 7, 100]}) == "k2"  # medians
+    with pytest.raises(ValueError, match="torch"):
+        choose_winner({"k": [1.0]})
+
+
+# -- lazy loading ------------------------------------------------------------------------------
+def test_loader_builds_once_under_concurrency():
+    calls = []
+    lock = threading.Lock()
+
+    def fake_build_and_load(source, arch, name):
+        with lock:
+            calls.append((source, arch))
+        time.sleep(0.05)  # a slow build: every thread arrives while it runs
+        return object()
+
+    loader = KernelLoader(fake_build_and_load)
+    got = []
+    barrier = threading.Barrier(16)
+
+    def worker():
+        barrier.wait()
+        got.append(loader.get("abc", lambda: "src", "sm_90a"))
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [("src", "sm_90a")]
+    assert len(got) == 16 and all(g is got[0] for g in got)
+    # A different kernel builds separately.
+    loader.get("def", lambda: "src2", "sm_90a")
+    assert len(calls) == 2
+
+
+def test_loader_remembers_failures():
+    n = []
+
+    def broken(source, arch, name):
+        n.append(1)
+        raise D.KernelLoadError("nvcc said no")
+
+    loader = KernelLoader(broken)
+    for _ in range(3):
+        with pytest.raises(D.KernelLoadError, match="nvcc said no"):
+            loader.get("x", lambda: "s", "sm_90a")
+    assert len(n) == 1
+
+
+# -- the plan/load loop and the verdict cache, with a fake loader and no GPU -------------------
+class FakeLib:
+    def __init__(self, meta):
+        self.meta = meta
+        self.launch = lambda *args: 0
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A tuned table on disk and a dispatcher whose 'device 0' is an sm_90a GPU named FakeGPU."""
+    root = tmp_path / "kernels"
+    monkeypatch.setenv("CUDAL2_KERNELS", str(root))
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
+    idx = KernelIndex(root)
+    metas = {}
+
+    def add(M, N, K, meta, layout="RR", arch="sm_90a"):
+        src = f"// kernel {M} {N} {K} {layout} {arch}\n"
+        row = idx.add(src, arch=arch, acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
+                      tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5})
+        metas[src] = dict(meta, arch=arch, acc="f32", layout=layout, workspace_bytes=0)
+        return row
+
+    built = []
+
+    def fake_build_and_load(source, arch, name):
+        built.append(name)
+        if metas[source].get("broken"):
+            raise D.KernelLoadError(f"{name}: compile_error")
+        return FakeLib(metas[source])
+
+    D.reset(KernelLoader(fake_build_and_load))
+    D._state.arch[0] = "sm_90a"
+    D._state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
+    yield idx, add, built
+    D.reset()
+
+
+def test_decide_exact_loads_one_kernel(store):
+    idx, add, built = store
+    add(128, 128, 128, ANY)
+    add(256, 256, 256, ANY)
+    idx.write()
+    served = D._decide(0, 128, 128, 128, "RR", None, None)
+    assert served is not D._TORCH and served[1] == 0
+    assert built == ["sm_90a/f32_RR/128_128_128.cu"]
+
+
+def test_decide_skips_broken_and_non_accepting_then_races_from_disk_verdict(store):
+    idx, add, built = store
+    near = add(128, 128, 128, {"any_shape": False, "tile": [128, 128, 32], "broken": True})
+    mid = add(256, 256, 256, tile_meta(128, 128, 32))  # 192 not divisible: refuses
+    far = add(1024, 1024, 1024, tile_meta(64, 64, 64))  # accepts 192
+    idx.write()
+    key = dict(D._state.env[0], shape=[192, 192, 192], layout="RR", acc="f32",
+               candidates=sorted([far.sha256]))
+    path = D._verdict_path(key)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"key": key, "winner": far.sha256}))
+    served = D._decide(0, 192, 192, 192, "RR", None, None)
+    assert served is not D._TORCH
+    assert set(built) == {near.file, mid.file, far.file}
+    assert near.sha256 in D._state.broken
+
+
+def test_decide_disk_verdict_for_torch_serves_torch(store):
+    idx, add, built = store
+    k = add(128, 128, 128, ANY)
+    idx.write()
+    key = dict(D._state.env[0], shape=[100, 100, 100], layout="RR", acc="f32",
+               candidates=[k.sha256])
+    p = D._verdict_path(key)
+    p.parent.mkdir(parents=True)
+    p.write_text(json.dumps({"key": key, "winner": "torch"}))
+    assert D._decide(0, 100, 100, 100, "RR", None, None) is D._TORCH
+
+
+def test_decide_without_kernels_serves_torch(store):
+    idx, add, built = store
+    add(128, 128, 128, ANY, arch="sm_80")
+    idx.write()
+    assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
+    assert built == []
+
+
+def test_meta_that_contradicts_the_index_is_refused(store):
+    idx, add, built = store
+    row = add(128, 128, 128, ANY)
+    idx.write()
+    src = idx.source(row)
+    lib = FakeLib(dict(ANY, arch="sm_90a", acc="f16", layout="RR", workspace_bytes=0))
+    D.reset(KernelLoader(lambda s, a, n: lib))
+    D._state.arch[0] = "sm_90a"
+    assert src  # the row is real
+    assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
+    assert row.sha256 in D._state.broken
+
+
+def test_broken_index_warns_and_serves_torch(store, tmp_path):
+    idx, add, built = store
+    add(128, 128, 128, ANY)
+    idx.write()
+    (idx.root / "index.csv").write_text("arch,acc\nsm_90a,f32\n")
+    with pytest.warns(RuntimeWarning, match="ignoring the kernel table"):
+        assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
