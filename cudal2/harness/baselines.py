@@ -1,0 +1,345 @@
+"""The baselines every candidate is timed against, built by our own toolchain.
+
+    torch               torch.matmul (cuBLAS or cuBLASLt, as PyTorch chooses)
+    cublas_nn           cublasGemmEx, B row-major                    (baselines/cublas_gemm.cu)
+    cublas_tn           cublasGemmEx, B column-major (CUDA-L2's TN)  (baselines/cublas_gemm.cu)
+    cublaslt_heuristic  cublasLtMatmul with the heuristic's first algorithm, 32 MiB workspace
+    cublaslt_autotuned  every algorithm the heuristic returns (up to 32) timed, the best kept;
+                        the choice is cached per (GPU, cuBLASLt version, shape, acc, layout)
+and PyTorch's own switches, what a PyTorch user would turn on instead (EXTRA_BASELINES):
+    torch_cublas / torch_cublaslt   torch.backends.cuda.preferred_blas_library(...)
+    torch_tunableop                 torch.cuda.tunable with tuning on, results in the cache dir
+
+Accumulator: the cuBLAS/cuBLASLt baselines use CUBLAS_COMPUTE_16F for an f16 candidate and
+CUBLAS_COMPUTE_32F for f32. torch cannot be forced to accumulate in fp16; for an f16 candidate we
+set allow_fp16_reduced_precision_reduction (it lets cuBLAS reduce split-K partials in fp16, no
+more), for f32 we clear it (docs/measurement.md).
+
+The C sources are data (baselines/*.cu); they export a small C ABI loaded here with ctypes.
+Handles, workspaces and the heuristic query are set up outside the timed region.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from .types import BASELINES
+
+EXTRA_BASELINES = ("torch_cublas", "torch_cublaslt", "torch_tunableop")
+ALL_BASELINES = BASELINES + EXTRA_BASELINES
+SOURCE_DIR = Path(__file__).resolve().parent / "baselines"
+SOURCES = {"cublas": "cublas_gemm.cu", "cublaslt": "cublaslt_gemm.cu"}
+LIBRARIES = ("cublas", "cublasLt")
+WORKSPACE_BYTES = 32 * 1024 * 1024            # Python int: no 32-bit overflow (CUDA-L2 had one)
+LT_REQUESTED_ALGOS = 32
+EXPORTS = {
+    "cublas": ("cudal2_baseline_abi", "cudal2_cublas_create", "cudal2_cublas_destroy",
+               "cudal2_cublas_run"),
+    "cublaslt": ("cudal2_baseline_abi", "cudal2_lt_version", "cudal2_lt_create",
+                 "cudal2_lt_destroy", "cudal2_lt_prepare", "cudal2_lt_algo_workspace",
+                 "cudal2_lt_run"),
+}
+
+
+class BaselineError(RuntimeError):
+    """A baseline could not be built or set up; the message says which and why."""
+
+
+def source(lib: str) -> str:
+    if lib not in SOURCES:
+        raise ValueError(f"unknown baseline library {lib!r}; known: {sorted(SOURCES)}")
+    return (SOURCE_DIR / SOURCES[lib]).read_text()
+
+
+def build_baselines(arch: str, *, cache: Path | None = None) -> dict[str, str]:
+    """Build both baseline libraries for `arch` (no GPU needed); {"cublas": so, "cublaslt": so}."""
+    from ..build import BuildSpec, build
+
+    out = {}
+    for lib in SOURCES:
+        res = build(BuildSpec(source(lib), arch, libraries=LIBRARIES, name=f"baseline-{lib}"),
+                    cache=cache)
+        if not res.ok:
+            tail = "\n".join(res.log.splitlines()[-15:])
+            raise BaselineError(f"building the {lib} baseline for {arch} failed "
+                                f"({res.status}):\n{tail}")
+        out[lib] = str(res.so_path)
+    return out
+
+
+# ---- ctypes wrappers ------------------------------------------------------------------------------
+
+_V, _I, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+
+
+def _load(path: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as exc:
+        raise BaselineError(f"cannot load baseline library {path}: {exc}") from None
+
+
+class CublasLib:
+    def __init__(self, path: str):
+        self.lib = _load(path)
+        L = self.lib
+        L.cudal2_cublas_create.argtypes = [ctypes.POINTER(_V), _V, _S]
+        L.cudal2_cublas_create.restype = _I
+        L.cudal2_cublas_destroy.argtypes = [_V]
+        L.cudal2_cublas_destroy.restype = _I
+        L.cudal2_cublas_run.argtypes = [_V, _I, _I, _V, _V, _V, _I, _I, _I, _I, _I, _I, _V]
+        L.cudal2_cublas_run.restype = _I
+        self.run = L.cudal2_cublas_run
+
+    def create(self, ws_ptr: int, ws_bytes: int) -> int:
+        h = _V()
+        st = self.lib.cudal2_cublas_create(ctypes.byref(h), ws_ptr, ws_bytes)
+        if st:
+            raise BaselineError(f"cublasCreate/cublasSetWorkspace failed with status {st}")
+        return h.value
+
+
+class CublasLtLib:
+    def __init__(self, path: str):
+        self.lib = _load(path)
+        L = self.lib
+        L.cudal2_lt_version.argtypes = []
+        L.cudal2_lt_version.restype = _S
+        L.cudal2_lt_create.argtypes = [ctypes.POINTER(_V)]
+        L.cudal2_lt_create.restype = _I
+        L.cudal2_lt_destroy.argtypes = [_V]
+        L.cudal2_lt_destroy.restype = _I
+        L.cudal2_lt_prepare.argtypes = [_V, _I, _I, _I, _I, _I, _I, _I, _I, _S, _I,
+                                        ctypes.POINTER(_I)]
+        L.cudal2_lt_prepare.restype = _I
+        L.cudal2_lt_algo_workspace.argtypes = [_V, _I]
+        L.cudal2_lt_algo_workspace.restype = _S
+        L.cudal2_lt_run.argtypes = [_V, _I, _V, _V, _V, _V, _S, _V]
+        L.cudal2_lt_run.restype = _I
+        self.run = L.cudal2_lt_run
+
+    def version(self) -> int:
+        return int(self.lib.cudal2_lt_version())
+
+    def create(self) -> int:
+        h = _V()
+        st = self.lib.cudal2_lt_create(ctypes.byref(h))
+        if st:
+            raise BaselineError(f"cublasLtCreate failed with status {st}")
+        return h.value
+
+    def prepare(self, h: int, M, N, K, lda, ldb, ldc, b_col_major: bool, compute16: bool,
+                ws_bytes: int, requested: int = LT_REQUESTED_ALGOS) -> int:
+        got = _I(0)
+        st = self.lib.cudal2_lt_prepare(h, M, N, K, lda, ldb, ldc, int(b_col_major),
+                                        int(compute16), ws_bytes, requested, ctypes.byref(got))
+        if st:
+            raise BaselineError(f"cublasLtMatmulAlgoGetHeuristic found no algorithm for "
+                                f"{M}x{N}x{K} (status {st})")
+        return got.value
+
+
+# ---- autotune cache -------------------------------------------------------------------------------
+
+def autotune_key(gpu: str, lt_version: int, M: int, N: int, K: int, acc: str, layout: str) -> str:
+    return f"{gpu}|cublasLt {lt_version}|{M}x{N}x{K}|{acc}|{layout}|ws{WORKSPACE_BYTES}"
+
+
+class AutotuneCache:
+    """{key: {"index": i, "algos": n, "median_us": t}} in a small JSON file, updated atomically
+    under a file lock (several workers may tune at once)."""
+
+    def __init__(self, path: Path | None = None):
+        if path is None:
+            from .. import knobs
+            path = knobs.cache_dir() / "baselines" / "cublaslt_autotune.json"
+        self.path = Path(path)
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str) -> dict | None:
+        entry = self._read().get(key)
+        return entry if isinstance(entry, dict) and isinstance(entry.get("index"), int) else None
+
+    def put(self, key: str, entry: dict) -> None:
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.path) + ".lock"):
+            data = self._read()
+            data[key] = entry
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+
+
+# ---- the runners (GPU) ----------------------------------------------------------------------------
+
+class BaselineRunners:
+    """Set up once per (shape, acc, layout) in the worker: handles, a 32 MiB workspace per
+    library, the Lt plan. `launcher(name)` returns fn(a, b_rr, b_rc, c) that enqueues one call
+    on torch's current stream and returns a status (0 = ok)."""
+
+    def __init__(self, libs: dict[str, str], M: int, N: int, K: int, acc: str, layout: str):
+        import torch
+
+        self.torch = torch
+        self.M, self.N, self.K, self.acc, self.layout = M, N, K, acc, layout
+        self.compute16 = acc == "f16"
+        self.cublas = CublasLib(libs["cublas"]) if "cublas" in libs else None
+        self.lt = CublasLtLib(libs["cublaslt"]) if "cublaslt" in libs else None
+        self._ws_cublas = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        self._ws_lt = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        self.h_cublas = self.cublas.create(self._ws_cublas.data_ptr(), WORKSPACE_BYTES) \
+            if self.cublas else None
+        self.h_lt = self.lt.create() if self.lt else None
+        self.lt_algos = 0
+        if self.lt:
+            # Lt runs on the candidate's B layout with contiguous leading dimensions.
+            rc = layout == "RC"
+            self.lt_algos = self.lt.prepare(self.h_lt, M, N, K, K, K if rc else N, N, rc,
+                                            self.compute16, WORKSPACE_BYTES)
+        self.lt_autotuned_index: int | None = None
+        self.notes: dict[str, str] = {}
+        self._tunable_ready = False
+
+    # torch.matmul under the candidate's accumulator setting (what torch allows)
+    def _torch_call(self, a, b, c):
+        torch = self.torch
+        flag = torch.backends.cuda.matmul
+        saved = flag.allow_fp16_reduced_precision_reduction
+        flag.allow_fp16_reduced_precision_reduction = self.compute16
+        try:
+            torch.matmul(a, b, out=c)
+        finally:
+            flag.allow_fp16_reduced_precision_reduction = saved
+        return 0
+
+    def _torch_blas(self, which: str):
+        torch = self.torch
+
+        def call(a, b_rr, b_rc, c):
+            saved = torch.backends.cuda.preferred_blas_library()
+            torch.backends.cuda.preferred_blas_library(which)
+            try:
+                return self._torch_call(a, b_rr, c)
+            finally:
+                torch.backends.cuda.preferred_blas_library(saved)
+        return call
+
+    def setup_tunableop(self, a, b, c) -> None:
+        """Tune torch's GEMM for this shape once (outside timing), results file in the cache."""
+        from .. import knobs
+
+        tunable = self.torch.cuda.tunable
+        d = knobs.cache_dir() / "tunableop"
+        d.mkdir(parents=True, exist_ok=True)
+        tunable.set_filename(str(d / "tunableop_results%d.csv"))
+        tunable.enable(True)
+        tunable.tuning_enable(True)
+        try:
+            self._torch_call(a, b, c)
+            self.torch.cuda.synchronize()
+            tunable.write_file()
+        finally:
+            tunable.tuning_enable(False)
+            tunable.enable(False)
+        self._tunable_ready = True
+
+    def _tunableop(self, a, b_rr, b_rc, c):
+        tunable = self.torch.cuda.tunable
+        tunable.enable(True)          # tuned result in memory; tuning stays off while timed
+        try:
+            return self._torch_call(a, b_rr, c)
+        finally:
+            tunable.enable(False)
+
+    def launcher(self, name: str):
+        torch = self.torch
+        M, N, K = self.M, self.N, self.K
+        c16 = int(self.compute16)
+        if name == "torch":
+            return lambda a, b_rr, b_rc, c: self._torch_call(a, b_rr, c)
+        if name in ("torch_cublas", "torch_cublaslt"):
+            return self._torch_blas(name.split("_", 1)[1])
+        if name == "torch_tunableop":
+            return self._tunableop
+        if name in ("cublas_nn", "cublas_tn"):
+            if not self.cublas:
+                raise BaselineError("the cublas baseline library was not given")
+            run, h = self.cublas.run, self.h_cublas
+            if name == "cublas_nn":
+                return lambda a, b_rr, b_rc, c: run(h, 0, c16, a.data_ptr(), b_rr.data_ptr(),
+                                                    c.data_ptr(), M, N, K, K, N, N,
+                                                    torch.cuda.current_stream().cuda_stream)
+            return lambda a, b_rr, b_rc, c: run(h, 1, c16, a.data_ptr(), b_rc.data_ptr(),
+                                                c.data_ptr(), M, N, K, K, K, N,
+                                                torch.cuda.current_stream().cuda_stream)
+        if name in ("cublaslt_heuristic", "cublaslt_autotuned"):
+            if not self.lt:
+                raise BaselineError("the cublaslt baseline library was not given")
+            return self.lt_launcher(0 if name == "cublaslt_heuristic" else self.lt_autotuned_index)
+        raise BaselineError(f"unknown baseline {name!r}; known: {ALL_BASELINES}")
+
+    def lt_launcher(self, index: int | None):
+        if index is None:
+            raise BaselineError("cublaslt_autotuned: call autotune() first")
+        torch = self.torch
+        run, h, ws = self.lt.run, self.h_lt, self._ws_lt
+        rc = self.layout == "RC"
+        return lambda a, b_rr, b_rc, c: run(h, index, a.data_ptr(),
+                                            (b_rc if rc else b_rr).data_ptr(), c.data_ptr(),
+                                            ws.data_ptr(), WORKSPACE_BYTES,
+                                            torch.cuda.current_stream().cuda_stream)
+
+    def autotune(self, inputs, gpu: str, *, verify=None, cache: AutotuneCache | None = None,
+                 config=None) -> int:
+        """Time every heuristic algorithm on `inputs` ([(a, b_rr, b_rc)] per buffer set) and keep
+        the fastest whose output verifies; cached per (GPU, version, shape, acc, layout)."""
+        from .timing import TimingConfig, time_interleaved
+
+        cache = cache or AutotuneCache()
+        key = autotune_key(gpu, self.lt.version(), self.M, self.N, self.K, self.acc, self.layout)
+        hit = cache.get(key)
+        if hit is not None and hit["index"] < self.lt_algos:
+            self.lt_autotuned_index = hit["index"]
+            self.notes["cublaslt_autotuned"] = f"cached choice: algorithm {hit['index']} of {self.lt_algos}"
+            return hit["index"]
+        torch = self.torch
+        c = torch.empty(self.M, self.N, dtype=torch.float16, device="cuda")
+        fns, bad = {}, []
+        for i in range(self.lt_algos):
+            f = self.lt_launcher(i)
+            a, b_rr, b_rc = inputs[0]
+            if f(a, b_rr, b_rc, c) != 0 or (verify is not None and verify(c, 0)):
+                bad.append(i)
+                continue
+            fns[f"algo{i}"] = (lambda b, f=f: f(*inputs[b], c))
+        if not fns:
+            raise BaselineError(f"no cuBLASLt algorithm of {self.lt_algos} ran correctly")
+        cfg = config or TimingConfig(warmup_ms=5.0, rounds_per_set=5, n_sets=2)
+        res = time_interleaved(fns, cfg, n_buffers=len(inputs))
+        best = min(res.stats, key=lambda k: res.stats[k].median_us)
+        index = int(best[4:])
+        cache.put(key, {"index": index, "algos": self.lt_algos,
+                        "median_us": res.stats[best].median_us, "rejected": bad})
+        self.lt_autotuned_index = index
+        self.notes["cublaslt_autotuned"] = f"tuned: algorithm {index} of {self.lt_algos}"
+        return index
+
+    def close(self) -> None:
+        if self.h_cublas:
+            self.cublas.lib.cudal2_cublas_destroy(self.h_cublas)
+            self.h_cublas = None
+        if self.h_lt:
+            self.lt.lib.cudal2_lt_destroy(self.h_lt)
+            self.h_lt = None

@@ -1,0 +1,105 @@
+"""Baselines: sources build and link cuBLAS/cuBLASLt (compile), the autotune cache (unit), and
+on a GPU every baseline computes the same product as torch."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from cudal2.harness import baselines
+from cudal2.harness.baselines import AutotuneCache
+
+
+def test_sources_are_data_files_with_the_exported_abi():
+    for lib, symbols in baselines.EXPORTS.items():
+        text = baselines.source(lib)
+        assert 'extern "C"' in text
+        for sym in symbols:
+            assert sym in text, (lib, sym)
+    with pytest.raises(ValueError, match="unknown baseline library"):
+        baselines.source("cudnn")
+
+
+def test_workspace_is_a_proper_32_mib():
+    assert baselines.WORKSPACE_BYTES == 33554432    # CUDA-L2's int overflow gave 0 bytes
+    assert baselines.LT_REQUESTED_ALGOS >= 16
+
+
+def test_autotune_cache_roundtrip_and_corruption(tmp_path):
+    cache = AutotuneCache(tmp_path / "at.json")
+    key = baselines.autotune_key("NVIDIA H100", 130000, 64, 128, 256, "f32", "RR")
+    assert "64x128x256" in key and "f32" in key and "NVIDIA H100" in key
+    assert cache.get(key) is None
+    cache.put(key, {"index": 3, "algos": 17, "median_us": 5.5})
+    other = baselines.autotune_key("NVIDIA H100", 130000, 64, 128, 256, "f16", "RR")
+    cache.put(other, {"index": 1, "algos": 9, "median_us": 4.0})
+    assert AutotuneCache(tmp_path / "at.json").get(key)["index"] == 3
+    assert cache.get(other)["index"] == 1
+    (tmp_path / "at.json").write_text("{not json")
+    assert cache.get(key) is None                  # a corrupt file is ignored, then rewritten
+    cache.put(key, {"index": 0, "algos": 1, "median_us": 1.0})
+    assert json.loads((tmp_path / "at.json").read_text())[key]["index"] == 0
+
+
+def _readelf(path, flag):
+    return subprocess.run(["readelf", flag, "-W", str(path)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_baselines_build_link_cublas_and_export_symbols(arch):
+    if not shutil.which("readelf"):
+        pytest.skip("readelf not installed")
+    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
+
+    try:
+        tc = find_toolchain()
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    if not has_cublas(tc):
+        pytest.skip("cuBLAS libraries not installed (pip install nvidia-cublas)")
+    libs = baselines.build_baselines(arch)
+    for lib, so in libs.items():
+        needed = _readelf(so, "-d")
+        # each library links what it calls (the linker drops the other with --as-needed)
+        want = "libcublas.so" if lib == "cublas" else "libcublasLt.so"
+        assert f"Shared library: [{want}" in needed, (lib, needed)
+        dyn = _readelf(so, "--dyn-syms")
+        for sym in baselines.EXPORTS[lib]:
+            assert any(line.split()[-1] == sym and " FUNC " in line and " UND " not in line
+                       for line in dyn.splitlines() if line.strip()), (lib, sym)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("acc", ["f32", "f16"])
+@pytest.mark.parametrize("layout", ["RR", "RC"])
+def test_every_baseline_matches_the_reference_on_gpu(acc, layout, tmp_path):
+    import torch
+
+    from cudal2.harness import check
+    from cudal2.toolchain import detect_arch
+
+    M, N, K = 256, 384, 512
+    libs = baselines.build_baselines(detect_arch())
+    run = baselines.BaselineRunners(libs, M, N, K, acc, layout)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a, b = check.random_inputs(M, N, K, g, "cuda")
+    b_rc = b.t().contiguous()
+    ref = check.reference(a, b)
+    inputs = [(a, b, b_rc)]
+
+    def verify(c, i):
+        cmp = check.compare(c, ref, K=K, acc=acc)
+        return None if cmp.ok else cmp.detail
+    run.autotune(inputs, torch.cuda.get_device_name(), verify=verify,
+                 cache=AutotuneCache(tmp_path / "at.json"))
+    names = ["torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned",
+             "torch_cublas", "torch_cublaslt"]
+    for name in names:
+        c = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+        assert run.launcher(name)(a, b, b_rc, c) == 0, name
+        torch.cuda.synchronize()
+        assert verify(c, 0) is None, name
+    assert run.lt_algos >= 1
+    run.close()
