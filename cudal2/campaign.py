@@ -58,10 +58,13 @@ def _pack_entry(result, dest: Path) -> dict:
                           "spills": result.spills}}
 
 
-def _baseline_sources() -> list[Path]:
-    """Baseline kernel files the harness ships (cudal2/harness/baselines/*.cu), if any."""
-    d = Path(__file__).resolve().parent / "harness" / "baselines"
-    return sorted(d.glob("*.cu")) if d.is_dir() else []
+def _baselines() -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """The harness's baseline libraries: {lib: (source, link libraries, exported symbols)}."""
+    try:
+        from .harness import baselines as hb
+    except ImportError:
+        return {}
+    return {lib: (hb.source(lib), tuple(hb.LIBRARIES), tuple(hb.EXPORTS[lib])) for lib in hb.SOURCES}
 
 
 def _dir_bytes(d: Path) -> int:
@@ -100,18 +103,17 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                       "params": [[k, v] for k, v in c.config.params],
                       "shapes": [[s.M, s.N, s.K] for s in c.shapes], **fields})
     bases = []
-    base_files = _baseline_sources()
-    if base_files:
-        specs = [BuildSpec(f.read_text(), arch=arch, libraries=("cublas", "cublasLt"), name=f.name)
-                 for f in base_files]
-        for f, r in zip(base_files, build_many(specs, jobs=jobs)):
-            if not r.ok:
-                raise RuntimeError(f"baseline {f.name} failed to build: {r.status}\n{r.log[-2000:]}")
-            src = f.read_text()
-            d = f"baselines/{f.stem}"
-            fields = _pack_entry(r, out / d)
-            (out / d / "kernel.cu").write_text(src)
-            bases.append({"name": f.stem, "sha": source_sha(src), "dir": d, **fields})
+    blibs = _baselines()
+    specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
+             for lib, (src, libs, _) in blibs.items()]
+    for (lib, (src, libs, exports)), r in zip(blibs.items(), build_many(specs, jobs=jobs)):
+        if not r.ok:
+            raise RuntimeError(f"baseline {lib} failed to build: {r.status}\n{r.log[-2000:]}")
+        d = f"baselines/{lib}"
+        fields = _pack_entry(r, out / d)
+        (out / d / "kernel.cu").write_text(src)
+        bases.append({"name": lib, "sha": source_sha(src), "dir": d, "libraries": list(libs),
+                      "exports": list(exports), **fields})
     try:
         from .toolchain import find_toolchain
         nvcc = find_toolchain().version
@@ -174,7 +176,8 @@ def dry_run(pack, *, log=print) -> list[str]:
                 problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
                 continue
             probe = probe_library if what.startswith("candidate") else probe_baseline
-            out = pool.run(probe, str(so.resolve()), timeout_s=60)
+            args = (str(so.resolve()),) if probe is probe_library else (str(so.resolve()), e["exports"])
+            out = pool.run(probe, *args, timeout_s=60)
             if not out.ok:
                 problems.append(f"{what}: loading {so} -> {out.status}: {out.detail[-300:]}")
                 continue
@@ -192,13 +195,13 @@ def dry_run(pack, *, log=print) -> list[str]:
     return problems
 
 
-def probe_baseline(so_path: str) -> dict:
-    """Worker task: load a baseline .so and check its entry points (baselines have their own ABI:
-    cudal2_baseline_abi plus create/run functions, no cudal2_meta)."""
+def probe_baseline(so_path: str, exports: list) -> dict:
+    """Worker task: load a baseline .so and check its entry points (baselines have their own ABI,
+    cudal2/harness/baselines.py EXPORTS, and no cudal2_meta)."""
     import ctypes
     lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_LOCAL)
-    symbols = {"cudal2_baseline_abi": hasattr(lib, "cudal2_baseline_abi")}
-    if symbols["cudal2_baseline_abi"]:
+    symbols = {s: hasattr(lib, s) for s in exports}
+    if symbols.get("cudal2_baseline_abi"):
         lib.cudal2_baseline_abi.restype = ctypes.c_int
         symbols["abi_version_1"] = lib.cudal2_baseline_abi() == 1
     return {"symbols": symbols}
@@ -218,9 +221,11 @@ def seed_cache(pack, cache, arch: str) -> int:
     except Exception as exc:  # noqa: BLE001
         raise RuntimeError(f"campaign run needs nvcc on PATH only to compute cache keys ({exc})") from None
     n = 0
-    for e in m["candidates"]:
+    for e in m["candidates"] + m["baselines"]:
         src_dir = pack / e["dir"]
-        key = cache_key(BuildSpec((src_dir / "kernel.cu").read_text(), arch=arch), version)
+        spec = BuildSpec((src_dir / "kernel.cu").read_text(), arch=arch,
+                         libraries=tuple(e.get("libraries", ())))
+        key = cache_key(spec, version)
         dest = _entry_dir(cache, key)
         if (dest / "build.json").exists():
             continue

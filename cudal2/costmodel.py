@@ -160,6 +160,9 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     wave_eff = ctas / (waves * slots)
     # Compute: padded tile work, spread over the SMs actually busy in each wave.
     eff = STYLE_EFF.get(f.style, 0.5)
+    # Small tiles re-load operands from L2 more per flop: below a 128x128 tile's reuse
+    # (BM*BN/(BM+BN) = 64) the main loop is fed, not compute, bound.
+    eff *= min(1.0, math.sqrt(f.BM * f.BN / (f.BM + f.BN) / 64.0))
     # One CTA alone on an SM reaches a fraction of the SM's peak that grows with its warps.
     per_sm_fill = min(1.0, occ * f.threads / 256)
     k_per_split = math.ceil(K / f.splitk)
@@ -173,7 +176,8 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     bytes_moved = 2.0 * (M * K + K * N + M * N) + (8.0 * M * N * f.splitk if f.splitk > 1 else 0.0)
     mem_us = bytes_moved / (gpu.tbps * 0.9 * 1e6)     # ~90% of DRAM peak is reachable
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
-    prior = gpu.launch_us + max(compute_us, mem_us) + spill_us
+    # split-K adds a second (reduction) kernel on the stream
+    prior = gpu.launch_us * (1.5 if f.splitk > 1 else 1.0) + max(compute_us, mem_us) + spill_us
     intensity = 2.0 * M * N * K / bytes_moved
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([

@@ -78,12 +78,14 @@ def families_for(arch: str, names: Iterable[str] | None = None) -> list[Any]:
     return [f for f in fams.values() if arch in f.arches]
 
 
-def enumerate_space(family, *, seed: int = 0) -> list[Any]:
-    """Every valid config of a family (sampled uniformly when the product is huge)."""
+def enumerate_space(family, *, arch: str | None = None, acc: str = "f32", layout: str = "RR",
+                    seed: int = 0) -> list[Any]:
+    """Every valid config of a family for one target (accumulator, B layout, arch), sampled
+    uniformly when the product is huge. ACC and LAYOUT are requirements, not knobs."""
     space = family.space()
     names = sorted(space)
     size = math.prod(len(space[n]) for n in names)
-    default = family.default()
+    default = family.default().with_(ACC=acc, LAYOUT=layout)
     if size <= MAX_ENUMERATE:
         combos: Iterable = itertools.product(*(space[n] for n in names))
     else:
@@ -92,7 +94,7 @@ def enumerate_space(family, *, seed: int = 0) -> list[Any]:
     out, seen = [], set()
     for values in combos:
         cfg = default.with_(**dict(zip(names, values)))
-        if cfg not in seen and family.valid(cfg):
+        if cfg not in seen and family.valid(cfg, arch):
             seen.add(cfg)
             out.append(cfg)
     return out
@@ -133,7 +135,8 @@ class BuildPlan:
 
 
 def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
-         limit_per_shape: int | None = None, model: CostModel | None = None) -> BuildPlan:
+         limit_per_shape: int | None = None, model: CostModel | None = None,
+         acc: str = "f32", layout: str = "RR") -> BuildPlan:
     """Candidates for every shape, deduplicated: one Candidate per distinct source.
     With `limit_per_shape` each shape keeps its best configs by the cost model's prior."""
     model = model or CostModel.default()
@@ -141,7 +144,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     by_source: dict[str, Candidate] = {}
     per_shape: dict[Shape, list[Candidate]] = {}
     pairs = 0
-    spaces = [(fam, enumerate_space(fam)) for fam in fams]
+    spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.accepts(c, shape.M, shape.N, shape.K)]
@@ -228,7 +231,9 @@ def build_plan(p: BuildPlan, *, jobs: int | None = None, progress: Callable | No
     from .build import BuildSpec, build_many
 
     jobs = jobs or knobs.build_jobs()
-    specs = [BuildSpec(c.source, arch=p.arch, name=f"{c.family}:{c.label}") for c in p.candidates]
+    # the family's flags, so these builds share cache entries with everyone else's
+    specs = [BuildSpec(c.source, arch=p.arch, flags=_family_flags(c.family), name=f"{c.family}:{c.label}")
+             for c in p.candidates]
     start = time.perf_counter()
     with _PeakRss() as peak:
         results = build_many(specs, jobs=jobs, timeout=timeout, progress=progress)
@@ -268,7 +273,7 @@ class SearchResult:
         return min(ok, key=lambda t: (t.estimated, t.time_us)) if ok else None
 
 
-def _mutate(cfg, family, space: dict, rng: random.Random, tries: int = 20):
+def _mutate(cfg, family, space: dict, rng: random.Random, tries: int = 20, arch: str | None = None):
     """One parameter moved to a neighbouring value (or, sometimes, any value): local search."""
     names = [n for n in space if len(space[n]) > 1]
     for _ in range(tries):
@@ -279,12 +284,13 @@ def _mutate(cfg, family, space: dict, rng: random.Random, tries: int = 20):
         j = i + rng.choice((-1, 1)) if rng.random() < 0.8 else rng.randrange(len(vals))
         if 0 <= j < len(vals) and vals[j] != cur:
             new = cfg.with_(**{n: vals[j]})
-            if family.valid(new):
+            if family.valid(new, arch):
                 return new
     return None
 
 
 def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
+           acc: str = "f32", layout: str = "RR",
            budget_evals: int = 32, budget_s: float = 600.0, strategy: str = "auto",
            population: int = 8, seed: int = 0, model: CostModel | None = None,
            modes: tuple[str, ...] = ("offline",), baselines: tuple[str, ...] = BASELINES,
@@ -300,7 +306,8 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
     model = model or CostModel.default()
     rng = random.Random(seed)
     fams = {f.name: f for f in families_for(arch, families)}
-    space = {name: [c for c in enumerate_space(f) if f.accepts(c, shape.M, shape.N, shape.K)]
+    space = {name: [c for c in enumerate_space(f, arch=arch, acc=acc, layout=layout)
+                    if f.accepts(c, shape.M, shape.N, shape.K)]
              for name, f in fams.items()}
     everything = [(n, c) for n, cs in space.items() for c in cs]
     if not everything:
@@ -352,7 +359,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
                 break
             parent = pop[min(int(rng.expovariate(1.0)), len(pop) - 1)]   # bias toward the best
             fam = fams[parent.family]
-            child = _mutate(parent.config, fam, fam.space(), rng)
+            child = _mutate(parent.config, fam, fam.space(), rng, arch=arch)
             if child is None or child in done or not fam.accepts(child, shape.M, shape.N, shape.K):
                 stale += 1
                 continue
@@ -366,6 +373,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", required=True, help="CSV with M,N,K columns (shapes/stratified_100.csv)")
     parser.add_argument("--arch", default=None, help="sm_80 | sm_90a (default: CUDAL2_ARCH, else the visible GPU)")
     parser.add_argument("--families", nargs="+", default=None, help="template families (default: all for the arch)")
+    parser.add_argument("--acc", default="f32", choices=("f32", "f16"), help="accumulator the kernels must use")
+    parser.add_argument("--layout", default="RR", choices=("RR", "RC"),
+                        help="B layout: RR = row-major K x N, RC = column-major (x @ W^T of nn.Linear)")
     parser.add_argument("--build-only", action="store_true",
                         help="build every candidate for the shape list (no GPU) and report counts, time, memory")
     parser.add_argument("--limit-per-shape", type=int, default=None,
@@ -388,7 +398,8 @@ def run_cli(args: argparse.Namespace) -> int:
         model = CostModel.load(args.cost_model) if args.cost_model else CostModel.default(
             "A100" if arch.startswith("sm_8") else "H100")
         if args.build_only:
-            p = plan(shapes, arch, families=args.families, limit_per_shape=args.limit_per_shape, model=model)
+            p = plan(shapes, arch, families=args.families, limit_per_shape=args.limit_per_shape, model=model,
+                     acc=args.acc, layout=args.layout)
         else:
             families_for(arch, args.families)
     except ValueError as exc:
@@ -418,7 +429,8 @@ def run_cli(args: argparse.Namespace) -> int:
     for i, shape in enumerate(shapes, 1):
         print(f"[{i}/{len(shapes)}] {shape}")
         try:
-            res = search(shape, arch, families=args.families, budget_evals=args.budget_evals,
+            res = search(shape, arch, families=args.families, acc=args.acc, layout=args.layout,
+                         budget_evals=args.budget_evals,
                          budget_s=args.budget_s, strategy=args.strategy, model=model,
                          modes=tuple(args.modes), db=db, seed=args.seed)
         except ValueError as exc:
@@ -430,6 +442,12 @@ def run_cli(args: argparse.Namespace) -> int:
                  if b else "none"))
     print(f"results in {args.db}; `cudal2 export --db {args.db}` copies the winners into generated_kernels/")
     return 0
+
+
+def _family_flags(name: str) -> tuple[str, ...]:
+    from .build import BASE_FLAGS
+    fam = _templates().FAMILIES[name]
+    return tuple(f for f in getattr(fam, "flags", ()) if f not in BASE_FLAGS)
 
 
 def _cache_dir():
