@@ -48,6 +48,9 @@
 #ifndef SPLITK
 #define SPLITK 1        // K split factor; > 1 needs SPLITK*M*N*4 bytes of workspace
 #endif
+#ifndef SPLITK_MAX_MN
+#define SPLITK_MAX_MN 2097152   // split-K serves M*N up to this; sizes the declared workspace
+#endif
 #ifndef ACC_F16
 #define ACC_F16 0       // 0: fp32 accumulate, 1: fp16 accumulate
 #endif
@@ -95,7 +98,12 @@ static_assert((BM * BK / 8) % kThreads == 0, "A tile 16-byte chunks must split e
 static_assert((BK * BN / 8) % kThreads == 0, "B tile 16-byte chunks must split evenly over threads");
 static_assert(STAGES >= 2, "STAGES must be >= 2");
 static_assert(SWIZZLE >= 1, "SWIZZLE must be >= 1");
-static_assert(SPLITK >= 1, "SPLITK must be >= 1");
+static_assert(SPLITK >= 1 && SPLITK <= 65535, "SPLITK must be in [1, 65535]");
+static_assert(SPLITK_MAX_MN >= 1, "SPLITK_MAX_MN must be >= 1");
+// Workspace the caller must provide (static, so the meta can declare it): fp32 partials for
+// SPLITK slices of an M x N output with M*N <= SPLITK_MAX_MN.
+constexpr unsigned long long kWorkspaceBytes =
+    SPLITK > 1 ? (unsigned long long)SPLITK * 4ull * (unsigned long long)SPLITK_MAX_MN : 0ull;
 
 #if ACC_F16
 typedef uint32_t AccFrag[kMI][kNI][2];   // packed half2: {row g, cols 2t..2t+1}, {row g+8, ...}
@@ -429,14 +437,17 @@ static const char* build_meta() {
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"acc\": \"%s\", "
            "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"warp_tile\": [%d, %d], \"warps\": %d, "
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
-           "\"workspace_bytes\": 0, \"workspace_per_mn\": %d, \"splitk\": %d, "
+           "\"workspace_bytes\": %llu, \"workspace_per_mn\": %d, \"splitk\": %d, "
+           "\"splitk_max_mn\": %d, "
            "\"vector_loads_need\": {\"ptr_align_bytes\": 16, \"ld_multiple\": 8}, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
-           "\"STAGES\": %d, \"SWIZZLE\": %d, \"SPLITK\": %d, \"ACC\": \"%s\", \"LAYOUT\": \"%s\"}}",
+           "\"STAGES\": %d, \"SWIZZLE\": %d, \"SPLITK\": %d, \"SPLITK_MAX_MN\": %d, "
+           "\"ACC\": \"%s\", \"LAYOUT\": \"%s\"}}",
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), ACC_F16 ? "f16" : "f32",
            LAYOUT_RC ? "RC" : "RR", BM, BN, BK, WM, WN, kWarpsM * kWarpsN, kThreads, STAGES,
-           (int)kSmemBytes, SPLITK > 1 ? SPLITK * 4 : 0, SPLITK, BM, BN, BK, WM, WN, STAGES,
-           SWIZZLE, SPLITK, ACC_F16 ? "f16" : "f32", LAYOUT_RC ? "RC" : "RR");
+           (int)kSmemBytes, kWorkspaceBytes, SPLITK > 1 ? SPLITK * 4 : 0, SPLITK,
+           SPLITK > 1 ? SPLITK_MAX_MN : 0, BM, BN, BK, WM, WN, STAGES,
+           SWIZZLE, SPLITK, SPLITK_MAX_MN, ACC_F16 ? "f16" : "f32", LAYOUT_RC ? "RC" : "RR");
   return buf;
 }
 
@@ -467,7 +478,7 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   float* ws = nullptr;
   if (SPLITK > 1) {
     const size_t need = (size_t)SPLITK * (size_t)M * (size_t)N * sizeof(float);
-    if (workspace == nullptr || workspace_bytes < need ||
+    if ((size_t)M * (size_t)N > (size_t)SPLITK_MAX_MN || workspace == nullptr || workspace_bytes < need ||
         (reinterpret_cast<uintptr_t>(workspace) % 16) != 0)
       return cudaErrorInvalidValue;
     ws = reinterpret_cast<float*>(workspace);

@@ -1,7 +1,7 @@
 // cudal2 reference kernel family "ptx": the mma family's pipeline with the whole per-k16 inner
 // step (4 ldmatrix.x4 for A, 4 ldmatrix.x4 for B, the chain of 32 mma.sync.m16n8k16) written as
 // one hand-scheduled inline-PTX block. The PTX fixes the warp tile at 64 x 64 (4 m16 x 8 n8
-// fragments), so WM and WN are not parameters here; every other macro (BM, BN, BK, STAGES,
+// fragments): WM and WN must be 64 (the defaults here). Every other macro (BM, BN, BK, STAGES,
 // SWIZZLE, SPLITK, ACC_F16, LAYOUT_RC) means what it means in mma_hgemm.cuh, which this file
 // includes for the loads, pipeline, epilogue and launcher (instantiate() inlines it).
 //

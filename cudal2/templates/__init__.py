@@ -1,0 +1,419 @@
+"""Our reference HGEMM kernel families: `.cuh` data files plus the configs that instantiate them.
+
+A family is one parameterised kernel file (`mma_hgemm.cuh`, `ptx_hgemm.cuh`, `cutlass_sm90.cuh`)
+whose every parameter is a `#define` with a default. A `KernelConfig` names a family and its
+parameter values; `instantiate(config)` writes a self-contained `.cu` file: a banner, the
+`#define` lines, then the family's `.cuh` text with its local includes inlined. The kernel code
+lives only in the `.cuh` files; this module holds the parameter spaces, the static constraints
+(`Family.valid`) and which shapes a config serves (`Family.accepts`). docs/templates.md has the
+macro reference.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+__all__ = ["KernelConfig", "Family", "FAMILIES", "instantiate", "template_dir", "SMEM_LIMIT",
+           "default_configs", "configure_parser", "run_cli"]
+
+Value = int | str
+
+# Largest dynamic shared memory one block may opt in to, bytes (CUDA programming guide, per CC).
+SMEM_LIMIT = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90a": 232448}
+
+_LOCAL_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.M)
+
+
+def template_dir() -> Path:
+    """The folder holding the family `.cuh` files (also on the build's include path)."""
+    return Path(__file__).resolve().parent
+
+
+# ---- configs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelConfig:
+    """One instantiation of a family: its name and (name, value) parameters, sorted by name."""
+    family: str
+    params: tuple[tuple[str, Value], ...] = ()
+
+    def __post_init__(self):
+        items = dict(self.params)
+        if len(items) != len(self.params):
+            raise ValueError(f"{self.family}: duplicate parameter names in {self.params!r}")
+        for k, v in items.items():
+            if not isinstance(k, str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", k):
+                raise ValueError(f"{self.family}: parameter name {k!r} is not an upper-case macro name")
+            if isinstance(v, bool) or not isinstance(v, (int, str)):
+                raise ValueError(f"{self.family}: parameter {k}={v!r} must be an int or a str")
+        object.__setattr__(self, "params", tuple(sorted(items.items())))
+
+    @classmethod
+    def make(cls, family: str, **params: Value) -> "KernelConfig":
+        return cls(family, tuple(params.items()))
+
+    def get(self, name: str, default=None) -> Value | None:
+        for k, v in self.params:
+            if k == name:
+                return v
+        return default
+
+    def as_dict(self) -> dict[str, Value]:
+        return dict(self.params)
+
+    def with_(self, **changes: Value) -> "KernelConfig":
+        d = self.as_dict()
+        d.update(changes)
+        return KernelConfig(self.family, tuple(d.items()))
+
+    def label(self) -> str:
+        """Short, stable, file-name-safe name: family then k=v pairs in name order."""
+        return self.family + ":" + ",".join(f"{k}={v}" for k, v in self.params)
+
+
+# ---- families -----------------------------------------------------------------------------
+# String-valued parameters become 0/1 macros the preprocessor can test.
+_ENUM_MACROS: dict[str, tuple[str, dict[str, int]]] = {
+    "ACC": ("ACC_F16", {"f32": 0, "f16": 1}),
+    "LAYOUT": ("LAYOUT_RC", {"RR": 0, "RC": 1}),
+    "SCHEDULE": ("SCHEDULE_PINGPONG", {"cooperative": 0, "pingpong": 1}),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: one `.cuh` file and the rules for its parameters."""
+    name: str
+    arches: tuple[str, ...]
+    header: str                                 # file name in template_dir()
+    style: str                                  # the meta "style": mma | ptx | cutlass
+    flags: tuple[str, ...]                      # nvcc flags the family needs
+    description: str
+    _space: dict[str, tuple[Value, ...]] = field(repr=False, default_factory=dict)
+    _fixed: dict[str, tuple[Value, ...]] = field(repr=False, default_factory=dict)  # ACC, LAYOUT
+    _defaults: tuple[dict[str, Value], ...] = field(repr=False, default=())
+    _problems: Callable[["Family", dict, str | None], list[str]] = field(repr=False, default=None)
+    _accepts: Callable[[dict, int, int, int], bool] = field(repr=False, default=None)
+
+    # -- the tuner's view
+    def space(self) -> dict[str, list[Value]]:
+        """Tuning knobs -> candidate values. ACC and LAYOUT are requirements of the target, not
+        knobs, so they are not here: set them with `config.with_(ACC=..., LAYOUT=...)`."""
+        return {k: list(v) for k, v in self._space.items()}
+
+    def choices(self) -> dict[str, list[Value]]:
+        """Every parameter and its allowed values (the space plus ACC/LAYOUT)."""
+        return {**self.space(), **{k: list(v) for k, v in self._fixed.items()}}
+
+    def default(self) -> KernelConfig:
+        return self.defaults()[0]
+
+    def defaults(self) -> tuple[KernelConfig, ...]:
+        """The default instantiations (the first is `default()`)."""
+        return tuple(KernelConfig.make(self.name, **d) for d in self._defaults)
+
+    def config(self, **params: Value) -> KernelConfig:
+        """`default()` with some parameters changed."""
+        return self.default().with_(**params)
+
+    # -- static constraints
+    def problems(self, config: KernelConfig, arch: str | None = None) -> list[str]:
+        """Why `config` cannot be built (empty when it can). `arch`: check against that arch's
+        limits; None: against every arch the family claims."""
+        if config.family != self.name:
+            return [f"config is for family {config.family!r}, not {self.name!r}"]
+        if arch is not None and arch not in self.arches:
+            return [f"family {self.name} does not target {arch} (it targets {', '.join(self.arches)})"]
+        p = config.as_dict()
+        known = self.choices()
+        out = [f"unknown parameter {k}" for k in p if k not in known]
+        out += [f"missing parameter {k}" for k in known if k not in p]
+        if out:
+            return out
+        for k, v in p.items():
+            if k in _ENUM_MACROS and v not in _ENUM_MACROS[k][1]:
+                out.append(f"{k}={v!r} is not one of {sorted(_ENUM_MACROS[k][1])}")
+            elif k not in _ENUM_MACROS and (not isinstance(v, int) or v < 1):
+                out.append(f"{k}={v!r} must be a positive int")
+        if out:
+            return out
+        return self._problems(self, p, arch)
+
+    def valid(self, config: KernelConfig, arch: str | None = None) -> bool:
+        return not self.problems(config, arch)
+
+    def accepts(self, config: KernelConfig, M: int, N: int, K: int) -> bool:
+        """Whether a (valid) config computes C[M,N] = A[M,K] @ B for this shape (dense, aligned
+        operands with ld == the logical width: what dispatch hands it)."""
+        if min(M, N, K) < 0 or not self.valid(config):
+            return False
+        return self._accepts(config.as_dict(), M, N, K)
+
+    # -- source
+    def macros(self, config: KernelConfig) -> list[tuple[str, int]]:
+        """The (macro, value) lines an instantiation starts with."""
+        out = []
+        for k, v in config.params:
+            if k in _ENUM_MACROS:
+                macro, values = _ENUM_MACROS[k]
+                out.append((macro, values[v]))
+            else:
+                out.append((k, int(v)))
+        return out
+
+    def instantiate(self, config: KernelConfig) -> str:
+        return instantiate(config)
+
+    def short_source(self, config: KernelConfig) -> str:
+        """The `#define` lines plus `#include "<header>"`: the same kernel as `instantiate`, for
+        builds that put cudal2/templates on the include path (cudal2.build does)."""
+        _check(self, config)
+        lines = [f"#define {m} {v}" for m, v in self.macros(config)]
+        return "\n".join(lines + [f'#include "{self.header}"']) + "\n"
+
+    def build_spec(self, config: KernelConfig, arch: str | None = None):
+        """A cudal2.build.BuildSpec for `config` (flags: those the family needs beyond the
+        builder's base flags, so builds share the cache with everyone else's)."""
+        from ..build import BASE_FLAGS, BuildSpec
+        arch = arch or self.arches[-1]
+        extra = tuple(f for f in self.flags if f not in BASE_FLAGS)
+        return BuildSpec(instantiate(config), arch=arch, flags=extra, name=config.label())
+
+
+def _check(family: Family, config: KernelConfig) -> None:
+    bad = family.problems(config)
+    if bad:
+        raise ValueError(f"invalid {family.name} config {config.label()}: " + "; ".join(bad))
+
+
+# -- mma and ptx: raw CUDA tensor-core kernels (mma_hgemm.cuh)
+def _mma_smem_bytes(p: dict) -> int:
+    a = p["BM"] * (p["BK"] + 8)
+    b = p["BN"] * (p["BK"] + 8) if p["LAYOUT"] == "RC" else p["BK"] * (p["BN"] + 8)
+    return p["STAGES"] * (a + b) * 2
+
+
+def _mma_problems(family: Family, p: dict, arch: str | None) -> list[str]:
+    out = []
+    BM, BN, BK, WM, WN = p["BM"], p["BN"], p["BK"], p["WM"], p["WN"]
+    if WM % 16 or WN % 16:
+        out.append(f"warp tile {WM}x{WN} must be a multiple of 16x16")
+    if BM % WM or BN % WN:
+        out.append(f"warp tile {WM}x{WN} must divide the block tile {BM}x{BN}")
+    if BK % 16:
+        out.append(f"BK={BK} must be a multiple of 16")
+    if out:
+        return out
+    threads = (BM // WM) * (BN // WN) * 32
+    if threads > 1024:
+        out.append(f"{threads} threads per block > 1024")
+    for what, chunks in (("A", BM * BK // 8), ("B", BK * BN // 8)):
+        if chunks % threads:
+            out.append(f"{what} tile has {chunks} 16-byte chunks, not a multiple of {threads} threads")
+    acc_regs = (WM // 16) * (WN // 8) * (2 if p["ACC"] == "f16" else 4)
+    if acc_regs > 128:
+        out.append(f"warp tile {WM}x{WN} needs {acc_regs} accumulator registers per thread (> 128: spills)")
+    if p["STAGES"] < 2:
+        out.append("STAGES must be >= 2")
+    if p["SPLITK"] > 16:
+        out.append("SPLITK must be <= 16")
+    if p["SPLITK_MAX_MN"] > 1 << 26:
+        out.append("SPLITK_MAX_MN must be <= 2**26 (it sizes the declared workspace)")
+    smem = _mma_smem_bytes(p)
+    for a in ([arch] if arch else family.arches):
+        if smem > SMEM_LIMIT[a]:
+            out.append(f"{smem} bytes of shared memory > {SMEM_LIMIT[a]} on {a}")
+    if family.name == "ptx" and (WM, WN) != (64, 64):
+        out.append("the ptx family's inner-loop PTX is written for WM = WN = 64")
+    return out
+
+
+def _mma_accepts(p: dict, M: int, N: int, K: int) -> bool:
+    return p["SPLITK"] == 1 or M * N <= p["SPLITK_MAX_MN"]
+
+
+_MMA_SPACE = {
+    "BM": (64, 128, 256), "BN": (64, 128, 256), "BK": (32, 64), "WM": (32, 64), "WN": (32, 64),
+    "STAGES": (2, 3, 4, 5), "SWIZZLE": (1, 4, 8, 16), "SPLITK": (1, 2, 4, 8),
+    "SPLITK_MAX_MN": (2097152,),
+}
+_ACC_LAYOUT = {"ACC": ("f32", "f16"), "LAYOUT": ("RR", "RC")}
+_MMA_DEFAULT = dict(BM=128, BN=128, BK=32, WM=64, WN=64, STAGES=3, SWIZZLE=8, SPLITK=1,
+                    SPLITK_MAX_MN=2097152, ACC="f32", LAYOUT="RR")
+
+# -- cutlass_sm90: CUTLASS 3.x TMA warp-specialised kernels (cutlass_sm90.cuh)
+_CUTLASS_FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG")
+
+
+def _cutlass_problems(family: Family, p: dict, arch: str | None) -> list[str]:
+    out = []
+    BM, BN, BK = p["BM"], p["BN"], p["BK"]
+    coop = p["SCHEDULE"] == "cooperative"
+    if coop and BM not in (128, 256):
+        out.append(f"cooperative schedule splits BM over two consumer warpgroups: BM must be 128 or 256, got {BM}")
+    if not coop and BM not in (64, 128):
+        out.append(f"pingpong schedule: BM must be 64 or 128, got {BM}")
+    if BN % 16 or not 16 <= BN <= 256:
+        out.append(f"BN={BN} must be a multiple of 16 in [16, 256] (wgmma N)")
+    if BK not in (64, 128):
+        out.append(f"BK={BK} must be 64 or 128")
+    cm, cn = p["CLUSTER_M"], p["CLUSTER_N"]
+    if cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
+        out.append(f"cluster {cm}x{cn}: each side 1, 2 or 4, at most 4 CTAs")
+    if p["SWIZZLE"] not in (1, 2, 4, 8):
+        out.append(f"SWIZZLE={p['SWIZZLE']} must be 1, 2, 4 or 8")
+    # accumulator registers per consumer thread (128 threads per warpgroup)
+    rows = BM // 2 if coop else BM
+    per_thread = rows * BN // 128 // (2 if p["ACC"] == "f16" else 1)
+    if per_thread > 128:
+        out.append(f"{per_thread} accumulator registers per consumer thread (> 128: spills)")
+    stage = (BM + BN) * BK * 2
+    if 2 * stage + 32768 > SMEM_LIMIT["sm_90a"]:
+        out.append(f"two {stage}-byte stages plus the epilogue do not fit in shared memory")
+    return out
+
+
+def _cutlass_accepts(p: dict, M: int, N: int, K: int) -> bool:
+    return N % 8 == 0 and K % 8 == 0
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def _register(f: Family) -> None:
+    FAMILIES[f.name] = f
+
+
+_register(Family(
+    name="mma", arches=("sm_80", "sm_90a"), header="mma_hgemm.cuh", style="mma", flags=(),
+    description="raw CUDA: mma.sync m16n8k16, ldmatrix, multi-stage cp.async into padded smem, "
+                "grouped raster, split-K; any M, N, K",
+    _space=_MMA_SPACE, _fixed=_ACC_LAYOUT,
+    _defaults=(_MMA_DEFAULT, {**_MMA_DEFAULT, "ACC": "f16"}, {**_MMA_DEFAULT, "LAYOUT": "RC"}),
+    _problems=_mma_problems, _accepts=_mma_accepts))
+
+_register(Family(
+    name="ptx", arches=("sm_80", "sm_90a"), header="ptx_hgemm.cuh", style="ptx", flags=(),
+    description="the mma pipeline with each k16 step (ldmatrix + 32 mma.sync) as one hand-written "
+                "inline-PTX block; warp tile fixed at 64x64; any M, N, K",
+    _space={**_MMA_SPACE, "WM": (64,), "WN": (64,)}, _fixed=_ACC_LAYOUT,
+    _defaults=(_MMA_DEFAULT,),
+    _problems=_mma_problems, _accepts=_mma_accepts))
+
+_COOP = dict(BM=128, BN=256, BK=64, CLUSTER_M=2, CLUSTER_N=1, SCHEDULE="cooperative", SWIZZLE=1,
+             ACC="f32", LAYOUT="RR")
+_PING = dict(_COOP, BM=128, BN=128, SCHEDULE="pingpong")
+_register(Family(
+    name="cutlass_sm90", arches=("sm_90a",), header="cutlass_sm90.cuh", style="cutlass",
+    flags=_CUTLASS_FLAGS,
+    description="CUTLASS 3.x SM90 TMA warp-specialised GEMM (cooperative or pingpong) from the "
+                "CollectiveBuilders; needs N % 8 == 0 and K % 8 == 0, 16-byte aligned operands",
+    _space={"BM": (64, 128, 256), "BN": (64, 128, 192, 256), "BK": (64, 128),
+            "CLUSTER_M": (1, 2), "CLUSTER_N": (1, 2), "SCHEDULE": ("cooperative", "pingpong"),
+            "SWIZZLE": (1, 2, 4, 8)},
+    _fixed=_ACC_LAYOUT, _defaults=(_COOP, _PING),
+    _problems=_cutlass_problems, _accepts=_cutlass_accepts))
+
+
+def default_configs(families: Iterable[str] | None = None) -> list[KernelConfig]:
+    """Every default instantiation of the named families (all by default)."""
+    names = list(families) if families else list(FAMILIES)
+    return [c for n in names for c in FAMILIES[n].defaults()]
+
+
+# ---- instantiation ------------------------------------------------------------------------
+def _inline(name: str, stack: tuple[str, ...]) -> str:
+    """The text of template file `name` with its local ("...") includes inlined, once each."""
+    if name in stack:
+        raise ValueError(f"template include cycle: {' -> '.join(stack + (name,))}")
+    path = template_dir() / name
+    if not path.is_file():
+        raise ValueError(f"template {stack[-1] if stack else '?'} includes {name!r}, which is not a file "
+                         f"in {template_dir()}")
+    text = path.read_text()
+
+    def repl(m: re.Match) -> str:
+        inner = _inline(m.group(1), stack + (name,))
+        return (f"// ---- begin {m.group(1)} (inlined) ----\n{inner.rstrip()}\n"
+                f"// ---- end {m.group(1)} ----")
+    return _LOCAL_INCLUDE_RE.sub(repl, text)
+
+
+def instantiate(config: KernelConfig) -> str:
+    """A self-contained .cu file for `config`: banner, #define lines, the family's .cuh inlined.
+    Raises ValueError naming the problems when the config is invalid."""
+    if config.family not in FAMILIES:
+        raise ValueError(f"unknown family {config.family!r}; known: {sorted(FAMILIES)}")
+    fam = FAMILIES[config.family]
+    _check(fam, config)
+    banner = [
+        f"// cudal2 kernel, family {fam.name} (style {fam.style}), instantiated from "
+        f"cudal2/templates/{fam.header}",
+        f"// config: {config.label()}",
+        f"// targets: {', '.join(fam.arches)}" + (f"; nvcc flags: {' '.join(fam.flags)}" if fam.flags else ""),
+        "// Generated by cudal2.templates.instantiate(); edit the template, not this file.",
+    ]
+    defines = [f"#define {m} {v}" for m, v in fam.macros(config)]
+    body = _inline(fam.header, ())
+    return "\n".join(banner + defines) + "\n\n" + body.rstrip() + "\n"
+
+
+# ---- CLI: python -m cudal2.templates [FAMILY] [-D NAME=VALUE ...] ----------------------------
+def configure_parser(parser) -> None:
+    parser.add_argument("family", nargs="?", default="mma",
+                        help=f"family to instantiate ({', '.join(FAMILIES)}; default mma)")
+    parser.add_argument("-D", "--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                        help="change a parameter of the family's default config (repeatable), e.g. -D BM=64 -D ACC=f16")
+    parser.add_argument("--default", type=int, default=0, metavar="I",
+                        help="start from the family's I-th default config (see --list)")
+    parser.add_argument("--short", action="store_true",
+                        help="print the #define lines + #include form instead of the inlined file")
+    parser.add_argument("--list", action="store_true",
+                        help="list families, their default configs and parameter choices, then exit")
+
+
+def _parse_value(text: str) -> Value:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text
+
+
+def run_cli(args) -> int:
+    import sys
+    if args.list:
+        for fam in FAMILIES.values():
+            print(f"{fam.name}  ({fam.header}, style {fam.style}, arches {', '.join(fam.arches)})")
+            print(f"    {fam.description}")
+            for i, c in enumerate(fam.defaults()):
+                print(f"    default {i}: {c.label()}")
+            for k, v in fam.choices().items():
+                print(f"    {k}: {', '.join(map(str, v))}")
+        return 0
+    if args.family not in FAMILIES:
+        print(f"error: unknown family {args.family!r}; known: {', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    fam = FAMILIES[args.family]
+    defaults = fam.defaults()
+    if not 0 <= args.default < len(defaults):
+        print(f"error: --default {args.default}: {fam.name} has {len(defaults)} default configs",
+              file=sys.stderr)
+        return 2
+    cfg = defaults[args.default]
+    changes = {}
+    for s in args.sets:
+        name, eq, value = s.partition("=")
+        if not eq or not name:
+            print(f"error: -D {s!r}: expected NAME=VALUE", file=sys.stderr)
+            return 2
+        changes[name.strip()] = _parse_value(value.strip())
+    try:
+        cfg = cfg.with_(**changes)
+        text = fam.short_source(cfg) if args.short else instantiate(cfg)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    print(f"// {cfg.label()}: {len(text.splitlines())} lines written to stdout", file=sys.stderr)
+    return 0
