@@ -159,7 +159,11 @@ class _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         out_r, out_w = os.pipe()
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+        # The worker registers a bare `cudal2` package (no __init__: that imports torch and
+        # dispatch) so a worker boots in ~0.1 s; tasks import the submodules they need.
+        code = ("import sys, types; sys.path.insert(0, sys.argv[1]); "
+                "pkg = types.ModuleType('cudal2'); pkg.__path__ = [sys.argv[1] + '/cudal2']; "
+                "pkg.__file__ = sys.argv[1] + '/cudal2/__init__.py'; sys.modules['cudal2'] = pkg; "
                 "from cudal2.harness.worker import _worker_main; _worker_main()")
         try:
             self.proc = subprocess.Popen(

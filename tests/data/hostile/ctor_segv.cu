@@ -1,7 +1,8 @@
 // Hostile: a static constructor that segfaults while the library loads.
 #include <cuda_runtime.h>
 
-__attribute__((constructor)) static void boom() { *(volatile int*)0 = 1; }
+int* volatile cudal2_null = nullptr;
+__attribute__((constructor, used)) void boom() { *cudal2_null = 1; }
 extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
                             int ldb, int ldc, void* workspace, size_t workspace_bytes,
                             void* stream) {

@@ -1,0 +1,593 @@
+"""Static audit of a kernel file: what it includes, what its .so imports, what its PTX computes.
+
+A kernel may only launch its own device code on the caller's stream. The audit checks what can
+be checked without running it, on the built artefacts rather than by guessing from source:
+
+1. includes: `#include` lines may not name absolute or `..` paths, and quoted includes may only
+   name our template headers (cudal2/templates); then `nvcc -M` lists every file the
+   preprocessor actually reads, and each must lie under a toolkit / CUTLASS / system / template
+   include root (catches macro-built include paths).
+2. imports: the .so's undefined dynamic symbols (`nm -D`) must be on ALLOWED_SYMBOLS, and its
+   DT_NEEDED libraries (`readelf -d`) on ALLOWED_LIBRARIES. Shared cudart makes every runtime
+   call visible here. cuBLAS/cuBLASLt/cuDNN, threads, processes, streams/events/graphs,
+   synchronisation, allocation, copies, files, sockets, dlopen, environment reads are rejected.
+3. host machine code: no system-call instructions (syscall, sysenter, int 0x80) in the .so's
+   host code (objdump). This is the rule for `asm`: inline asm in device code becomes PTX and is
+   checked there; host asm that could reach the kernel without an import is the syscall.
+4. driver entry points: a kernel that imports cudaGetDriverEntryPoint* (TMA descriptors need
+   cuTensorMapEncodeTiled) may only name driver functions on ALLOWED_DRIVER_ENTRY_POINTS in its
+   strings.
+5. meta: read in a worker process (loading runs the kernel's static constructors: hostile), then
+   checked against the ABI (cudal2.abi.parse_meta) and the build arch.
+6. accumulator: every tensor-core instruction in the PTX (mma.sync, wgmma.mma_async, wmma.mma)
+   with fp16 inputs must accumulate in the type the meta declares. CUDA-L2 shipped fp16-
+   accumulate kernels labelled fp32.
+
+Limits (said plainly): the audit stops lazy and accidental cheats, not determined ones; host code
+can still compute function addresses or obfuscate a driver name. Process isolation (worker.py)
+and the dynamic checks in measure.py are the defence in depth.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# ---- allowlists (why each entry is needed is in docs/harness.md) ------------------------------
+_CUDART_ALLOWED = {
+    # launch (nvcc's <<<>>> lowering, CUDA 12 and 13 spellings) and registration of the fatbinary
+    "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz",
+    "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz",
+    "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz", "__cudaGetKernel",
+    "__cudaPushCallConfiguration", "__cudaPopCallConfiguration",
+    "__cudaRegisterFatBinary", "__cudaRegisterFatBinaryEnd", "__cudaUnregisterFatBinary",
+    "__cudaRegisterFunction", "__cudaRegisterVar", "__cudaRegisterLinkedBinary",
+    "__cudaRegisterTexture", "__cudaRegisterSurface", "__cudaInitModule",
+    # function and device attributes (smem carve-out, cluster dims, SM count)
+    "cudaFuncSetAttribute", "cudaFuncGetAttributes", "cudaFuncSetCacheConfig",
+    "cudaGetDevice", "cudaDeviceGetAttribute", "cudaGetDeviceProperties",
+    "cudaGetDeviceProperties_v2", "cudaGetDeviceCount",
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cudaOccupancyMaxActiveClusters",
+    "cudaOccupancyMaxPotentialClusterSize",
+    # TMA descriptors: the driver's cuTensorMapEncode* reached through the runtime
+    "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
+    # error queries
+    "cudaGetLastError", "cudaPeekAtLastError", "cudaGetErrorString", "cudaGetErrorName",
+    # zeroing the caller's workspace for split-K, ordered on the caller's stream (no sync, no
+    # allocation; the alternative is one more kernel launch doing the same thing)
+    "cudaMemsetAsync", "cudaMemsetAsync_ptsz",
+}
+_DRIVER_ALLOWED = {
+    "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress",
+    "cuGetErrorString", "cuGetErrorName", "cuDeviceGetAttribute", "cuCtxGetDevice",
+    "cuFuncSetAttribute", "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
+}
+ALLOWED_DRIVER_ENTRY_POINTS = frozenset(_DRIVER_ALLOWED)
+_LIBC_ALLOWED = {
+    # memory and strings (host-side helpers; host heap is bounded by the worker's RSS limit)
+    "memcpy", "memmove", "memset", "memcmp", "memchr", "strlen", "strcmp", "strncmp", "strchr",
+    "strrchr", "strstr", "strcpy", "strncpy", "strnlen", "snprintf", "sprintf", "vsnprintf",
+    "__memcpy_chk", "__memset_chk", "__memmove_chk", "__snprintf_chk", "__sprintf_chk",
+    "__vsnprintf_chk", "__strcpy_chk", "__stack_chk_fail",
+    "malloc", "calloc", "realloc", "free", "aligned_alloc", "posix_memalign",
+    "abort", "__assert_fail", "__cxa_atexit", "__cxa_finalize", "atexit",
+    "__errno_location", "__tls_get_addr",
+    # math
+    "sqrt", "sqrtf", "ceil", "ceilf", "floor", "floorf", "log2", "log2f", "exp", "expf", "fabs",
+    "fabsf", "pow", "powf", "fmin", "fmax", "lround", "round", "roundf",
+    # toolchain/loader hooks every shared object may carry
+    "__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable",
+    "_Jv_RegisterClasses", "_Unwind_Resume",
+}
+_CXX_ALLOWED_RE = re.compile(
+    r"^(__cxa_(guard_acquire|guard_release|guard_abort|begin_catch|end_catch|rethrow|"
+    r"allocate_exception|free_exception|throw|pure_virtual|deleted_virtual|call_unexpected|"
+    r"get_exception_ptr|bad_cast|bad_typeid|throw_bad_array_new_length)"
+    r"|__gxx_personality_v0"
+    r"|_Zn[wa][mj](St11align_val_t)?(RKSt9nothrow_t)?"               # operator new / new[]
+    r"|_Zd[la]Pv([mj])?(St11align_val_t)?(RKSt9nothrow_t)?"          # operator delete
+    r"|_ZSt\d+__throw_\w+"                                          # std::__throw_length_error...
+    r"|_ZSt9terminatev|_ZSt28__throw_bad_array_new_lengthv"
+    r"|_ZNSt8ios_base4Init[CD][12]Ev"                               # <iostream>'s static init only
+    r"|_ZTV(N10__cxxabiv1\w+|St\d+\w*exception\w*)"                  # vtables of exception types
+    r"|_ZTI\w*|_ZTS\w*"                                             # typeinfo (data)
+    r"|_ZNSt\d+(bad_alloc|exception|bad_array_new_length|logic_error|runtime_error|length_error|"
+    r"out_of_range|invalid_argument)\w*"
+    r"|_ZNKSt\d+(exception|bad_alloc|logic_error|runtime_error)4whatEv"
+    r"|_ZNSt7__cxx1112basic_string\w*|_ZNKSt7__cxx1112basic_string\w*)$")   # std::string helpers
+ALLOWED_SYMBOLS = frozenset(_CUDART_ALLOWED | _LIBC_ALLOWED)
+ALLOWED_LIBRARIES_RE = re.compile(
+    r"^(libcudart\.so(\.\d+)*|libcuda\.so(\.\d+)*|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libc\.so\.6|"
+    r"libm\.so\.6|ld-linux-x86-64\.so\.2|ld-linux-aarch64\.so\.1)$")
+
+# Why a symbol is rejected, for a readable reason (checked in order; default: "not allowed").
+_DENY_CLASSES = (
+    (re.compile(r"^(cublas|cublasLt|cudnn|cusparse|cufft|curand|cusolver|nccl)", re.I),
+     "calls a library (cuBLAS/cuBLASLt/cuDNN/...) instead of its own kernel"),
+    (re.compile(r"^(pthread_|_ZNSt6thread|thrd_|clone|fork|vfork|posix_spawn|system$|popen|exec|"
+                r"daemon|setsid|kill|raise$|signal|sigaction)"),
+     "creates threads or processes, or sends signals"),
+    (re.compile(r"^cuda(Stream|Event|Graph|LaunchHostFunc|ThreadExchange|IpcOpen|CtxCreate)"
+                r"|^cu(Stream|Event|Graph|Ctx(Create|Destroy|Set|Push|Pop))"),
+     "creates or controls streams, events or graphs"),
+    (re.compile(r"Synchronize|^cudaDeviceReset|^cudaDeviceSet|^cudaSetDevice|^cudaThreadSynchronize"),
+     "synchronises or changes device state"),
+    (re.compile(r"^cuda(Malloc|Free|HostAlloc|HostRegister|MallocManaged|MemPool|MallocAsync|"
+                r"FreeAsync|MallocHost|FreeHost|Array)|^cuMem(Alloc|Free|Create|Map|Pool|Host)"
+                r"|^__cudaRegisterManagedVar|^cudaMemcpy|^cuMemcpy|^mmap|^munmap|^mprotect|^brk|^sbrk"),
+     "allocates or copies memory itself (the caller owns all device memory)"),
+    (re.compile(r"^(open|fopen|freopen|fdopen|creat|read$|write$|pread|pwrite|close$|fclose|fread|"
+                r"fwrite|fputs|fprintf|printf|puts|putchar|fflush|stat|lstat|fstat|access|unlink|"
+                r"remove|rename|mkdir|opendir|readdir|socket|connect|bind|listen|accept|send|recv|"
+                r"getaddrinfo|gethostbyname|ioctl|syscall|getenv|secure_getenv|setenv|putenv|"
+                r"time$|clock|gettimeofday|nanosleep|usleep|sleep|sched_|_ZSt4cout|_ZSt4cerr|"
+                r"_ZSt4clog|_ZNSo|_ZStlsI|_ZNSt14basic_ofstream|_ZNSt14basic_ifstream|"
+                r"_ZNSt13basic_filebuf|__open|__read|__fprintf|__printf|__xstat|__fxstat)"),
+     "does file, network, clock, environment or system calls"),
+    (re.compile(r"^(dlopen|dlsym|dlvsym|dlmopen|dladdr|dlclose|dlerror|dl_iterate_phdr|_dl_|"
+                r"cudaGetProcAddress|cuGetProcAddress|_r_debug)"),
+     "loads code or looks up symbols at run time (dlopen/dlsym)"),
+)
+
+
+def classify_symbol(name: str) -> str | None:
+    """None if `name` (an undefined dynamic symbol, version suffix stripped) is allowed,
+    else why it is rejected."""
+    if name in ALLOWED_SYMBOLS or _CXX_ALLOWED_RE.match(name):
+        return None
+    for pattern, why in _DENY_CLASSES:
+        if pattern.search(name):
+            return why
+    return "is not on the allowlist of calls a GEMM launcher needs"
+
+
+# ---- results -----------------------------------------------------------------------------------
+@dataclass
+class AuditResult:
+    name: str                      # file name or spec name, for reports
+    ok: bool                       # accepted
+    verdict: str                   # "ok" | "rejected" | "build_error" | "load_crashed" | "load_timeout" | "error"
+    reasons: list[str] = field(default_factory=list)    # why rejected (empty when ok)
+    notes: list[str] = field(default_factory=list)      # facts that are not rejections
+    imports: list[str] = field(default_factory=list)
+    needed: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    mma: dict[str, int] = field(default_factory=dict)   # tensor-core instruction -> count
+    resources: list[dict] = field(default_factory=list)
+    build: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] = field(default_factory=dict)  # worker outcome of the meta probe
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One line for the CLI: verdict, reason, ptxas stats."""
+        regs = max((r["registers"] for r in self.resources), default=0)
+        smem = max((r["shared_bytes"] for r in self.resources), default=0)
+        spills = sum(r["spill_stores"] + r["spill_loads"] for r in self.resources)
+        stats = f"regs={regs} smem={smem} spills={spills}" if self.resources else "no ptxas stats"
+        why = "; ".join(self.reasons) if self.reasons else (self.meta.get("acc", "") and
+                                                            f"acc={self.meta.get('acc')} layout={self.meta.get('layout')}")
+        return f"{self.name}: {self.verdict.upper() if not self.ok else 'ok'} {stats}" + (f" - {why}" if why else "")
+
+
+# ---- source rules ------------------------------------------------------------------------------
+_INCLUDE_LINE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*(?P<form>[<"])(?P<path>[^>"\n]*)[>"]', re.M)
+_INCLUDE_ANY_RE = re.compile(r'^[ \t]*#[ \t]*include\b(?P<rest>.*)$', re.M)
+
+
+def _template_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def check_includes(source: str) -> list[str]:
+    """Reasons the source's #include lines reach outside its own text (empty = fine)."""
+    reasons = []
+    templates = {p.name for p in _template_dir().glob("*.cuh")}
+    for m in _INCLUDE_ANY_RE.finditer(source):
+        line = m.group(0).strip()
+        lm = _INCLUDE_LINE_RE.match(m.group(0))
+        if lm is None:
+            reasons.append(f"#include with a computed or malformed path: {line[:120]!r}")
+            continue
+        path = lm.group("path").strip()
+        if path.startswith("/") or "\\" in path:
+            reasons.append(f"#include of an absolute path: {line[:120]!r}")
+        elif ".." in Path(path).parts:
+            reasons.append(f"#include that climbs out with '..': {line[:120]!r}")
+        elif lm.group("form") == '"' and path not in templates and not _under_roots(path):
+            reasons.append(f"#include \"{path}\" is neither one of our template headers "
+                           f"({', '.join(sorted(templates)) or 'none'}) nor a toolkit/CUTLASS/"
+                           "system header")
+    return reasons
+
+
+def _under_roots(path: str) -> bool:
+    """A quoted include is fine when it names a header inside an include root (e.g.
+    "cutlass/cutlass.h"): the build compiles in an empty folder, so it resolves there."""
+    try:
+        roots = _include_roots(with_cutlass_subdirs=True)
+    except Exception:          # no toolchain: only the template names are known
+        return False
+    return any((r / path).is_file() for r in roots)
+
+
+@functools.lru_cache(maxsize=4)
+def _include_roots(with_cutlass_subdirs: bool = False) -> list[Path]:
+    from ..toolchain import cutlass_include_dirs, find_toolchain
+    tc = find_toolchain()
+    roots = [_nvcc_root(tc.nvcc), *tc.include_dirs, _template_dir(),
+             Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/cuda"),
+             Path("/usr/local/include")]
+    roots += [p for p in Path("/usr/local").glob("cuda*")]
+    try:
+        roots += list(cutlass_include_dirs())
+    except Exception:
+        pass
+    try:  # pip's nvidia wheels (headers of cudart/cccl/cublas when they come from PyPI)
+        from ..toolchain import _pip_cuda_roots
+        roots += _pip_cuda_roots()
+    except Exception:
+        pass
+    if with_cutlass_subdirs:   # the -I dirs themselves, where "a/b.h" resolves
+        cuda_roots = [_nvcc_root(tc.nvcc), *Path("/usr/local").glob("cuda*")]
+        roots = [*tc.include_dirs, _template_dir(), *_cutlass_dirs(), Path("/usr/include")]
+        for c in cuda_roots:
+            roots += [c / "include", *c.glob("targets/*/include")]
+        roots += list(Path("/usr/include/c++").glob("*"))
+    return sorted({r.resolve() for r in roots if r.exists()})
+
+
+def _nvcc_root(nvcc) -> Path:
+    try:
+        from ..toolchain import _nvcc_root as root   # resolves wrapper scripts
+        return root(Path(nvcc))
+    except (ImportError, OSError):
+        return Path(nvcc).resolve().parent.parent
+
+
+def _cutlass_dirs() -> list[Path]:
+    from ..toolchain import cutlass_include_dirs
+    try:
+        return list(cutlass_include_dirs())
+    except Exception:
+        return []
+
+
+def check_dependencies(source: str, arch: str = "sm_90a", timeout: float = 300) -> tuple[list[str], list[str]]:
+    """`nvcc -M`: every file the preprocessor reads must be under an include root.
+    Returns (reasons, notes)."""
+    from ..toolchain import cutlass_include_dirs, find_toolchain, normalise_arch
+    tc = find_toolchain()
+    roots = _include_roots()
+    with tempfile.TemporaryDirectory(prefix="cudal2-audit-") as tmp:
+        src = Path(tmp) / "kernel.cu"
+        src.write_text(source)
+        inc = ["-I", str(_template_dir())]
+        try:
+            for d in cutlass_include_dirs():
+                inc += ["-I", str(d)]
+        except Exception:
+            pass
+        arch = normalise_arch(arch)
+        cmd = [str(tc.nvcc), "-M", "-std=c++17", "--expt-relaxed-constexpr", "-x", "cu",
+               f"-arch={arch}", *tc.compile_flags(), *inc, str(src)]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return [f"preprocessing (nvcc -M) took over {timeout:.0f} s"], []
+        if out.returncode != 0:
+            tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+            return [], [f"nvcc -M failed (the build reports why): {' | '.join(tail)[:300]}"]
+        deps = out.stdout.replace("\\\n", " ").split(":", 1)[-1].split()
+        reasons = []
+        for d in deps:
+            p = Path(d).resolve()
+            if p == src.resolve():
+                continue
+            if not any(p.is_relative_to(r) for r in roots):
+                reasons.append(f"reads {d} during compilation, outside the toolkit/CUTLASS/system/"
+                               "template include roots")
+        return reasons[:10], []
+
+
+# ---- binary rules ------------------------------------------------------------------------------
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"audit needs `{name}` (GNU binutils: apt-get install binutils)")
+    return path
+
+
+def undefined_symbols(so_path: str | Path) -> list[str]:
+    out = subprocess.run([_tool("nm"), "-D", "--undefined-only", str(so_path)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    names = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if parts:
+            names.add(parts[-1].split("@")[0])
+    return sorted(names)
+
+
+def needed_libraries(so_path: str | Path) -> list[str]:
+    out = subprocess.run([_tool("readelf"), "-d", "-W", str(so_path)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+_SYSCALL_INSN_RE = re.compile(r"\t(syscall|sysenter|int\s+\$0x80)\b")
+
+
+def host_syscalls(so_path: str | Path) -> int:
+    """Count of system-call instructions in the .so's host code."""
+    out = subprocess.run([_tool("objdump"), "-d", "--no-show-raw-insn", str(so_path)],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    return len(_SYSCALL_INSN_RE.findall(out))
+
+
+def driver_entry_names(so_path: str | Path) -> list[str]:
+    """Driver function names (cuXxx) spelled in the .so's strings."""
+    data = Path(so_path).read_bytes()
+    return sorted({m.decode() for m in re.findall(rb"(?<![A-Za-z0-9_])cu[A-Z][A-Za-z0-9_]{3,60}(?=\x00)", data)})
+
+
+def check_binary(so_path: str | Path) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(reasons, notes, imports, needed) for a built .so."""
+    reasons: list[str] = []
+    notes: list[str] = []
+    imports = undefined_symbols(so_path)
+    needed = needed_libraries(so_path)
+    by_why: dict[str, list[str]] = {}
+    for sym in imports:
+        why = classify_symbol(sym)
+        if why:
+            by_why.setdefault(why, []).append(sym)
+    for why, syms in by_why.items():
+        reasons.append(f"{why}: {', '.join(syms[:6])}{' ...' if len(syms) > 6 else ''}")
+    bad_libs = [l for l in needed if not ALLOWED_LIBRARIES_RE.match(l)]
+    if bad_libs:
+        reasons.append(f"links libraries outside the CUDA runtime and C/C++ runtime: {', '.join(bad_libs)}")
+    n = host_syscalls(so_path)
+    if n:
+        reasons.append(f"host code contains {n} raw system-call instruction(s) (asm outside device code)")
+    if any(s.startswith(("cudaGetDriverEntryPoint", "cuGetProcAddress")) for s in imports):
+        names = driver_entry_names(so_path)
+        bad = [x for x in names if x not in ALLOWED_DRIVER_ENTRY_POINTS
+               and not x.startswith(("cuda", "cudal2", "cute", "cutlass", "cub"))]
+        if bad:
+            reasons.append(f"names driver functions outside the allowlist (via the driver entry "
+                           f"point): {', '.join(bad[:6])}")
+        notes.append(f"driver entry points named: {', '.join(n for n in names if n in ALLOWED_DRIVER_ENTRY_POINTS) or 'none'}")
+    return reasons, notes, imports, needed
+
+
+# ---- PTX accumulator rule ----------------------------------------------------------------------
+_MMA_RE = re.compile(r"\b(mma\.sync\.aligned\.[\w.]+|wgmma\.mma_async\.[\w.]+|wmma\.mma\.sync\.[\w.]+)")
+_F16IN = ("f16", "bf16")
+
+
+def mma_accumulators(ptx: str) -> dict[str, dict[str, int]]:
+    """{acc type: {instruction: count}} for tensor-core instructions with 16-bit float inputs.
+
+    mma.sync.aligned.<shape>.<alay>.<blay>.<d>.<a>.<b>.<c>  (d = accumulator out)
+    wgmma.mma_async.sync.aligned.<shape>.<d>.<a>.<b>
+    wmma.mma.sync.aligned.<alay>.<blay>.<shape>.<d>.<c>     (f16 inputs implied)"""
+    found: dict[str, dict[str, int]] = {}
+    for m in _MMA_RE.finditer(ptx):
+        insn = m.group(1)
+        parts = insn.split(".")
+        types = [p for p in parts if re.fullmatch(r"(f16|bf16|f32|f64|tf32|s32|s8|u8|s4|u4|b1|e4m3|e5m2)", p)]
+        acc = None
+        if insn.startswith("mma.sync") and len(types) >= 3 and types[1] in _F16IN:
+            acc = types[0]
+        elif insn.startswith("wgmma") and len(types) >= 3 and types[1] in _F16IN:
+            acc = types[0]
+        elif insn.startswith("wmma") and len(types) >= 2 and set(types) <= {"f16", "f32"}:
+            acc = "f32" if "f32" in types else "f16"
+            if types[0] != types[1]:
+                acc = "mixed"
+        if acc is None:
+            acc = "other"
+        found.setdefault(acc, {})
+        found[acc][insn] = found[acc].get(insn, 0) + 1
+    return found
+
+
+def check_accumulator(ptx: str, declared: str) -> tuple[list[str], list[str], dict[str, int]]:
+    """Reject fp16 accumulation when the meta declares fp32. Returns (reasons, notes, counts)."""
+    found = mma_accumulators(ptx)
+    counts = {insn: n for d in found.values() for insn, n in d.items()}
+    reasons, notes = [], []
+    if declared == "f32":
+        bad = {**found.get("f16", {}), **found.get("mixed", {})}
+        if bad:
+            reasons.append("declares acc f32 but its PTX accumulates in fp16: "
+                           + ", ".join(f"{k} x{v}" for k, v in list(bad.items())[:3]))
+    elif declared == "f16" and "f32" in found:
+        notes.append("declares acc f16 but accumulates in fp32 (more accurate; compared against "
+                     "fp16-accumulate baselines)")
+    if "other" in found:
+        notes.append("tensor-core instructions with non-fp16 inputs: "
+                     + ", ".join(list(found["other"])[:3]))
+    if not found:
+        notes.append("no tensor-core instructions in the PTX (SIMT kernel)")
+    return reasons, notes, counts
+
+
+# ---- meta -------------------------------------------------------------------------------------
+def check_meta(meta: dict, arch: str) -> list[str]:
+    from ..abi import AbiError, parse_meta
+    from ..toolchain import normalise_arch
+    try:
+        parse_meta(json.dumps(meta))
+    except AbiError as e:
+        return [str(e).replace("cudal2_meta: ", "")]
+    reasons = []
+    try:
+        if normalise_arch(str(meta["arch"])) != normalise_arch(arch):
+            reasons.append(f"meta arch {meta['arch']!r} differs from the build arch {arch!r}")
+    except ValueError:
+        reasons.append(f"meta arch {meta['arch']!r} is not a known arch")
+    tile = meta.get("tile")
+    if not (isinstance(tile, list) and len(tile) == 3 and all(isinstance(t, int) and t > 0 for t in tile)):
+        reasons.append(f"meta tile must be [BM, BN, BK] positive ints, got {tile!r}")
+    ws = meta.get("workspace_bytes")
+    if not (isinstance(ws, int) and 0 <= ws <= (1 << 34)):
+        reasons.append(f"meta workspace_bytes must be an int in [0, 16 GiB], got {ws!r}")
+    if not isinstance(meta.get("any_shape"), bool):
+        reasons.append(f"meta any_shape must be true/false, got {meta.get('any_shape')!r}")
+    return reasons
+
+
+def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
+               mem_limit_bytes: int = 4 << 30):
+    """Load the .so in a worker and read its meta. Returns the WorkerOutcome."""
+    from .worker import WorkerPool, probe_library
+    own = pool is None
+    pool = pool or WorkerPool(rlimit_data=False, max_tasks=1)
+    try:
+        return pool.run(probe_library, str(so_path), timeout_s=timeout_s,
+                        mem_limit_bytes=mem_limit_bytes)
+    finally:
+        if own:
+            pool.close()
+
+
+# ---- the audit --------------------------------------------------------------------------------
+def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = "kernel",
+                pool=None, check_deps: bool = True, meta: dict | None = None) -> AuditResult:
+    """Audit an already-built kernel. `meta` skips the worker probe when the caller already
+    read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None)."""
+    res = AuditResult(name=name, ok=False, verdict="rejected",
+                      build=build_result.summary() if build_result is not None else {})
+    res.reasons += check_includes(source)
+    if res.reasons:
+        return res
+    if build_result is None or not build_result.ok:
+        res.verdict = "build_error"
+        res.reasons.append(f"build {getattr(build_result, 'status', 'missing')}: "
+                           + (build_result.summary()["log_tail"].splitlines() or [""])[-1][:300]
+                           if build_result is not None else "not built")
+        return res
+    res.resources = [asdict(r) for r in build_result.resources]
+    if check_deps:
+        r, n = check_dependencies(source, arch)
+        res.reasons += r
+        res.notes += n
+    r, n, res.imports, res.needed = check_binary(build_result.so_path)
+    res.reasons += r
+    res.notes += n
+    if meta is None:
+        out = probe_meta(build_result.so_path, pool=pool)
+        res.load = {"status": out.status, "detail": out.detail, "seconds": round(out.seconds, 3)}
+        if out.status == "ok":
+            meta = out.value["meta"]
+            if not out.value["symbols"].get("cudal2_hgemm"):
+                res.reasons.append("does not export cudal2_hgemm (extern \"C\" required)")
+        elif out.status == "error":
+            res.reasons.append(f"meta unreadable: {out.detail}")
+        else:
+            res.verdict = {"crashed": "load_crashed", "timeout": "load_timeout",
+                           "oom": "load_oom"}.get(out.status, "error")
+            res.reasons.append(f"loading the library or calling cudal2_meta {out.status}: {out.detail}")
+            return res
+    if meta is not None:
+        res.meta = meta
+        res.reasons += check_meta(meta, arch)
+        ptx_path = build_result.ptx_path
+        if ptx_path is None or not Path(ptx_path).is_file():
+            res.reasons.append("no PTX kept by the build: the accumulator cannot be verified")
+        elif meta.get("acc") in ("f32", "f16"):
+            r, n, res.mma = check_accumulator(Path(ptx_path).read_text(errors="replace"), meta["acc"])
+            res.reasons += r
+            res.notes += n
+    res.ok = not res.reasons
+    if res.ok:
+        res.verdict = "ok"
+    return res
+
+
+def audit_source(source: str, arch: str = "sm_90a", *, name: str = "kernel", pool=None,
+                 build_timeout: float = 900) -> AuditResult:
+    """Build (cached) and audit one kernel source."""
+    from ..build import BuildSpec, build
+    pre = check_includes(source)
+    if pre:
+        return AuditResult(name=name, ok=False, verdict="rejected", reasons=pre)
+    br = build(BuildSpec(source=source, arch=arch, name=name), timeout=build_timeout)
+    return audit_build(source, br, arch, name=name, pool=pool)
+
+
+def audit_file(path: str | Path, arch: str = "sm_90a", *, pool=None) -> AuditResult:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return AuditResult(name=str(path), ok=False, verdict="error", reasons=[f"cannot read: {e}"])
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return AuditResult(name=str(path), ok=False, verdict="rejected",
+                           reasons=[f"source is not UTF-8 ({e.reason} at byte {e.start})"])
+    return audit_source(source, arch, name=str(path), pool=pool)
+
+
+# ---- CLI: cudal2 audit FILE... [--arch sm_90a] [--json] ---------------------------------------
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", help="kernel .cu files")
+    parser.add_argument("--arch", default=None,
+                        help="target arch (default: CUDAL2_ARCH, else the visible GPU, else sm_90a)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per file")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also print notes and imports")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from ..build import BuildSpec, build_many
+    from ..toolchain import ToolchainError, detect_arch
+    from .worker import WorkerPool
+    try:
+        arch = detect_arch(args.arch)
+    except (ToolchainError, RuntimeError, ValueError):
+        arch = args.arch or "sm_90a"
+    print(f"auditing {len(args.files)} file(s) for {arch}", file=sys.stderr)
+    sources: dict[str, str | None] = {}
+    results: dict[str, AuditResult] = {}
+    for f in args.files:
+        try:
+            sources[f] = Path(f).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            results[f] = audit_file(f, arch)           # gives the precise reason
+            sources[f] = None
+        else:
+            pre = check_includes(sources[f])
+            if pre:
+                results[f] = AuditResult(name=f, ok=False, verdict="rejected", reasons=pre)
+    todo = [f for f in args.files if f not in results]
+    builds = build_many([BuildSpec(sources[f], arch=arch, name=f) for f in todo])
+    rejected = 0
+    with WorkerPool(max_tasks=1) as pool:               # every library in a fresh process
+        for f in args.files:
+            res = results.get(f) or audit_build(sources[f], builds[todo.index(f)], arch, name=f,
+                                                pool=pool)
+            rejected += not res.ok
+            if args.json:
+                print(json.dumps(res.to_dict()), flush=True)
+                continue
+            print(res.line(), flush=True)
+            if args.verbose:
+                for n in res.notes:
+                    print(f"  note: {n}")
+                print(f"  imports: {' '.join(res.imports)}")
+                print(f"  needed: {' '.join(res.needed)}")
+    print(f"{len(args.files) - rejected} accepted, {rejected} rejected", file=sys.stderr)
+    return 1 if rejected else 0

@@ -1,0 +1,294 @@
+"""The results database: SQLite, WAL, append-only, schema versioned.
+
+One row per evaluation (an `Evaluation`), committed on its own, so a killed process loses at
+most the evaluation in flight and a rerun resumes by skipping what `lookup()` finds. Sources are
+stored once, keyed by sha256. Evaluation rows are never rewritten: triggers refuse UPDATE and
+DELETE (history is the point: a kernel that was once fast and later wrong stays on record).
+
+Schema changes go in MIGRATIONS (append only); `ResultsDB` applies the missing ones on open.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+from .types import FINAL_STATUSES, Evaluation, Shape
+
+SCHEMA_VERSION = 1
+
+# Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE sources (
+        sha256   TEXT PRIMARY KEY,
+        text     TEXT NOT NULL,
+        created  TEXT NOT NULL
+    );
+    CREATE TABLE evaluations (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,
+        source_sha   TEXT NOT NULL REFERENCES sources(sha256),
+        M            INTEGER NOT NULL,
+        N            INTEGER NOT NULL,
+        K            INTEGER NOT NULL,
+        arch         TEXT NOT NULL,
+        acc          TEXT NOT NULL,
+        layout       TEXT NOT NULL,
+        status       TEXT NOT NULL,
+        detail       TEXT NOT NULL DEFAULT '',
+        gpu          TEXT NOT NULL DEFAULT '',       -- '' when no GPU measured it
+        origin       TEXT NOT NULL DEFAULT '',
+        build_status TEXT,
+        registers    INTEGER,
+        shared_bytes INTEGER,
+        spills       INTEGER,
+        audit_ok     INTEGER,
+        correct      INTEGER,
+        max_abs_err  REAL,
+        max_rel_err  REAL,
+        median_us    REAL,                           -- candidate, offline mode (NULL if none)
+        best_speedup REAL,                           -- vs the fastest baseline, offline mode
+        estimated    INTEGER NOT NULL DEFAULT 0,
+        driver       TEXT,
+        sm_clock_mhz REAL,
+        temp_c       REAL,
+        torch        TEXT,
+        nvcc         TEXT,
+        git_commit   TEXT,
+        hostname     TEXT,
+        created      TEXT NOT NULL,
+        build        TEXT NOT NULL,                  -- JSON objects, as in Evaluation
+        audit        TEXT NOT NULL,
+        correctness  TEXT NOT NULL,
+        timings      TEXT NOT NULL,
+        speedups     TEXT NOT NULL,
+        env          TEXT NOT NULL,
+        meta         TEXT NOT NULL
+    );
+    CREATE INDEX evaluations_lookup ON evaluations (source_sha, M, N, K, arch, gpu);
+    CREATE INDEX evaluations_shape ON evaluations (M, N, K, arch, gpu, status);
+    CREATE TRIGGER evaluations_no_update BEFORE UPDATE ON evaluations
+        BEGIN SELECT RAISE(ABORT, 'results DB is append-only: evaluations are never updated'); END;
+    CREATE TRIGGER evaluations_no_delete BEFORE DELETE ON evaluations
+        BEGIN SELECT RAISE(ABORT, 'results DB is append-only: evaluations are never deleted'); END;
+    CREATE TRIGGER sources_no_update BEFORE UPDATE ON sources
+        BEGIN SELECT RAISE(ABORT, 'results DB is append-only: sources are never updated'); END;
+    CREATE TRIGGER sources_no_delete BEFORE DELETE ON sources
+        BEGIN SELECT RAISE(ABORT, 'results DB is append-only: sources are never deleted'); END;
+    """,
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+_JSON_COLS = ("build", "audit", "correctness", "timings", "speedups", "env", "meta")
+_FILTERS = {"source_sha", "M", "N", "K", "arch", "acc", "layout", "status", "gpu", "origin",
+            "estimated"}
+
+
+class DBError(RuntimeError):
+    """The DB file cannot be used (newer schema, not a results DB)."""
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+class ResultsDB:
+    """Append-only results store. Safe for several processes (WAL) and threads (one lock)."""
+
+    def __init__(self, path: str | Path, *, timeout: float = 60.0):
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False,
+                                     isolation_level=None)     # explicit transactions below
+        self._conn.row_factory = sqlite3.Row
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")    # WAL + NORMAL: a commit survives a process kill
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            self._conn.close()
+            raise DBError(f"{path}: not a usable results DB ({e})") from None
+
+    # -- schema
+    def _migrate(self) -> None:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version "
+                                   "(version INTEGER NOT NULL, applied TEXT NOT NULL)")
+                row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+                have = row[0] or 0
+                if have > SCHEMA_VERSION:
+                    raise DBError(f"{self.path}: schema version {have} is newer than this cudal2 "
+                                  f"({SCHEMA_VERSION}); upgrade cudal2")
+                for v in range(have, SCHEMA_VERSION):
+                    for stmt in _statements(MIGRATIONS[v]):
+                        self._conn.execute(stmt)
+                    self._conn.execute("INSERT INTO schema_version VALUES (?, datetime('now'))", (v + 1,))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+
+    # -- writing
+    def add_source(self, text: str) -> str:
+        import hashlib
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        with self._lock:
+            self._conn.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, datetime('now'))", (sha, text))
+        return sha
+
+    def add(self, ev: Evaluation, source: str | None = None) -> int:
+        """Append one evaluation (and its source, if given and new); one transaction. Returns
+        the row id (also set on `ev.id`)."""
+        b, a, c, env = ev.build or {}, ev.audit or {}, ev.correctness or {}, ev.env or {}
+        off = (ev.timings or {}).get("offline", {})
+        median = _num((off.get("candidate") or {}).get("median_us"))
+        sp = [s for s in ((ev.speedups or {}).get("offline") or {}).values() if _num(s)]
+        row = {
+            "source_sha": ev.source_sha, "M": ev.shape.M, "N": ev.shape.N, "K": ev.shape.K,
+            "arch": ev.arch, "acc": ev.acc or "", "layout": ev.layout or "", "status": ev.status,
+            "detail": ev.detail or "", "gpu": env.get("gpu") or "", "origin": ev.origin or "",
+            "build_status": b.get("status"), "registers": b.get("registers"),
+            "shared_bytes": b.get("shared_bytes"), "spills": b.get("spills"),
+            "audit_ok": None if "ok" not in a else int(bool(a["ok"])),
+            "correct": None if "ok" not in c else int(bool(c["ok"])),
+            "max_abs_err": _num(c.get("max_abs_err")), "max_rel_err": _num(c.get("max_rel_err")),
+            "median_us": median, "best_speedup": min(sp) if sp else None,
+            "estimated": int(bool(ev.estimated)), "driver": env.get("driver"),
+            "sm_clock_mhz": _num(env.get("sm_clock_mhz")), "temp_c": _num(env.get("temp_c")),
+            "torch": env.get("torch"), "nvcc": env.get("nvcc"), "git_commit": env.get("git_commit"),
+            "hostname": env.get("hostname"), "created": ev.created,
+        }
+        for col in _JSON_COLS:
+            row[col] = json.dumps(getattr(ev, col) or {}, sort_keys=True, default=str)
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if source is not None:
+                    self._conn.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, datetime('now'))",
+                                       (ev.source_sha, source))
+                elif not self._conn.execute("SELECT 1 FROM sources WHERE sha256 = ?",
+                                            (ev.source_sha,)).fetchone():
+                    raise ValueError(f"source {ev.source_sha[:12]} is not in the DB: pass source=")
+                cur = self._conn.execute(f"INSERT INTO evaluations ({cols}) VALUES ({marks})",
+                                         tuple(row.values()))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        ev.id = cur.lastrowid
+        return ev.id
+
+    # -- reading
+    def _to_eval(self, r: sqlite3.Row) -> Evaluation:
+        d = {k: json.loads(r[k]) for k in _JSON_COLS}
+        return Evaluation(status=r["status"], source_sha=r["source_sha"],
+                          shape=Shape(r["M"], r["N"], r["K"]), arch=r["arch"], acc=r["acc"],
+                          layout=r["layout"], estimated=bool(r["estimated"]), created=r["created"],
+                          origin=r["origin"], detail=r["detail"], id=r["id"], **d)
+
+    def lookup(self, source_sha: str, shape: Shape, arch: str, gpu: str | None) -> Evaluation | None:
+        """The latest final evaluation of this source on this shape, arch and GPU model (gpu
+        None or '' = evaluated without a GPU), or None. Harness errors are not cached."""
+        marks = ", ".join("?" for _ in FINAL_STATUSES)
+        with self._lock:
+            r = self._conn.execute(
+                f"SELECT * FROM evaluations WHERE source_sha=? AND M=? AND N=? AND K=? AND arch=? "
+                f"AND gpu=? AND status IN ({marks}) ORDER BY id DESC LIMIT 1",
+                (source_sha, shape.M, shape.N, shape.K, arch, gpu or "", *FINAL_STATUSES)).fetchone()
+        return self._to_eval(r) if r else None
+
+    def rows(self, *, limit: int | None = None, **filters) -> list[Evaluation]:
+        """Evaluations matching column filters (source_sha, M, N, K, arch, acc, layout, status,
+        gpu, origin, estimated; a list/tuple value means IN), oldest first."""
+        where, args = [], []
+        for k, v in filters.items():
+            if k == "shape":
+                for name, x in zip("MNK", (v.M, v.N, v.K)):
+                    where.append(f"{name} = ?")
+                    args.append(x)
+                continue
+            if k not in _FILTERS:
+                raise ValueError(f"unknown filter {k!r}; known: {sorted(_FILTERS | {'shape'})}")
+            if isinstance(v, (list, tuple, set, frozenset)):
+                where.append(f"{k} IN ({', '.join('?' for _ in v)})")
+                args.extend(v)
+            else:
+                where.append(f"{k} = ?")
+                args.append(int(v) if isinstance(v, bool) else v)
+        sql = "SELECT * FROM evaluations" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY id" + (f" LIMIT {int(limit)}" if limit else "")
+        with self._lock:
+            return [self._to_eval(r) for r in self._conn.execute(sql, args).fetchall()]
+
+    def source(self, sha: str) -> str | None:
+        with self._lock:
+            r = self._conn.execute("SELECT text FROM sources WHERE sha256 = ?", (sha,)).fetchone()
+        return r[0] if r else None
+
+    def count(self) -> int:
+        with self._lock:
+            return self._conn.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+
+    def to_dataframe(self, **filters):
+        """A pandas DataFrame: the scalar columns plus flattened timings
+        (`<mode>_<who>_median_us`) and speedups (`speedup_<mode>_<baseline>`)."""
+        import pandas as pd
+        recs = []
+        for ev in self.rows(**filters):
+            rec: dict[str, Any] = {
+                "id": ev.id, "source_sha": ev.source_sha, "M": ev.shape.M, "N": ev.shape.N,
+                "K": ev.shape.K, "arch": ev.arch, "acc": ev.acc, "layout": ev.layout,
+                "status": ev.status, "detail": ev.detail, "origin": ev.origin,
+                "estimated": ev.estimated, "created": ev.created,
+                "audit_ok": ev.audit.get("ok"), "correct": ev.correctness.get("ok"),
+                "max_abs_err": ev.correctness.get("max_abs_err"),
+                "registers": ev.build.get("registers"), "shared_bytes": ev.build.get("shared_bytes"),
+                "spills": ev.build.get("spills"),
+            }
+            for k in ("gpu", "driver", "sm_clock_mhz", "temp_c", "torch", "nvcc", "git_commit"):
+                rec[k] = ev.env.get(k)
+            for mode, whos in (ev.timings or {}).items():
+                for who, t in whos.items():
+                    rec[f"{mode}_{who}_median_us"] = (t or {}).get("median_us")
+            for mode, sps in (ev.speedups or {}).items():
+                for base, s in sps.items():
+                    rec[f"speedup_{mode}_{base}"] = s
+            recs.append(rec)
+        return pd.DataFrame.from_records(recs)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _statements(script: str) -> Iterable[str]:
+    """Split a migration into statements (triggers contain ';' inside BEGIN ... END)."""
+    buf = ""
+    for line in script.strip().splitlines():
+        buf += line + "\n"
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                yield buf.strip()
+            buf = ""
+    if buf.strip():
+        yield buf.strip()
