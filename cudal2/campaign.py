@@ -94,7 +94,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     cands = []
     for c in p.candidates:
         if not c.build.ok:
-            log(f"  dropped {c.family}:{c.label}: {c.build.status}")
+            log(f"  dropped {c.label}: {c.build.status}")
             continue
         sha = source_sha(c.source)
         fields = _pack_entry(c.build, out / "builds" / sha[:16])
@@ -321,6 +321,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
                "statuses": statuses, "exported": 0, "reports": []}
     src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
     by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
+    metas = {c["sha"]: c.get("meta") or dict(c["params"], style=c["family"]) for c in m["candidates"]}
 
     def source_for(sha):
         p = by_sha.get(sha)
@@ -332,6 +333,16 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
         summary["exported"] = len(res.exported)
         (run_dir / "export.txt").write_text("\n".join(
             f"{'exported' if d.exported else 'refused '} {d.key}: {d.reason}" for d in res.decisions) + "\n")
+    # The cost model's honest score: fitted on some shapes, ranked on the others.
+    measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated]
+    if measured:
+        from .costmodel import held_out_rank_correlation
+        for ev in measured:                   # the DB row may lack the meta: take the pack's
+            if not ev.meta and ev.source_sha in metas:
+                ev.meta = metas[ev.source_sha]
+        summary["costmodel_held_out"] = held_out_rank_correlation(measured, mode=modes[0])
+        CostModel.fit(measured, gpu=gpu, mode=modes[0]).save(run_dir / "costmodel.json")
+        log(f"cost model on held-out shapes: {summary['costmodel_held_out']}")
     weights = None
     try:
         weights = report.read_weights(pack / "shapes.csv")

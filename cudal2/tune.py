@@ -231,8 +231,13 @@ def build_plan(p: BuildPlan, *, jobs: int | None = None, progress: Callable | No
     from .build import BuildSpec, build_many
 
     jobs = jobs or knobs.build_jobs()
+    try:   # resolve the toolchain once, before the build threads race to set it up
+        from .toolchain import ToolchainError, find_toolchain
+        find_toolchain()
+    except ToolchainError:
+        pass   # every build then reports toolchain_error with the reason
     # the family's flags, so these builds share cache entries with everyone else's
-    specs = [BuildSpec(c.source, arch=p.arch, flags=_family_flags(c.family), name=f"{c.family}:{c.label}")
+    specs = [BuildSpec(c.source, arch=p.arch, flags=_family_flags(c.family), name=c.label)
              for c in p.candidates]
     start = time.perf_counter()
     with _PeakRss() as peak:
@@ -240,7 +245,7 @@ def build_plan(p: BuildPlan, *, jobs: int | None = None, progress: Callable | No
     seconds = time.perf_counter() - start
     for c, r in zip(p.candidates, results):
         c.build = r
-    failures = [f"{c.family}:{c.label}: {r.status}" for c, r in zip(p.candidates, results) if not r.ok]
+    failures = [f"{c.label}: {r.status}" for c, r in zip(p.candidates, results) if not r.ok]
     return BuildReport(
         arch=p.arch, shapes=len(p.shapes), pairs=p.pairs, unique=len(results),
         cached=sum(r.cached for r in results), compiled=sum(not r.cached and r.ok for r in results),
