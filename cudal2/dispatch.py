@@ -96,7 +96,11 @@ def table_from_index(index) -> dict[tuple, TableEntry]:
 
 
 def meta_accepts(meta: Mapping, M: int, N: int, K: int) -> bool:
-    """Does a kernel (by its cudal2_meta) handle this shape? any_shape, or divisible by its tile."""
+    """Does a kernel (by its cudal2_meta) handle this shape? any_shape, or divisible by its tile;
+    split-K kernels also declare the largest M*N their workspace covers (splitk_max_mn)."""
+    limit = meta.get("splitk_max_mn")
+    if limit and M * N > int(limit):
+        return False
     if meta.get("any_shape"):
         return True
     tile = meta.get("tile")
@@ -198,11 +202,20 @@ class KernelLoadError(RuntimeError):
     """A table kernel could not be built or loaded; the message names the file and why."""
 
 
-def _default_build_and_load(source: str, arch: str, name: str):
+def family_flags(family: str) -> tuple[str, ...]:
+    """Extra nvcc flags a template family needs (beyond the builder's base flags), so a table
+    kernel builds exactly as the tuner built it and shares its cache entry."""
+    from .templates import FAMILIES
+    from .build import BASE_FLAGS
+    fam = FAMILIES.get(family)
+    return tuple(f for f in fam.flags if f not in BASE_FLAGS) if fam is not None else ()
+
+
+def _default_build_and_load(source: str, arch: str, name: str, flags: tuple[str, ...] = ()):
     from .abi import load_library
     from .build import BuildSpec, build
 
-    res = build(BuildSpec(source=source, arch=arch, name=name))
+    res = build(BuildSpec(source=source, arch=arch, flags=tuple(flags), name=name))
     if not res.ok:
         tail = res.log.strip()[-1500:]
         raise KernelLoadError(f"{name}: build {res.status}: {tail}")
@@ -217,14 +230,15 @@ class KernelLoader:
     on every call.
     """
 
-    def __init__(self, build_and_load: Callable[[str, str, str], object] | None = None):
+    def __init__(self, build_and_load: Callable[..., object] | None = None):
         self._build_and_load = build_and_load or _default_build_and_load
         self._libs: dict[str, object] = {}
         self._errors: dict[str, Exception] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
-    def get(self, sha: str, source: Callable[[], str], arch: str, name: str = "kernel"):
+    def get(self, sha: str, source: Callable[[], str], arch: str, name: str = "kernel",
+            flags: tuple[str, ...] = ()):
         lib = self._libs.get(sha)
         if lib is not None:
             return lib
@@ -238,7 +252,7 @@ class KernelLoader:
             if err is not None:
                 raise err
             try:
-                lib = self._build_and_load(source(), arch, name)
+                lib = self._build_and_load(source(), arch, name, flags)
             except Exception as exc:  # a bad kernel is data: remember it, serve torch instead
                 self._errors[sha] = exc
                 raise
@@ -332,7 +346,8 @@ def _entry_source(e: TableEntry) -> str:
 def _load(e: TableEntry):
     """Build+load a table kernel; check its meta against its row. Raises KernelLoadError."""
     # Keyed by source and arch: one source may in principle serve several arch directories.
-    lib = _state.loader.get(f"{e.sha256}:{e.arch}", lambda: _entry_source(e), e.arch, name=e.file)
+    lib = _state.loader.get(f"{e.sha256}:{e.arch}", lambda: _entry_source(e), e.arch, name=e.file,
+                            flags=family_flags(e.family))
     meta = lib.meta
     for f in ("arch", "acc", "layout"):
         if meta.get(f) != getattr(e, f):

@@ -64,6 +64,19 @@ def test_nearest_skips_kernels_whose_tile_does_not_divide():
     assert d.kind == "nearest" and [c.shape for c in d.candidates] == [far.shape]
 
 
+def test_splitk_kernels_refuse_outputs_beyond_their_workspace():
+    e = entry(128, 128, 128)
+    meta = {"any_shape": True, "tile": [128, 128, 32], "splitk_max_mn": 128 * 128}
+    t = table(e)
+    assert plan((128, 64, 512), "RR", "sm_90a", "f32", t, metas={e.sha256: meta}).kind == "nearest"
+    assert plan((256, 256, 64), "RR", "sm_90a", "f32", t, metas={e.sha256: meta}).kind == "fallback"
+
+
+def test_family_flags_come_from_the_templates():
+    assert D.family_flags("no-such-family") == ()
+    assert isinstance(D.family_flags("cutlass_sm90"), tuple)
+
+
 def test_no_kernel_accepts_falls_back():
     e = entry(128, 128, 128)
     d = plan((100, 100, 100), "RR", "sm_90a", "f32", table(e), metas={e.sha256: tile_meta(128, 128, 32)})
@@ -155,7 +168,7 @@ def test_loader_builds_once_under_concurrency():
     calls = []
     lock = threading.Lock()
 
-    def fake_build_and_load(source, arch, name):
+    def fake_build_and_load(source, arch, name, flags):
         with lock:
             calls.append((source, arch))
         time.sleep(0.05)  # a slow build: every thread arrives while it runs
@@ -184,7 +197,7 @@ def test_loader_builds_once_under_concurrency():
 def test_loader_remembers_failures():
     n = []
 
-    def broken(source, arch, name):
+    def broken(source, arch, name, flags):
         n.append(1)
         raise D.KernelLoadError("nvcc said no")
 
@@ -220,7 +233,7 @@ def store(tmp_path, monkeypatch):
 
     built = []
 
-    def fake_build_and_load(source, arch, name):
+    def fake_build_and_load(source, arch, name, flags):
         built.append(name)
         if metas[source].get("broken"):
             raise D.KernelLoadError(f"{name}: compile_error")
@@ -286,7 +299,7 @@ def test_meta_that_contradicts_the_index_is_refused(store):
     idx.write()
     src = idx.source(row)
     lib = FakeLib(dict(ANY, arch="sm_90a", acc="f16", layout="RR", workspace_bytes=0))
-    D.reset(KernelLoader(lambda s, a, n: lib))
+    D.reset(KernelLoader(lambda s, a, n, f: lib))
     D._state.arch[0] = "sm_90a"
     assert src  # the row is real
     assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
