@@ -257,3 +257,93 @@ def test_shape_not_accepted_without_any_shape():
 def test_edge_shapes_clip_at_one():
     assert check.edge_shapes(1, 1, 1) == [(1, 2, 1), (2, 1, 6)]
     assert check.edge_shapes(64, 64, 64) == [(63, 65, 61), (65, 63, 69)]
+
+
+# ---- the planted-bug kernels as CUDA (tests/data/cheats) --------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+CHEATS = Path(__file__).parent / "data" / "cheats"
+# file -> the check that must fail (None: every check passes)
+CHEAT_VERDICTS = {
+    "good_naive": None,
+    "fp16_acc_declared_f32": "random_tol",
+    "oob_writer": "guards",
+    "pointer_cache": "reuse",
+    "first_call_only": "ones_exact",
+}
+
+
+def _build(name, arch):
+    from cudal2.build import BuildSpec, build
+
+    res = build(BuildSpec((CHEATS / f"{name}.cu").read_text(), arch, name=name))
+    assert res.ok, res.log[-2000:]
+    return res.so_path
+
+
+@pytest.mark.compile
+def test_cheat_kernels_build():
+    from cudal2.toolchain import ToolchainError, find_toolchain
+
+    try:
+        find_toolchain()
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    assert sorted(p.stem for p in CHEATS.glob("*.cu")) == sorted(CHEAT_VERDICTS)
+    for name in CHEAT_VERDICTS:
+        _build(name, "sm_90a")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CHEAT_VERDICTS))
+def test_correctness_suite_catches_planted_bugs_on_gpu(name):
+    from cudal2.abi import KernelLibrary
+    from cudal2.toolchain import detect_arch
+
+    lib = KernelLibrary(_build(name, detect_arch()))     # not the per-path cache: static state
+    meta = lib.meta
+    rep = check_kernel(check.so_launcher(lib), 256, 256, 512, acc=meta["acc"],
+                       layout=meta["layout"], any_shape=meta["any_shape"], seeds=2,
+                       device="cuda")
+    must_fail = CHEAT_VERDICTS[name]
+    if must_fail is None:
+        assert rep.ok, rep.first_failure
+    else:
+        assert not rep.ok
+        assert not rep.checks[must_fail]["ok"], rep.to_dict()
+
+
+@pytest.mark.gpu
+def test_measure_times_a_correct_kernel_against_every_baseline_on_gpu():
+    from cudal2.harness.measure import measure
+    from cudal2.harness.types import BASELINES, EvalRequest, Shape
+    from cudal2.toolchain import detect_arch
+
+    arch = detect_arch()
+    src = (CHEATS / "good_naive.cu").read_text()
+    req = EvalRequest(src, Shape(256, 256, 512), arch=arch, modes=("offline", "server", "wall"),
+                      target_qps=5000.0)
+    out = measure(str(_build("good_naive", arch)), req)
+    assert out["status"] == "ok", out["detail"]
+    for mode in req.modes:
+        assert out["timings"][mode]["candidate"]["n"] > 0
+        for b in BASELINES:
+            assert b in out["timings"][mode], (mode, b, out["baseline_notes"])
+            assert out["speedups"][mode][b] > 0
+    assert out["correctness"]["ok"]
+    assert out["env"]["gpu"]
+
+
+@pytest.mark.gpu
+def test_measure_says_wrong_for_a_cheat_on_gpu():
+    from cudal2.harness.measure import measure
+    from cudal2.harness.types import EvalRequest, Shape
+    from cudal2.toolchain import detect_arch
+
+    arch = detect_arch()
+    src = (CHEATS / "fp16_acc_declared_f32.cu").read_text()
+    out = measure(str(_build("fp16_acc_declared_f32", arch)),
+                  EvalRequest(src, Shape(128, 128, 1024), arch=arch))
+    assert out["status"] == "wrong" and "random_tol" in out["detail"]
+    assert out["timings"] == {}

@@ -197,19 +197,24 @@ class BaselineRunners:
         self.compute16 = acc == "f16"
         self.cublas = CublasLib(libs["cublas"]) if "cublas" in libs else None
         self.lt = CublasLtLib(libs["cublaslt"]) if "cublaslt" in libs else None
-        self._ws_cublas = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-        self._ws_lt = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+        self._ws_cublas = torch.empty(WORKSPACE_BYTES if self.cublas else 1, dtype=torch.uint8,
+                                      device="cuda")
+        self._ws_lt = torch.empty(WORKSPACE_BYTES if self.lt else 1, dtype=torch.uint8,
+                                  device="cuda")
         self.h_cublas = self.cublas.create(self._ws_cublas.data_ptr(), WORKSPACE_BYTES) \
             if self.cublas else None
         self.h_lt = self.lt.create() if self.lt else None
         self.lt_algos = 0
+        self.lt_autotuned_index: int | None = None
+        self.notes: dict[str, str] = {}
         if self.lt:
             # Lt runs on the candidate's B layout with contiguous leading dimensions.
             rc = layout == "RC"
-            self.lt_algos = self.lt.prepare(self.h_lt, M, N, K, K, K if rc else N, N, rc,
-                                            self.compute16, WORKSPACE_BYTES)
-        self.lt_autotuned_index: int | None = None
-        self.notes: dict[str, str] = {}
+            try:
+                self.lt_algos = self.lt.prepare(self.h_lt, M, N, K, K, K if rc else N, N, rc,
+                                                self.compute16, WORKSPACE_BYTES)
+            except BaselineError as exc:
+                self.notes["cublaslt_heuristic"] = self.notes["cublaslt_autotuned"] = str(exc)
         self._tunable_ready = False
 
     # torch.matmul under the candidate's accumulator setting (what torch allows)
@@ -285,8 +290,8 @@ class BaselineRunners:
                                                 c.data_ptr(), M, N, K, K, K, N,
                                                 torch.cuda.current_stream().cuda_stream)
         if name in ("cublaslt_heuristic", "cublaslt_autotuned"):
-            if not self.lt:
-                raise BaselineError("the cublaslt baseline library was not given")
+            if not self.lt or not self.lt_algos:
+                raise BaselineError(self.notes.get(name, "the cublaslt baseline library was not given"))
             return self.lt_launcher(0 if name == "cublaslt_heuristic" else self.lt_autotuned_index)
         raise BaselineError(f"unknown baseline {name!r}; known: {ALL_BASELINES}")
 
@@ -307,6 +312,8 @@ class BaselineRunners:
         the fastest whose output verifies; cached per (GPU, version, shape, acc, layout)."""
         from .timing import TimingConfig, time_interleaved
 
+        if not self.lt or not self.lt_algos:
+            raise BaselineError(self.notes.get("cublaslt_autotuned", "no cublaslt library"))
         cache = cache or AutotuneCache()
         key = autotune_key(gpu, self.lt.version(), self.M, self.N, self.K, self.acc, self.layout)
         hit = cache.get(key)

@@ -1,0 +1,195 @@
+"""Check and time one built candidate on one shape, on the GPU. Runs INSIDE a worker process
+(cudal2.harness.worker); the caller (evaluate) turns the returned dict into an Evaluation.
+
+    measure(so_path, request, baseline_libs=...) -> {
+        "status": "ok" | "wrong" | "too_fast" | "launch_error",
+        "detail": one line, "acc", "layout", "meta",
+        "correctness": check.CheckReport.to_dict(),
+        "timings": {mode: {who: {median_us, p10_us, p90_us, n, mean_us, min_us}}},
+        "speedups": {mode: {baseline: baseline_median / candidate_median}},
+        "bounds": {lower_bound_us, peak, fraction_of_peak per mode},
+        "baseline_notes": {baseline: why it is missing / which algorithm},
+        "env": {gpu, driver, sm_clock_mhz, temp_c, *_before, torch, cuda}}
+
+Order: correctness first (a wrong kernel is never timed), then the baselines are set up outside
+any timed region (handles, workspace, heuristic query, autotuning, TunableOp tuning), each is run
+once and verified, then every mode is timed by the one harness (timing.time_interleaved) with
+the candidate and baselines interleaved, fresh random inputs rotating through buffer sets and the
+last output of every set verified against the reference.
+"""
+from __future__ import annotations
+
+from . import bounds, check
+from .timing import TimingConfig, gpu_env, time_interleaved
+
+DEFAULT_SERVER_QPS = 100.0      # mean idle gap 10 ms between calls
+N_BUFFERS = 3                   # input sets rotated through while timing
+
+
+def _fail(status: str, detail: str, **extra) -> dict:
+    out = {"status": status, "detail": detail, "timings": {}, "speedups": {}}
+    out.update(extra)
+    return out
+
+
+def timing_config(request, mode: str) -> TimingConfig:
+    """The timing settings for one mode; request fields beyond the contract are optional."""
+    return TimingConfig(
+        mode=mode,
+        timer=getattr(request, "timer", None) or "events",
+        flush_l2=bool(getattr(request, "flush_l2", False)),
+        target_qps=float(request.target_qps or DEFAULT_SERVER_QPS),
+        seed=int(getattr(request, "timing_seed", 0) or 0),
+    )
+
+
+def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = None) -> dict:
+    import torch
+
+    from ..abi import load_library
+
+    if not torch.cuda.is_available():
+        return _fail("not_measured", "not measured: no GPU")
+    shape = request.shape
+    M, N, K = shape.M, shape.N, shape.K
+    lib = load_library(so_path)
+    meta = lib.meta
+    declared = meta["acc"]
+    acc = request.acc or declared
+    layout = meta["layout"]
+    base = {"acc": acc, "layout": layout, "meta": meta}
+    if acc == "f32" and declared == "f16":
+        return _fail("wrong", "kernel declares an f16 accumulator; the request needs f32", **base)
+    ws_bytes = int(meta.get("workspace_bytes") or 0)
+    tile = tuple(meta["tile"])[:3] if meta.get("tile") else None
+    env_before = gpu_env()
+
+    # 1. correctness on fresh, guarded buffers
+    report = check.check_kernel(check.so_launcher(lib), M, N, K, acc=acc, layout=layout,
+                                ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
+                                tile=tile, seeds=request.seeds, device="cuda")
+    base["correctness"] = report.to_dict()
+    if report.launch_error is not None:
+        return _fail("launch_error", f"kernel returned cudaError {report.launch_error}", **base)
+    if not report.ok:
+        return _fail("wrong", report.first_failure, **base)
+
+    # 2. inputs for timing: N_BUFFERS sets of random normal A, B (both layouts), fp32 refs
+    gen = torch.Generator(device="cuda").manual_seed(12345)
+    sets, refs = [], []
+    for _ in range(N_BUFFERS):
+        a, b = check.random_inputs(M, N, K, gen, "cuda")
+        sets.append((a, b, b.t().contiguous()))
+        refs.append(check.reference(a, b))
+    rms = [(check._rms(a), check._rms(b)) for a, b, _ in sets]
+    outs: dict[str, torch.Tensor] = {}
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+
+    def verify_tensor(c, i: int, who_acc: str = acc):
+        cmp = check.compare(c, refs[i], K=K, acc=who_acc, rms_a=rms[i][0], rms_b=rms[i][1])
+        return None if cmp.ok else cmp.detail
+
+    def candidate(i: int) -> None:
+        a, b_rr, b_rc = sets[i]
+        b_store = b_rr if layout == "RR" else b_rc
+        code = lib.launch(a.data_ptr(), b_store.data_ptr(), outs["candidate"].data_ptr(),
+                          M, N, K, K, N if layout == "RR" else K, N,
+                          ws.data_ptr() if ws_bytes else 0, ws_bytes,
+                          torch.cuda.current_stream().cuda_stream)
+        if code:
+            raise check.LaunchError(code, "timed call")
+
+    callables = {"candidate": candidate}
+    outs["candidate"] = torch.empty(M, N, dtype=torch.float16, device="cuda")
+
+    # 3. baselines, set up outside any timed region, each run once and verified
+    notes: dict[str, str] = {}
+    runners = None
+    wanted = list(request.baselines) + [b for b in getattr(request, "extra_baselines", ()) or ()]
+    if wanted:
+        from .baselines import BaselineError, BaselineRunners, build_baselines
+
+        try:
+            libs = baseline_libs or build_baselines(request.arch)
+        except BaselineError as exc:       # torch baselines still run; the rest say why
+            notes["cublas libraries"] = str(exc)
+            libs = {}
+        runners = BaselineRunners(libs, M, N, K, acc, layout)
+        for name in wanted:
+            try:
+                if name == "cublaslt_autotuned":
+                    runners.autotune(sets, env_before.get("gpu") or torch.cuda.get_device_name(),
+                                     verify=lambda c, i: verify_tensor(c, i))
+                if name == "torch_tunableop":
+                    a, b_rr, _ = sets[0]
+                    runners.setup_tunableop(a, b_rr, torch.empty(M, N, dtype=torch.float16,
+                                                                 device="cuda"))
+                fn = runners.launcher(name)
+            except (BaselineError, AttributeError, RuntimeError) as exc:
+                notes[name] = f"unavailable: {exc}"
+                continue
+            c = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
+            status = fn(*sets[0], c)
+            why = f"returned status {status}" if status else verify_tensor(c, 0)
+            if why:
+                notes[name] = f"dropped: {why}"
+                continue
+            outs[name] = c
+
+            def call(i: int, fn=fn, name=name) -> None:
+                st = fn(*sets[i], outs[name])
+                if st:
+                    raise RuntimeError(f"baseline {name} returned status {st} while timed")
+            callables[name] = call
+        for name, note in runners.notes.items():
+            notes.setdefault(name, note)
+
+    def prepare_set(i: int) -> None:       # NaN in every output: the last call must write it
+        for c in outs.values():
+            c.view(torch.int16).fill_(0x7E00)
+
+    def verify(who: str, i: int):
+        return verify_tensor(outs[who], i)
+
+    # 4. time every mode with the one harness
+    peak = bounds.device_peak()
+    lower = bounds.lower_bound_us(M, N, K, peak)
+    timings, speedups, failures, fractions = {}, {}, [], {}
+    try:
+        for mode in request.modes:
+            res = time_interleaved(callables, timing_config(request, mode), n_buffers=N_BUFFERS,
+                                   verify=verify, prepare_set=prepare_set)
+            timings[mode] = {who: s.to_dict() for who, s in res.stats.items()}
+            cand = res.stats["candidate"].median_us
+            speedups[mode] = {who: s.median_us / cand for who, s in res.stats.items()
+                              if who != "candidate"}
+            fractions[mode] = bounds.fraction_of_peak(cand, M, N, K, peak)
+            failures += [f"{mode}: {f}" for f in res.failures]
+    except check.LaunchError as exc:
+        return _fail("launch_error", str(exc), **base)
+    finally:
+        if runners is not None:
+            runners.close()
+    env_after = gpu_env()
+    env = dict(env_after)
+    env.update({f"{k}_before": v for k, v in env_before.items()
+                if k in ("sm_clock_mhz", "temp_c", "power_w")})
+    env.update(torch=torch.__version__, cuda=torch.version.cuda,
+               device_name=torch.cuda.get_device_name())
+    out = dict(base, timings=timings, speedups=speedups, env=env, baseline_notes=notes,
+               bounds={"lower_bound_us": lower, "peak": peak.name, "peak_source": peak.source,
+                       "fraction_of_peak": fractions})
+    cand_bad = [f for f in failures if "candidate@" in f]
+    if cand_bad:
+        return dict(out, status="wrong", detail="timed output wrong: " + cand_bad[0])
+    if failures:
+        notes["timed_outputs"] = "; ".join(failures[:3])
+    fast = [m for m in timings if bounds.is_too_fast(timings[m]["candidate"]["median_us"],
+                                                    M, N, K, peak)]
+    if fast:
+        t = timings[fast[0]]["candidate"]["median_us"]
+        return dict(out, status="too_fast",
+                    detail=f"{fast[0]} median {t:.3g} us is below the physical lower bound "
+                           f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
+    return dict(out, status="ok", detail="")
+
