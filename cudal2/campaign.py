@@ -199,6 +199,16 @@ def probe_baseline(so_path: str, exports: list) -> dict:
     """Worker task: load a baseline .so and check its entry points (baselines have their own ABI,
     cudal2/harness/baselines.py EXPORTS, and no cudal2_meta)."""
     import ctypes
+    from .abi import _preload_cuda_runtime
+    _preload_cuda_runtime()
+    try:   # the .so needs libcublas(Lt).so.N by soname: load pip's copies first, as abi does cudart
+        from .toolchain import _pip_cuda_roots
+        for root in _pip_cuda_roots():
+            for pat in ("libcublasLt.so.*", "libcublas.so.*"):
+                for f in sorted((root / "lib").glob(pat))[:1]:
+                    ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        pass
     lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_LOCAL)
     symbols = {s: hasattr(lib, s) for s in exports}
     if symbols.get("cudal2_baseline_abi"):
