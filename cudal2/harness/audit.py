@@ -84,6 +84,12 @@ _LIBC_ALLOWED = {
     # math
     "sqrt", "sqrtf", "ceil", "ceilf", "floor", "floorf", "log2", "log2f", "exp", "expf", "fabs",
     "fabsf", "pow", "powf", "fmin", "fmax", "lround", "round", "roundf",
+    # diagnostics on the standard streams (CUTLASS reports TMA descriptor errors on std::cerr);
+    # there is no way to open another stream: fopen/open/fdopen are rejected
+    "printf", "fprintf", "puts", "fputs", "putchar", "fputc", "fwrite", "fflush", "vfprintf",
+    "vprintf", "__printf_chk", "__fprintf_chk", "__vfprintf_chk", "stderr", "stdout",
+    # libgcc 128-bit integer helpers
+    "__udivti3", "__divti3", "__umodti3", "__modti3", "__multi3", "__mulodi4", "__popcountdi2",
     # toolchain/loader hooks every shared object may carry
     "__gmon_start__", "_ITM_deregisterTMCloneTable", "_ITM_registerTMCloneTable",
     "_Jv_RegisterClasses", "_Unwind_Resume",
@@ -97,7 +103,9 @@ _CXX_ALLOWED_RE = re.compile(
     r"|_Zd[la]Pv([mj])?(St11align_val_t)?(RKSt9nothrow_t)?"          # operator delete
     r"|_ZSt\d+__throw_\w+"                                          # std::__throw_length_error...
     r"|_ZSt9terminatev|_ZSt28__throw_bad_array_new_lengthv"
-    r"|_ZNSt8ios_base4Init[CD][12]Ev"                               # <iostream>'s static init only
+    r"|_ZNSt8ios_base4Init[CD][12]Ev"                               # <iostream>'s static init
+    r"|_ZSt4c(err|out|log)|_ZNSo\w+|_ZNSolsE\w+|_ZSt16__ostream_insert\w+|_ZStlsISt11char_traits\w+"
+    r"|_ZNKSt5ctypeIcE13_M_widen_initEv|_ZSt4endlIcSt11char_traitsIcEERSt13basic_ostream\w+"
     r"|_ZTV(N10__cxxabiv1\w+|St\d+\w*exception\w*)"                  # vtables of exception types
     r"|_ZTI\w*|_ZTS\w*"                                             # typeinfo (data)
     r"|_ZNSt\d+(bad_alloc|exception|bad_array_new_length|logic_error|runtime_error|length_error|"
@@ -116,11 +124,11 @@ _DENY_CLASSES = (
     (re.compile(r"^(pthread_|_ZNSt6thread|thrd_|clone|fork|vfork|posix_spawn|system$|popen|exec|"
                 r"daemon|setsid|kill|raise$|signal|sigaction)"),
      "creates threads or processes, or sends signals"),
+    (re.compile(r"Synchronize|^cudaDeviceReset|^cudaDeviceSet|^cudaSetDevice|^cudaThreadSynchronize"),
+     "synchronises or changes device state"),
     (re.compile(r"^cuda(Stream|Event|Graph|LaunchHostFunc|ThreadExchange|IpcOpen|CtxCreate)"
                 r"|^cu(Stream|Event|Graph|Ctx(Create|Destroy|Set|Push|Pop))"),
      "creates or controls streams, events or graphs"),
-    (re.compile(r"Synchronize|^cudaDeviceReset|^cudaDeviceSet|^cudaSetDevice|^cudaThreadSynchronize"),
-     "synchronises or changes device state"),
     (re.compile(r"^cuda(Malloc|Free|HostAlloc|HostRegister|MallocManaged|MemPool|MallocAsync|"
                 r"FreeAsync|MallocHost|FreeHost|Array)|^cuMem(Alloc|Free|Create|Map|Pool|Host)"
                 r"|^__cudaRegisterManagedVar|^cudaMemcpy|^cuMemcpy|^mmap|^munmap|^mprotect|^brk|^sbrk"),

@@ -155,7 +155,7 @@ def _descendants(pid: int) -> list:
 class _Worker:
     """One worker process, seen from the parent."""
 
-    def __init__(self, env: dict[str, str], rlimit_data: bool):
+    def __init__(self, env: dict[str, str], rlimit_data: bool, preload: tuple[str, ...] = ()):
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -168,7 +168,7 @@ class _Worker:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code, _REPO_ROOT, str(to_child_r), str(from_child_w),
-                 "1" if rlimit_data else "0"],
+                 "1" if rlimit_data else "0", json.dumps(list(preload))],
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
                 pass_fds=(to_child_r, from_child_w), env=env, start_new_session=True)
         finally:
@@ -343,12 +343,14 @@ class WorkerPool:
     max_tasks: recycle a worker after this many tasks (loaded .so files are never unloaded,
       and a kernel's static code ran in that process: fresh processes bound both).
     rlimit_data: set RLIMIT_DATA to the task's memory limit in the child (CPU-only tasks only).
+    preload: modules ("torch") or no-argument functions ("pkg.mod:fn") the worker imports/calls
+      while booting, so their cost counts against boot_timeout_s and not a task's time limit.
     """
 
     def __init__(self, size: int = 1, *, device: int | str | None = None,
                  env: dict[str, str] | None = None, mem_limit_bytes: int = DEFAULT_MEM_LIMIT,
                  max_tasks: int = 50, boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT,
-                 rlimit_data: bool = False):
+                 rlimit_data: bool = False, preload: tuple[str, ...] = ()):
         if size < 1:
             raise ValueError("WorkerPool size must be >= 1")
         self.size = size
@@ -356,6 +358,7 @@ class WorkerPool:
         self.max_tasks = max_tasks
         self.boot_timeout_s = boot_timeout_s
         self.rlimit_data = rlimit_data
+        self.preload = tuple(preload)
         self._env = dict(os.environ if env is None else env)
         self._env["PYTHONUNBUFFERED"] = "1"
         self._env["PYTHONPATH"] = os.pathsep.join(
@@ -369,7 +372,7 @@ class WorkerPool:
         self.restarts = 0            # workers replaced after a crash/timeout/oom/poison
 
     def _spawn(self) -> _Worker:
-        return _Worker(self._env, self.rlimit_data)
+        return _Worker(self._env, self.rlimit_data, self.preload)
 
     def _acquire(self) -> _Worker:
         with self._cv:
@@ -500,6 +503,11 @@ def _worker_main() -> None:
     _set_subreaper()
     # SIGINT from the user's terminal goes to the parent; it decides when workers die.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in json.loads(sys.argv[5]):
+        mod, _, fn = name.partition(":")
+        obj = importlib.import_module(mod)
+        if fn:
+            getattr(obj, fn)()
     me = os.getpid()
     _send_frame(w_fd, json.dumps({"pid": me}).encode())
     while True:

@@ -1,0 +1,221 @@
+"""evaluate(): one kernel source on one shape -> one `Evaluation` -> one results-DB row.
+
+    build (cudal2.build, cached) -> audit (static rules + meta read in a worker)
+      -> measure (cudal2.harness.measure, in a GPU worker with time and memory limits)
+      -> Evaluation -> ResultsDB.add
+
+Without a GPU the pipeline stops after the audit with status "not_measured": nothing invented.
+A DB row for the same (source sha, shape, arch, GPU model) is returned as is, without building
+or timing, so an interrupted run resumes where it stopped. Harness errors ("error") are stored
+but never served from the cache.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from . import provenance
+from . import types as T
+from .types import EvalRequest, Evaluation, Shape
+
+log = logging.getLogger("cudal2.harness")
+
+# measure's status -> Evaluation status
+_MEASURE_STATUS = {"ok": T.OK, "wrong": T.WRONG, "too_fast": T.TOO_FAST,
+                   "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED}
+_LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom": T.OOM}
+
+
+def _measure_task(so_path: str, request: EvalRequest, baseline_libs: dict | None) -> dict:
+    """Worker task: measure, then make sure the CUDA context is still usable; if not, tell the
+    worker to exit after replying (a sticky error would poison the next evaluation)."""
+    from . import measure as M
+    from .worker import mark_poisoned
+    out = M.measure(so_path, request, baseline_libs=baseline_libs)
+    if out.get("status") == "launch_error":
+        mark_poisoned(out.get("detail") or "launch error")
+    else:
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - sticky CUDA error after the kernel ran
+            mark_poisoned(f"CUDA context unusable after measuring: {e}")
+            out = dict(out, status="launch_error", detail=f"CUDA error after the kernel ran: {e}")
+    return out
+
+
+def _warm_cuda() -> None:
+    """Worker preload: import torch and create the CUDA context before any task's clock starts."""
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+
+
+def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1):
+    """The worker pool evaluate() uses for measuring. max_tasks=1: every kernel runs in a fresh
+    process (its static code cannot tamper with the next kernel's measurement); raise it for
+    trusted kernels (our own templates) to save the ~seconds of CUDA start-up per evaluation."""
+    from .worker import WorkerPool
+    return WorkerPool(1, device=device, max_tasks=max_tasks,
+                      preload=("torch", "cudal2.harness.measure", "cudal2.harness.evaluate:_warm_cuda"))
+
+
+def _cache_hit(db, sha: str, request: EvalRequest, gpu: str | None) -> Evaluation | None:
+    if db is None:
+        return None
+    hit = db.lookup(sha, request.shape, request.arch, gpu)
+    if hit is None:
+        return None
+    if hit.status == T.OK and not set(request.modes) <= set(hit.timings):
+        return None               # measured before, but not in every mode asked for now
+    if request.acc and hit.acc and hit.acc != request.acc:
+        return None
+    return hit
+
+
+def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
+    return Evaluation(status=T.ERROR, source_sha=sha, shape=request.shape, arch=request.arch,
+                      acc=request.acc or "", env=env, origin=request.origin)
+
+
+def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
+             probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None) -> Evaluation:
+    """Build, audit and (with a GPU) measure one request; store and return the Evaluation.
+
+    db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
+    gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
+    probe_pool: the CPU pool that reads meta (default: a fresh worker per kernel).
+    baseline_libs: built baseline libraries (default: built here, cached). gpu: force GPU use
+    on/off (default: whether torch sees one)."""
+    from ..build import BuildSpec, build, source_sha
+    from .audit import audit_build
+    sha = source_sha(request.source)
+    use_gpu = provenance.gpu_visible() if gpu is None else gpu
+    gpu_model = provenance.gpu_name() if use_gpu else None
+    hit = _cache_hit(db, sha, request, gpu_model)
+    if hit is not None:
+        log.info("cached: %s %s -> %s", sha[:12], request.shape, hit.status)
+        return hit
+    env = provenance.collect(gpu=use_gpu)
+    ev = _base(request, sha, env)
+
+    def done(e: Evaluation) -> Evaluation:
+        if db is not None:
+            db.add(e, source=request.source)
+        return e
+
+    br = build_result or build(BuildSpec(request.source, arch=request.arch,
+                                         name=request.origin or "kernel"))
+    ev.build = br.summary()
+    if not br.ok:
+        ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
+        return done(ev)
+    audit = audit_build(request.source, br, request.arch, name=request.origin or sha[:12],
+                        pool=probe_pool)
+    ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
+                "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
+                "mma": audit.mma, "load": audit.load}
+    ev.meta = audit.meta
+    ev.acc = request.acc or audit.meta.get("acc", "") or ""
+    ev.layout = audit.meta.get("layout", "") or ""
+    if not audit.ok:
+        ev.status = _LOAD_VERDICT.get(audit.verdict, T.AUDIT_REJECTED)
+        ev.detail = "; ".join(audit.reasons)[:1000]
+        return done(ev)
+    if request.acc == "f32" and audit.meta.get("acc") == "f16":
+        ev.status, ev.detail = T.WRONG, "kernel declares an f16 accumulator; the request needs f32"
+        return done(ev)
+    if not use_gpu:
+        ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not run"
+        return done(ev)
+
+    if baseline_libs is None and request.baselines:
+        from .baselines import BaselineError, build_baselines
+        try:
+            baseline_libs = build_baselines(request.arch)
+        except BaselineError as e:      # measure still runs the torch baseline and says why
+            log.warning("%s", e)
+    own = pool is None
+    pool = pool or gpu_pool()
+    try:
+        out = pool.run(_measure_task, str(br.so_path), request, baseline_libs,
+                       timeout_s=request.timeout_s, mem_limit_bytes=request.mem_limit_bytes)
+    finally:
+        if own:
+            pool.close()
+    if out.status == "ok":
+        m = out.value or {}
+        ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
+        ev.detail = str(m.get("detail") or "")
+        ev.correctness = m.get("correctness") or {}
+        ev.timings = m.get("timings") or {}
+        ev.speedups = m.get("speedups") or {}
+        ev.env = {**env, **(m.get("env") or {})}
+        if m.get("bounds"):
+            ev.correctness = {**ev.correctness, "bounds": m["bounds"]}
+        if m.get("baseline_notes"):
+            ev.env["baseline_notes"] = m["baseline_notes"]
+        ev.acc = m.get("acc") or ev.acc
+        ev.layout = m.get("layout") or ev.layout
+    elif out.status == "error":
+        # an exception mentioning CUDA poisoned the worker: the kernel's fault; else ours
+        ev.status = T.CRASHED if out.poisoned else T.ERROR
+        ev.detail = out.detail[:1000]
+    else:
+        ev.status = {"crashed": T.CRASHED, "timeout": T.TIMEOUT, "oom": T.OOM}[out.status]
+        ev.detail = out.detail[:1000]
+    return done(ev)
+
+
+def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, executor=None,
+                  jobs: int | None = None, gpu: bool | None = None,
+                  progress: Callable[[int, int, Evaluation], None] | None = None) -> list[Evaluation]:
+    """Evaluate many requests: cached ones come from the DB, the rest are built in parallel
+    (cudal2.build.build_many, or `executor.map` when an Executor is given, e.g. a Ray pool),
+    then measured one at a time on this machine's GPU. Results in input order."""
+    from ..build import BuildSpec, build, build_many, source_sha
+    requests = list(requests)
+    use_gpu = provenance.gpu_visible() if gpu is None else gpu
+    gpu_model = provenance.gpu_name() if use_gpu else None
+    results: list[Evaluation | None] = [None] * len(requests)
+    todo = []
+    for i, r in enumerate(requests):
+        hit = _cache_hit(db, source_sha(r.source), r, gpu_model)
+        if hit is not None:
+            results[i] = hit
+        else:
+            todo.append(i)
+    specs = [BuildSpec(requests[i].source, arch=requests[i].arch,
+                       name=requests[i].origin or "kernel") for i in todo]
+    if executor is not None:
+        builds = list(executor.map(build, specs))
+    else:
+        builds = build_many(specs, jobs=jobs)
+    libs: dict[str, dict] = {}
+    if use_gpu:
+        from .baselines import BaselineError, build_baselines
+        for arch in {requests[i].arch for i in todo if requests[i].baselines}:
+            try:
+                libs[arch] = build_baselines(arch)
+            except BaselineError as e:     # measure says per baseline why it is missing
+                log.warning("%s", e)
+    own = pool is None and use_gpu
+    if own:
+        pool = gpu_pool()
+    try:
+        done = sum(r is not None for r in results)
+        for i, br in zip(todo, builds):
+            req = requests[i]
+            # a source that repeats in this batch may have been stored a moment ago
+            results[i] = (_cache_hit(db, source_sha(req.source), req, gpu_model)
+                          or evaluate(req, db=db, pool=pool, build_result=br, gpu=use_gpu,
+                                      baseline_libs=libs.get(req.arch)))
+            done += 1
+            if progress is not None:
+                progress(done, len(requests), results[i])
+    finally:
+        if own:
+            pool.close()
+    return results  # type: ignore[return-value]
