@@ -388,3 +388,55 @@ def with_fields(row: IndexRow, **changes) -> IndexRow:
     new = dataclasses.replace(row, **changes)
     new.validate(f"{new.label()}")
     return new
+
+
+# -- seeds ---------------------------------------------------------------------------------------
+# Reference instantiations (template family defaults) for a few shapes, tuned=0: real kernels for
+# the build/check/time pipeline and the GPU tests to work on. They never serve in dispatch.
+# (arch, family, changes to the family default, shapes)
+SEEDS = (
+    ("sm_90a", "mma", {}, ((128, 128, 128), (1024, 1024, 1024))),
+    ("sm_90a", "mma", {"LAYOUT": "RC"}, ((128, 128, 128), (1024, 1024, 1024))),
+    ("sm_90a", "cutlass_sm90", {}, ((4096, 4096, 4096),)),
+    ("sm_80", "mma", {}, ((128, 128, 128), (1024, 1024, 1024))),
+    ("sm_80", "mma", {"ACC": "f16"}, ((1024, 1024, 1024),)),
+)
+
+
+def write_seeds(root: str | os.PathLike | None = None) -> Path:
+    """(Re)write the seed rows into the store at `root` (default knobs.kernels_dir()), keeping
+    every other row. Returns the index path."""
+    from .templates import FAMILIES, instantiate
+    idx = KernelIndex.load(root)
+    for arch, family, changes, shapes in SEEDS:
+        config = FAMILIES[family].default().with_(**changes)
+        src = instantiate(config)
+        acc, layout = config.get("ACC"), config.get("LAYOUT")
+        for M, N, K in shapes:
+            old = idx.get(arch, acc, layout, M, N, K)
+            if old is not None and old.tuned:
+                continue  # a measured kernel is never replaced by a seed
+            idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family)
+    return idx.write(prune=True)
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m cudal2.kernels",
+                                description="check (default) or seed the generated_kernels/ store")
+    p.add_argument("root", nargs="?", type=Path, default=None, help="store (default: CUDAL2_KERNELS)")
+    p.add_argument("--seed", action="store_true", help="write the template-default seed rows (tuned=0)")
+    args = p.parse_args(argv)
+    if args.seed:
+        print(f"wrote {write_seeds(args.root)}")
+    idx = KernelIndex.load(args.root)
+    tuned = len(idx.tuned_rows())
+    files = len({r.file for r in idx.rows})
+    print(f"{idx.index_path}: {len(idx)} rows ({tuned} tuned, {len(idx) - tuned} untuned), "
+          f"{files} distinct kernel files, all present and matching their sha256")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
