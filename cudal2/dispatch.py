@@ -29,7 +29,7 @@ import threading
 import time
 import types
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -279,7 +279,6 @@ class _State:
         self.env: dict[int, dict] = {}
         self.verdicts: dict[str, dict] = {}
         self.workspace: dict[tuple, torch.Tensor] = {}
-        self.logged: set[tuple] = set()
 
 
 _state = _State()
@@ -456,7 +455,12 @@ def _resolve(dev: int, M: int, N: int, K: int, layout: str, a, b):
             return hit
         if torch.cuda.is_current_stream_capturing():
             return _TORCH  # never race (or build) inside a CUDA graph capture; decide later
-        served = _decide(dev, M, N, K, layout, a, b)
+        try:
+            served = _decide(dev, M, N, K, layout, a, b)
+        except Exception as exc:  # never fail a matmul torch can do; say why once
+            warnings.warn(f"cudal2: dispatch for {M}x{N}x{K} {layout} failed ({exc!r}); using "
+                          "torch.matmul for this shape", RuntimeWarning, stacklevel=4)
+            served = _TORCH
         _state.serving[key] = served
         return served
 
