@@ -5,12 +5,12 @@ prepare (CPU machine, nvcc, no GPU): plan the deduplicated candidates for a shap
   (.so, ptxas stats, source, gzipped PTX) into a pack folder with a manifest, and dry-run the pack:
   every .so loads in a killable worker and exports the ABI symbols, its meta matches the
   manifest. The pack is small enough to carry (< 64 MiB, checked).
-run (GPU machine; needs torch + numpy + stdlib, matplotlib optional): seed a build cache from
-  the pack (re-keyed for the local nvcc, so nothing is recompiled), then time candidates and
-  every baseline in both modes through cudal2.harness.evaluate into a fresh results DB, in
+run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): hand the packed
+  binaries to cudal2.harness.evaluate (build_result=..., baseline_libs=...) so nothing is
+  recompiled, timing candidates and every baseline in both modes into a fresh results DB, in
   rounds (every shape's most promising candidate first, then every shape's second, ...) so a
   budget cut still covers the shape list; stop cleanly before the budget runs out, export the
-  winners, write reports (CSV, markdown, PNG) next to the DB.
+  winners, write reports (CSV, markdown, PNG) and the cost model's held-out score next to the DB.
 """
 from __future__ import annotations
 
@@ -217,43 +217,42 @@ def probe_baseline(so_path: str, exports: list) -> dict:
     return {"symbols": symbols}
 
 
-def seed_cache(pack, cache, arch: str) -> int:
-    """Make the pack's builds cache hits for this machine's toolchain: each entry is copied under
-    the key this machine computes for (source, arch), so evaluate() finds it instead of calling
-    nvcc (the GPU image may lack CUTLASS headers or have another nvcc). Returns entries seeded."""
-    from .build import BuildSpec, _entry_dir, cache_key
-    from .toolchain import find_toolchain
+def pack_build_result(pack, entry: dict, workdir):
+    """A cudal2.build.BuildResult for a packed build, for evaluate(build_result=...): the GPU
+    machine times the carried binary and never calls nvcc (it may lack nvcc or CUTLASS headers).
+    The gzipped PTX (the audit reads its mma types) is unpacked into `workdir`."""
+    from .build import BuildResult, KernelResources
 
-    pack, cache = Path(pack), Path(cache)
-    m = load_manifest(pack)
-    try:
-        version = find_toolchain().version
-    except Exception as exc:  # noqa: BLE001
-        raise RuntimeError(f"campaign run needs nvcc on PATH only to compute cache keys ({exc})") from None
-    n = 0
-    for e in m["candidates"] + m["baselines"]:
-        src_dir = pack / e["dir"]
-        spec = BuildSpec((src_dir / "kernel.cu").read_text(), arch=arch,
-                         libraries=tuple(e.get("libraries", ())))
-        key = cache_key(spec, version)
-        dest = _entry_dir(cache, key)
-        if (dest / "build.json").exists():
-            continue
-        tmp = dest.with_name(dest.name + ".seed")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        shutil.copy2(src_dir / "kernel.so", tmp / "kernel.so")
-        shutil.copy2(src_dir / "kernel.cu", tmp / "kernel.cu")
-        if (src_dir / "kernel.ptx.gz").exists():
-            with gzip.open(src_dir / "kernel.ptx.gz", "rb") as g, (tmp / "kernel.ptx").open("wb") as f:
+    d = Path(pack) / entry["dir"]
+    info = json.loads((d / "build.json").read_text())
+    ptx = None
+    if (d / "kernel.ptx.gz").exists():
+        ptx = Path(workdir) / f"{entry['sha'][:16]}.ptx"
+        if not ptx.exists():
+            ptx.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(d / "kernel.ptx.gz", "rb") as g, ptx.open("wb") as f:
                 shutil.copyfileobj(g, f)
-        info = json.loads((src_dir / "build.json").read_text())
-        info["prebuilt"] = {"key": info.get("key"), "nvcc": info.get("nvcc"), "pack": str(pack)}
-        info["key"] = key
-        (tmp / "build.json").write_text(json.dumps(info))
-        os.replace(tmp, dest)
-        n += 1
-    return n
+    return BuildResult(status=info["status"], key=info["key"], so_path=(d / "kernel.so").resolve(),
+                       ptx_path=ptx, log=info.get("log", ""),
+                       resources=tuple(KernelResources(**r) for r in info.get("resources", ())),
+                       seconds=float(info.get("seconds", 0.0)), cached=True, name=entry.get("label", "kernel"))
+
+
+def packed_baselines(pack, m: dict, log=print) -> dict | None:
+    """{"cublas": so, "cublaslt": so} from the pack if they load here (checked in a worker), else
+    None: evaluate() then builds the baselines on this machine (needs nvcc)."""
+    from .harness.worker import WorkerPool
+    libs = {}
+    with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
+        for b in m["baselines"]:
+            so = (Path(pack) / b["dir"] / "kernel.so").resolve()
+            out = pool.run(probe_baseline, str(so), b["exports"], timeout_s=60)
+            if not out.ok or not all(out.value["symbols"].values()):
+                log(f"  packed baseline {b['name']} does not load here ({out.status}: {out.detail[-200:]}); "
+                    "the harness will build the baselines on this machine")
+                return None
+            libs[b["name"]] = str(so)
+    return libs or None
 
 
 def _schedule(m: dict, model) -> list[tuple[tuple, dict]]:
@@ -280,7 +279,8 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     from . import export as export_mod
     from . import report
     from .costmodel import CostModel
-    from .harness import ResultsDB, evaluate
+    from .harness.db import ResultsDB
+    from .harness.evaluate import evaluate, gpu_pool  # the function: the submodule shares its name
     from .harness.types import BASELINES, EvalRequest, Shape
     from .harness.worker import WorkerPool
 
@@ -297,19 +297,18 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     tag = gpu.replace(" ", "_").replace("/", "_")
     run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
     run_dir.mkdir(parents=True, exist_ok=True)
-    cache = run_dir / "cache"
-    os.environ["CUDAL2_CACHE"] = str(cache)          # the workers inherit it
-    seeded = seed_cache(pack, cache, m["arch"])
     log(f"campaign run: {len(m['shapes'])} shapes, {len(m['candidates'])} candidates x {list(modes)} x "
-        f"{len(baselines)} baselines on {gpu}, budget {budget_s:.0f} s; {seeded} builds seeded; "
-        f"output {run_dir}")
+        f"{len(baselines)} baselines on {gpu}, budget {budget_s:.0f} s; output {run_dir}")
+    base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
     model = CostModel.default(gpu if has_gpu and "A100" not in gpu else ("A100" if "A100" in gpu else "H100"))
     order = _schedule(m, model)
     db = ResultsDB(run_dir / "results.db")
     reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing
     deadline = start + budget_s - reserve
     done, statuses, avg = 0, {}, None
-    with WorkerPool(1) as pool:
+    # our own templates are trusted: reuse a worker for a few kernels instead of a fresh CUDA
+    # context per kernel (the harness default, for hostile RL kernels)
+    with (gpu_pool(max_tasks=16) if has_gpu else WorkerPool(1)) as pool:
         for shape, c in order:
             now = time.monotonic()
             if now + (avg or 0.0) > deadline:
@@ -320,7 +319,9 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
             t0 = time.monotonic()
             ev = evaluate(EvalRequest(source=src, shape=Shape(*shape), arch=m["arch"], modes=tuple(modes),
                                       baselines=baselines, origin="tune",
-                                      timeout_s=max(5.0, min(60.0, deadline - t0))), db=db, pool=pool)
+                                      timeout_s=max(5.0, min(60.0, deadline - t0))), db=db, pool=pool,
+                          build_result=pack_build_result(pack, c, run_dir / "ptx"),
+                          baseline_libs=base_libs, gpu=has_gpu)
             dt = time.monotonic() - t0
             avg = dt if avg is None else 0.8 * avg + 0.2 * dt
             done += 1
@@ -364,7 +365,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
             paths = report.write_summary(shape_rows, run_dir / mode, mode=mode, weights=weights,
                                          title=f"campaign on {gpu}", command=" ".join(sys.argv))
             summary["reports"].append(str(paths["summary"]))
-    shutil.rmtree(cache, ignore_errors=True)          # the binaries live in the pack already
+    shutil.rmtree(run_dir / "ptx", ignore_errors=True)     # unpacked copies; the pack keeps them
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     with (run_dir / "evaluations.csv").open("w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")

@@ -187,7 +187,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     from . import knobs
-    from .harness import ResultsDB
+    from .harness.db import ResultsDB
 
     if not Path(args.db).exists():
         print(f"cudal2 export: no results DB at {args.db}", file=sys.stderr)

@@ -268,7 +268,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .harness import ResultsDB
+    from .harness.db import ResultsDB
     if not Path(args.db).exists():
         print(f"cudal2 report: no results DB at {args.db}", file=sys.stderr)
         return 2

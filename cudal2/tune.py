@@ -305,7 +305,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
     from .harness.types import EvalRequest
 
     if evaluate is None:
-        from .harness import evaluate
+        from .harness.evaluate import evaluate  # the function: the submodule shares its name
     if strategy not in ("auto", "exhaustive", "evolutionary", "model"):
         raise ValueError(f"unknown strategy {strategy!r}")
     model = model or CostModel.default()
@@ -427,7 +427,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"builds are in the cache ({_cache_dir()}); `cudal2 tune --shapes {args.shapes}` on a GPU "
               f"machine times them")
         return 0 if rep.failed < rep.unique else 1
-    from .harness import ResultsDB
+    from .harness.db import ResultsDB
     db = ResultsDB(args.db)
     print(f"tune: {len(shapes)} shapes, budget {args.budget_evals} evaluations / {args.budget_s:.0f} s "
           f"per shape, strategy {args.strategy}, results in {args.db}")

@@ -64,13 +64,34 @@ def test_dry_run_catches_a_corrupt_pack(pack, tmp_path):
         campaign.load_manifest(bad)
 
 
-def test_seed_cache_makes_pack_builds_cache_hits(pack, tmp_path, monkeypatch):
-    from cudal2.build import BuildSpec, build
+def test_pack_build_result_is_the_carried_binary(pack, tmp_path):
     out, m, _, _ = pack
-    cache = tmp_path / "fresh-cache"
-    n = campaign.seed_cache(out, cache, "sm_90a")
-    assert n == len(m["candidates"]) + len(m["baselines"])
     c = m["candidates"][0]
-    r = build(BuildSpec((out / c["dir"] / "kernel.cu").read_text(), arch="sm_90a"), cache=cache)
-    assert r.ok and r.cached                    # no nvcc: the packed binary answers
-    assert campaign.seed_cache(out, cache, "sm_90a") == 0
+    br = campaign.pack_build_result(out, c, tmp_path / "ptx")
+    assert br.ok and br.cached and br.so_path == (out / c["dir"] / "kernel.so").resolve()
+    assert br.ptx_path is not None and "mma.sync" in br.ptx_path.read_text()
+    assert br.max_registers == c["resources"]["registers"] > 0
+
+
+def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
+    """No GPU: refused unless --allow-no-gpu; then every row is not_measured, nothing is
+    exported, the DB and CSV are written and the budget is honoured."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this test covers the no-GPU path")
+    out, m, _, _ = pack
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        campaign.run(out, tmp_path / "r0", budget_s=60)
+    gk = tmp_path / "gk"
+    summary = campaign.run(out, tmp_path / "reports", budget_s=120, allow_no_gpu=True,
+                           kernels_root=gk, log=lambda *a: None)
+    planned = sum(len(c["shapes"]) for c in m["candidates"])
+    assert summary["planned"] == planned
+    assert set(summary["statuses"]) <= {"not_measured"} and summary["exported"] == 0
+    run_dir = tmp_path / "reports" / "no-gpu"
+    (d,) = list(run_dir.iterdir())
+    assert (d / "results.db").is_file() and (d / "evaluations.csv").is_file()
+    assert not (gk / "index.csv").exists()
+    # a zero budget stops before the first evaluation, cleanly
+    s0 = campaign.run(out, tmp_path / "r1", budget_s=0.001, allow_no_gpu=True, log=lambda *a: None)
+    assert s0["evaluations"] == 0
