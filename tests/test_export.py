@@ -91,3 +91,27 @@ def test_several_gpus_need_a_choice():
     assert not d.exported and "--gpu" in d.reason
     (d,) = select(rows, gpu="H200")
     assert d.exported and d.source_sha == SHA["b"]
+
+
+def test_export_cli_from_a_test_db(tmp_path, capsys):
+    """The real path: rows and sources in a results DB, `cudal2 export` through the CLI."""
+    from cudal2.cli import main
+    from cudal2.harness.db import ResultsDB
+    db_path = tmp_path / "results.db"
+    with ResultsDB(db_path) as db:
+        for e in _db_rows():
+            name = next(k for k, v in SHA.items() if v == e.source_sha)
+            db.add(e, source=SRC[name])
+    root = tmp_path / "gk"
+    assert main(["export", "--db", str(db_path), "--report", "reports/test/run", "--out", str(root),
+                 "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "2 exported" in out and "refused" in out and "did not beat" in out and "estimated" in out
+    idx = KernelIndex.load(root)
+    assert {r.shape for r in idx.tuned_rows()} == {(64, 64, 64), (128, 64, 64)}
+    assert idx.source(idx.rows[0]) == SRC["a"]          # the source came out of the DB
+    # a dry run writes nothing
+    root2 = tmp_path / "gk2"
+    assert main(["export", "--db", str(db_path), "--report", "x", "--out", str(root2), "--dry-run"]) == 0
+    assert not (root2 / "index.csv").exists()
+    assert main(["export", "--db", str(tmp_path / "nope.db"), "--report", "x"]) == 2

@@ -12,7 +12,10 @@ from cudal2.report import (aggregate, collect, read_weights, size_bucket, write_
                            write_summary)
 
 
-def ev(shape, cand, base, origin, sha="a" * 64, status="ok", estimated=False):
+SHA = __import__("hashlib").sha256(b"// synthetic test source\n").hexdigest()
+
+
+def ev(shape, cand, base, origin, sha=SHA, status="ok", estimated=False):
     t = {"offline": {"candidate": {"median_us": cand}, **{b: {"median_us": base} for b in BASELINES}}}
     return Evaluation(status=status, source_sha=sha, shape=Shape(*shape), arch="sm_90a", acc="f32",
                       layout="RR", timings=t, estimated=estimated, origin=origin,
@@ -64,3 +67,19 @@ def test_trace_weights_file():
     w = read_weights("shapes/llm_trace.csv")
     assert sum(w.values()) == pytest.approx(1.0, abs=1e-4)
     assert (4096, 28672, 4096) in w           # Llama-3 8B gate_up at 4096 tokens
+
+
+def test_report_cli_compare_from_a_test_db(tmp_path, capsys):
+    from cudal2.cli import main
+    from cudal2.harness.db import ResultsDB
+    db_path = tmp_path / "results.db"
+    with ResultsDB(db_path) as db:
+        for e in ROWS:
+            db.add(e, source="// synthetic test source\n")
+    out = tmp_path / "cmp"
+    assert main(["report", "--compare", "--db", str(db_path), "--out", str(out)]) == 0
+    assert (out / "compare.csv").is_file() and "## rl" in (out / "compare.md").read_text()
+    out2 = tmp_path / "sum"
+    assert main(["report", "--db", str(db_path), "--out", str(out2), "--weights", "shapes/llm_trace.csv"]) == 0
+    assert "geomean" in (out2 / "summary.md").read_text()
+    assert (out2 / "command.txt").is_file()
