@@ -197,9 +197,16 @@ def _template_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "templates"
 
 
+MAX_SOURCE_BYTES = 1 << 20        # a kernel file is a few tens of KB; more is an attack on the compiler
+
+
 def check_includes(source: str) -> list[str]:
-    """Reasons the source's #include lines reach outside its own text (empty = fine)."""
+    """Reasons the source reaches outside its own text through #include lines, or is too big
+    to be a kernel (empty = fine)."""
     reasons = []
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > MAX_SOURCE_BYTES:
+        return [f"source is {size} bytes (> {MAX_SOURCE_BYTES} allowed for one kernel file)"]
     templates = {p.name for p in _template_dir().glob("*.cuh")}
     for m in _INCLUDE_ANY_RE.finditer(source):
         line = m.group(0).strip()
@@ -271,7 +278,8 @@ def _cutlass_dirs() -> list[Path]:
         return []
 
 
-def check_dependencies(source: str, arch: str = "sm_90a", timeout: float = 300) -> tuple[list[str], list[str]]:
+def check_dependencies(source: str, arch: str = "sm_90a", timeout: float = 300,
+                       flags: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """`nvcc -M`: every file the preprocessor reads must be under an include root.
     Returns (reasons, notes)."""
     from ..toolchain import cutlass_include_dirs, find_toolchain, normalise_arch
@@ -288,7 +296,7 @@ def check_dependencies(source: str, arch: str = "sm_90a", timeout: float = 300) 
             pass
         arch = normalise_arch(arch)
         cmd = [str(tc.nvcc), "-M", "-std=c++17", "--expt-relaxed-constexpr", "-x", "cu",
-               f"-arch={arch}", *tc.compile_flags(), *inc, str(src)]
+               f"-arch={arch}", *tc.compile_flags(), *inc, *flags, str(src)]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
         except subprocess.TimeoutExpired:
@@ -473,7 +481,8 @@ def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
 
 # ---- the audit --------------------------------------------------------------------------------
 def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = "kernel",
-                pool=None, check_deps: bool = True, meta: dict | None = None) -> AuditResult:
+                pool=None, check_deps: bool = True, meta: dict | None = None,
+                flags: tuple[str, ...] = ()) -> AuditResult:
     """Audit an already-built kernel. `meta` skips the worker probe when the caller already
     read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None)."""
     res = AuditResult(name=name, ok=False, verdict="rejected",
@@ -489,7 +498,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
         return res
     res.resources = [asdict(r) for r in build_result.resources]
     if check_deps:
-        r, n = check_dependencies(source, arch)
+        r, n = check_dependencies(source, arch, flags=flags)
         res.reasons += r
         res.notes += n
     r, n, res.imports, res.needed = check_binary(build_result.so_path)

@@ -1,0 +1,224 @@
+"""The static audit: allowlisted imports, include rules, host syscalls, meta read in a worker,
+and the PTX accumulator check. Pure rules first, then the hostile corpus built with nvcc."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+from cudal2.harness import audit as A
+
+HOSTILE = Path(__file__).parent / "data" / "hostile"
+
+
+# ---- pure rules ---------------------------------------------------------------------------
+@pytest.mark.parametrize("sym", [
+    "cudaLaunchKernel", "__cudaLaunchKernel", "__cudaRegisterFatBinary", "cudaFuncSetAttribute",
+    "cudaGetDriverEntryPointByVersion", "cudaLaunchKernelExC", "cudaMemsetAsync", "cudaGetLastError",
+    "memcpy", "__cxa_guard_acquire", "_Znwm", "_ZdlPvm", "_ZSt20__throw_length_errorPKc",
+    "__gxx_personality_v0", "_ZSt4cerr", "_ZNSo5flushEv", "snprintf", "__udivti3"])
+def test_allowed_symbols(sym):
+    assert A.classify_symbol(sym) is None
+
+
+@pytest.mark.parametrize("sym, why", [
+    ("cublasHgemm", "library"), ("cublasLtMatmul", "library"), ("cudnnCreate", "library"),
+    ("pthread_create", "threads"), ("_ZNSt6thread15_M_start_threadESt10unique_ptrINS_6_StateESt14default_deleteIS1_EEPFvvE", "threads"),
+    ("fork", "processes"), ("system", "processes"), ("popen", "processes"), ("execve", "processes"),
+    ("cudaStreamCreate", "streams"), ("cudaEventRecord", "events"), ("cudaGraphLaunch", "graphs"),
+    ("cudaDeviceSynchronize", "synchronises"), ("cudaStreamSynchronize", "synchronises"),
+    ("cudaEventSynchronize", "synchronises"), ("cudaMalloc", "allocates"),
+    ("cudaMallocAsync", "allocates"), ("cudaHostAlloc", "allocates"), ("cudaMemcpy", "copies"),
+    ("mmap", "allocates"), ("fopen", "file"), ("open", "file"), ("socket", "network"),
+    ("connect", "network"), ("getenv", "environment"), ("syscall", "system"),
+    ("dlopen", "dlopen"), ("dlsym", "dlopen"), ("cuGetProcAddress", "dlopen"),
+    ("exit", "allowlist"), ("cudaSetDevice", "device state")])
+def test_rejected_symbols(sym, why):
+    reason = A.classify_symbol(sym)
+    assert reason is not None and why in reason, (sym, reason)
+
+
+def test_include_rules():
+    assert A.check_includes("#include <cuda_runtime.h>\n#include <cstdint>\n") == []
+    assert A.check_includes('#include "mma_hgemm.cuh"\n') == []          # our template by name
+    r = A.check_includes('#include "../secret.h"\n')
+    assert len(r) == 1 and "'..'" in r[0]
+    r = A.check_includes("#include </etc/passwd>\n")
+    assert len(r) == 1 and "absolute" in r[0]
+    r = A.check_includes("#  include SOME_MACRO\n")
+    assert len(r) == 1 and "computed" in r[0]
+    r = A.check_includes('#include "my_local_helpers.h"\n')
+    assert len(r) == 1 and "neither" in r[0]
+    big = "// x\n" * (A.MAX_SOURCE_BYTES // 4)
+    assert "bytes" in A.check_includes(big)[0]
+
+
+MMA_F32 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+MMA_F16 = "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"
+WG_F32 = "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"
+WG_F16 = "wgmma.mma_async.sync.aligned.m64n128k16.f16.f16.f16"
+
+
+@pytest.mark.parametrize("ptx, declared, rejected", [
+    (f"{MMA_F32} {{..}};\n{MMA_F32} ..;", "f32", False),
+    (f"{MMA_F32} ..;\n{MMA_F16} ..;", "f32", True),        # one fp16 path is enough to reject
+    (f"{MMA_F16} ..;", "f16", False),
+    (f"{WG_F32} ..;", "f32", False),
+    (f"{WG_F16} ..;", "f32", True),
+    ("wmma.mma.sync.aligned.row.col.m16n16k16.f16.f16 ..;", "f32", True),
+    ("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 ..;", "f32", False),
+    ("fma.rn.f32 %f1, %f2, %f3, %f4;", "f32", False),      # SIMT: nothing to check statically
+])
+def test_accumulator_rule(ptx, declared, rejected):
+    reasons, notes, counts = A.check_accumulator(ptx, declared)
+    assert bool(reasons) == rejected, (reasons, notes)
+    if rejected:
+        assert "fp16" in reasons[0]
+
+
+def test_meta_rules():
+    good = {"style": "mma", "arch": "sm_90a", "acc": "f32", "layout": "RR", "tile": [128, 128, 32],
+            "any_shape": True, "workspace_bytes": 0}
+    assert A.check_meta(good, "sm_90a") == []
+    assert "differs" in A.check_meta(good, "sm_80")[0]
+    assert any("lacks" in r for r in A.check_meta({"style": "mma"}, "sm_90a"))
+    assert any("tile" in r for r in A.check_meta({**good, "tile": [0, 1]}, "sm_90a"))
+    assert any("workspace" in r for r in A.check_meta({**good, "workspace_bytes": -1}, "sm_90a"))
+    assert any("acc" in r for r in A.check_meta({**good, "acc": "f8"}, "sm_90a"))
+
+
+# ---- the hostile corpus (nvcc; no GPU) ----------------------------------------------------
+# file -> fragment of the expected reason. Every one must be rejected; the pool stays alive.
+REJECTED = {
+    "calls_cublas.cu": "cuBLAS",
+    "allocates.cu": "allocates",
+    "synchronises.cu": "synchronises",
+    "private_stream.cu": "streams",
+    "graph_capture.cu": "graphs",
+    "thread_launch.cu": "threads",
+    "system_call.cu": "processes",
+    "reads_file.cu": "file",
+    "dlopen_lib.cu": "dlopen",
+    "host_asm.cu": "system-call instruction",
+    "include_escape.cu": "'..'",
+    "include_absolute.cu": "absolute",
+    "fp16_acc_claims_f32.cu": "accumulates in fp16",
+    "meta_garbage.cu": "not JSON",
+    "meta_not_utf8.cu": "not UTF-8",
+}
+LOAD_VERDICTS = {
+    "ctor_segv.cu": ("load_crashed", "SIGSEGV"),
+    "ctor_abort.cu": ("load_crashed", "SIGABRT"),
+    "ctor_exit.cu": ("load_crashed", "exited"),
+    "ctor_fork.cu": ("load_crashed", "created processes"),
+    "meta_segv.cu": ("load_crashed", "SIGSEGV"),
+    "meta_wild_pointer.cu": ("load_crashed", "SIGSEGV"),
+}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from cudal2.harness.worker import WorkerPool
+    with WorkerPool(max_tasks=1) as p:
+        yield p
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_hostile_file_rejected(name, pool):
+    res = A.audit_file(HOSTILE / name, "sm_90a", pool=pool)
+    assert not res.ok and res.verdict == "rejected", res.line()
+    assert any(REJECTED[name] in r for r in res.reasons), res.reasons
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted(LOAD_VERDICTS))
+def test_hostile_load_is_a_verdict(name, pool):
+    verdict, detail = LOAD_VERDICTS[name]
+    res = A.audit_file(HOSTILE / name, "sm_90a", pool=pool)
+    assert res.verdict == verdict and not res.ok, res.line()
+    assert any(detail in r for r in res.reasons), res.reasons
+
+
+@pytest.mark.compile
+def test_hang_in_meta_times_out(pool):
+    from cudal2.build import build_file
+    br = build_file(HOSTILE / "meta_hang.cu")
+    out = A.probe_meta(br.so_path, pool=pool, timeout_s=2)
+    assert out.status == "timeout"
+    assert pool.run("cudal2.harness.worker:_selftest_echo", 7).value == 7
+
+
+@pytest.mark.compile
+def test_control_kernel_accepted(pool):
+    res = A.audit_file(HOSTILE / "control_ok.cu", "sm_90a", pool=pool)
+    assert res.ok and res.verdict == "ok", res.line()
+    assert res.meta["acc"] == "f32" and res.resources and res.resources[0]["registers"] > 0
+    assert "libcudart" in " ".join(res.needed)
+    assert "regs=" in res.line()
+
+
+@pytest.mark.compile
+def test_non_utf8_source_rejected(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_bytes(b"// \xff\xfe\n__global__ void k() {}\n")
+    res = A.audit_file(bad)
+    assert not res.ok and "UTF-8" in res.reasons[0]
+
+
+@pytest.mark.compile
+def test_linked_cublas_rejected_by_needed(pool):
+    """DT_NEEDED: a library linked to cuBLAS is rejected even if it imports nothing from it."""
+    from cudal2.build import BuildSpec, build
+    src = (HOSTILE / "control_ok.cu").read_text()
+    br = build(BuildSpec(src, "sm_90a", flags=("-Xlinker=--no-as-needed",), libraries=("cublas",),
+                         name="linked-cublas"))
+    assert br.ok, br.log[-2000:]
+    if not any("cublas" in n for n in A.needed_libraries(br.so_path)):
+        pytest.skip("the linker dropped the unused cuBLAS dependency (--as-needed)")
+    res = A.audit_build(src, br, "sm_90a", pool=pool)
+    assert not res.ok and any("links libraries" in r and "cublas" in r for r in res.reasons)
+
+
+def _reference(family, **changes):
+    from cudal2.build import build
+    from cudal2.templates import FAMILIES
+    cfg = FAMILIES[family].default().with_(**changes) if changes else FAMILIES[family].default()
+    spec = FAMILIES[family].build_spec(cfg, "sm_90a")
+    return spec, build(spec)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("family, changes", [("mma", {}), ("mma", {"ACC": "f16"}), ("ptx", {})])
+def test_reference_kernels_accepted(family, changes, pool):
+    spec, br = _reference(family, **changes)
+    assert br.ok, br.log[-2000:]
+    res = A.audit_build(spec.source, br, "sm_90a", pool=pool, flags=spec.flags)
+    assert res.ok, res.line()
+    assert res.mma and all(f".{res.meta['acc']}.f16.f16" in k for k in res.mma)
+
+
+@pytest.mark.compile
+def test_reference_cutlass_sm90_accepted(pool):
+    """The CUTLASS 3 TMA/wgmma kernel needs the driver entry point (cuTensorMapEncodeTiled),
+    cluster launch (cudaLaunchKernelExC) and prints diagnostics on std::cerr: all allowed.
+    Shares its build with tests/test_templates.py through the build cache."""
+    spec, br = _reference("cutlass_sm90")
+    assert br.ok, br.log[-2000:]
+    res = A.audit_build(spec.source, br, "sm_90a", pool=pool, flags=spec.flags)
+    assert res.ok, res.line()
+    assert "cudaGetDriverEntryPointByVersion" in res.imports or "cudaGetDriverEntryPoint" in res.imports
+    assert any(k.startswith("wgmma.mma_async") and ".f32.f16.f16" in k for k in res.mma)
+
+
+@pytest.mark.compile
+def test_cli_exit_codes(capsys):
+    p = argparse.ArgumentParser()
+    A.configure_parser(p)
+    assert A.run_cli(p.parse_args([str(HOSTILE / "control_ok.cu"), "--arch", "sm_90a"])) == 0
+    out = capsys.readouterr().out
+    assert "control_ok.cu: ok regs=" in out
+    rc = A.run_cli(p.parse_args([str(HOSTILE / "control_ok.cu"), str(HOSTILE / "synchronises.cu"),
+                                 "--arch", "sm_90a"]))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and len(out) == 2
+    assert "synchronises.cu: REJECTED" in out[1] and "cudaDeviceSynchronize" in out[1]
