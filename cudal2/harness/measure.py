@@ -176,6 +176,7 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
                 if k in ("sm_clock_mhz", "temp_c", "power_w")})
     env.update(torch=torch.__version__, cuda=torch.version.cuda,
                device_name=torch.cuda.get_device_name())
+    env.setdefault("gpu", env["device_name"])
     out = dict(base, timings=timings, speedups=speedups, env=env, baseline_notes=notes,
                bounds={"lower_bound_us": lower, "peak": peak.name, "peak_source": peak.source,
                        "fraction_of_peak": fractions})

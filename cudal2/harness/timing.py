@@ -265,58 +265,8 @@ def time_interleaved(callables: dict[str, Callable[[int], None]], config: Timing
 
 
 def gpu_env() -> dict:
-    """SM clock (MHz), temperature (C), GPU name and driver, from NVML when importable, else
-    nvidia-smi; keys are absent when the GPU does not report them."""
-    env: dict = {}
-    try:
-        import pynvml
+    """SM clock (MHz), temperature (C), GPU name and driver right now (NVML, else nvidia-smi;
+    keys absent when the GPU does not report them). Recorded before and after timing."""
+    from .provenance import gpu_facts
 
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(_physical_index())
-            name = pynvml.nvmlDeviceGetName(h)
-            env["gpu"] = name.decode() if isinstance(name, bytes) else name
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            env["driver"] = drv.decode() if isinstance(drv, bytes) else drv
-            env["sm_clock_mhz"] = int(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
-            env["temp_c"] = int(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
-            env["power_w"] = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-        finally:
-            pynvml.nvmlShutdown()
-        return env
-    except Exception:  # noqa: BLE001 - NVML missing or refusing: fall back to nvidia-smi
-        pass
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--id={_physical_index()}",
-             "--query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw",
-             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
-        fields = [f.strip() for f in out.stdout.strip().splitlines()[0].split(",")]
-        env["gpu"], env["driver"] = fields[0], fields[1]
-        for key, val, cast in (("sm_clock_mhz", fields[2], int), ("temp_c", fields[3], int),
-                               ("power_w", fields[4], float)):
-            try:
-                env[key] = cast(float(val))
-            except ValueError:
-                pass
-    except (OSError, IndexError, subprocess.SubprocessError):
-        pass
-    return env
-
-
-def _physical_index() -> int:
-    """NVML index of torch's current device (CUDA_VISIBLE_DEVICES remaps indices)."""
-    import os
-
-    try:
-        import torch
-        idx = torch.cuda.current_device()
-    except Exception:  # noqa: BLE001
-        idx = 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    try:
-        return int(visible[idx])
-    except (ValueError, IndexError):
-        return idx
+    return gpu_facts()
