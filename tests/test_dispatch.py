@@ -313,3 +313,113 @@ def test_broken_index_warns_and_serves_torch(store, tmp_path):
     (idx.root / "index.csv").write_text("arch,acc\nsm_90a,f32\n")
     with pytest.warns(RuntimeWarning, match="ignoring the kernel table"):
         assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
+
+
+# -- the hot path's argument marshalling, with CPU tensors standing in for CUDA ones ------------
+@pytest.fixture
+def hot(monkeypatch):
+    """_cuda_matmul/_launch on CPU tensors: device index -1, stream 0, a recording launcher."""
+    import torch
+    D.reset()
+    monkeypatch.setattr(D, "_cur_device", lambda: -1)
+    monkeypatch.setattr(D, "_raw_stream", lambda dev: 1234)
+    monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
+    calls = []
+
+    def launcher(rc=0):
+        def fn(*args):
+            calls.append(args)
+            return rc
+        return fn
+
+    def serve(M, N, K, layout, rc=0, ws=0):
+        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws)
+
+    yield torch, serve, calls
+    D.reset()
+
+
+def test_hot_path_rr_and_rc_arguments(hot):
+    torch, serve, calls = hot
+    a = torch.randn(32, 64, dtype=torch.float16)
+    b_rr = torch.randn(64, 16, dtype=torch.float16)
+    b_rc = torch.randn(16, 64, dtype=torch.float16).t()          # (64, 16) column-major
+    serve(32, 16, 64, "RR")
+    serve(32, 16, 64, "RC")
+    c = D._cuda_matmul(a, b_rr, None)
+    assert c.shape == (32, 16) and c.dtype == torch.float16
+    assert calls[-1] == (a.data_ptr(), b_rr.data_ptr(), c.data_ptr(), 32, 16, 64, 64, 16, 16, 0, 0, 1234)
+    c = D._cuda_matmul(a, b_rc, None)
+    assert calls[-1][6:9] == (64, 64, 16)                         # lda, ldb = K (RC), ldc
+    out = torch.empty(32, 24, dtype=torch.float16)[:, :16]        # ldc 24, row-major rows
+    assert D._cuda_matmul(a, b_rr, out) is out
+    assert calls[-1][2] == out.data_ptr() and calls[-1][8] == 24
+    assert len(calls) == 3
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_hot_path_declines_what_kernels_cannot_take(hot):
+    torch, serve, calls = hot
+    serve(32, 16, 64, "RR")
+    a = torch.randn(32, 64, dtype=torch.float16)
+    b = torch.randn(64, 16, dtype=torch.float16)
+    cases = [
+        (a.t().contiguous().t(), b, None),                        # A column-major
+        (torch.randn(32, 66, dtype=torch.float16)[:, 1:65], b, None),  # misaligned pointer
+        (a, torch.randn(64, 20, dtype=torch.float16)[:, :16], None),   # ldb 20 not a multiple of 8
+        (a, b, torch.empty(32, 16, dtype=torch.float32)),          # out of another dtype
+        (a, b, torch.empty(16, 32, dtype=torch.float16).t()),      # out column-major
+        (a, b, torch.empty(32, 17, dtype=torch.float16)),          # out of another shape
+        (a.float(), b.float(), None),
+    ]
+    for x, y, out in cases:
+        try:
+            got = D._cuda_matmul(x, y, out)
+        except RuntimeError as exc:  # what torch.matmul itself raises for this out=
+            with pytest.raises(type(exc), match="dtype"):
+                torch.matmul(x, y, out=out.clone())
+            continue
+        assert torch.equal(got, torch.matmul(x, y))
+    assert calls == []
+
+
+def test_hot_path_never_writes_into_an_operand(hot):
+    torch, serve, calls = hot
+    serve(16, 16, 16, "RR")
+    buf = torch.randn(16, 32, dtype=torch.float16)
+    a, out = buf[:, :16], buf[:, 16:]                              # out overlaps a's storage rows
+    b = torch.randn(16, 16, dtype=torch.float16)
+    want = torch.matmul(a, b)
+    D._cuda_matmul(a, b, out)
+    assert calls == [] and torch.equal(out, want)
+
+
+def test_hot_path_disable_grad_and_errors(hot, monkeypatch):
+    torch, serve, calls = hot
+    serve(32, 16, 64, "RR")
+    a = torch.randn(32, 64, dtype=torch.float16)
+    b = torch.randn(64, 16, dtype=torch.float16)
+    monkeypatch.setenv("CUDAL2_DISABLE", "1")
+    assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
+    monkeypatch.delenv("CUDAL2_DISABLE")
+    # Needs grad: the custom op (CPU impl here: torch.matmul), gradients flow.
+    ag = a.float().requires_grad_()
+    bg = b.float().requires_grad_()
+    D._cuda_matmul(ag.half(), bg.half(), None).float().sum().backward()
+    assert ag.grad is not None and bg.grad is not None
+    # A kernel that reports a CUDA error: one warning, torch's answer, and torch from then on.
+    serve(32, 16, 64, "RR", rc=700)
+    with pytest.warns(RuntimeWarning, match="cudaError 700"):
+        assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b))
+    assert D._serving[(-1, 32, 16, 64, "RR")] is D._TORCH
+
+
+def test_hot_path_workspace_is_cached_per_stream(hot, monkeypatch):
+    torch, serve, calls = hot
+    monkeypatch.setattr(D, "_workspace", lambda dev, stream, n: calls.append(("ws", stream, n)) or 4096)
+    serve(32, 16, 64, "RR", ws=1 << 16)
+    a = torch.randn(32, 64, dtype=torch.float16)
+    b = torch.randn(64, 16, dtype=torch.float16)
+    D._cuda_matmul(a, b, None)
+    assert calls[0] == ("ws", 1234, 1 << 16)
+    assert calls[1][9:11] == (4096, 1 << 16)
