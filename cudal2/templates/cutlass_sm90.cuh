@@ -18,16 +18,16 @@
 #include <stdio.h>
 #include <atomic>
 
-#include "cutlass/cutlass.h"
-#include "cutlass/version.h"
-#include "cute/tensor.hpp"
-#include "cutlass/numeric_types.h"
-#include "cutlass/kernel_hardware_info.h"
-#include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include <cutlass/cutlass.h>
+#include <cutlass/version.h>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/kernel_hardware_info.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #ifndef BM
 #define BM 128              // CTA tile M (cooperative: 128 or 256; pingpong: 64 or 128)

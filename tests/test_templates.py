@@ -1,0 +1,417 @@
+"""Reference kernel families (cudal2/templates): configs, static constraints, instantiation,
+nvcc builds (compile tier: zero spills, ABI symbols, accumulator type in the PTX, meta JSON and
+argument validation through ctypes without a GPU) and correctness against torch (gpu tier)."""
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from cudal2.templates import (FAMILIES, SMEM_LIMIT, KernelConfig, default_configs, instantiate,
+                              template_dir)
+
+INVALID_VALUE = 1   # cudaErrorInvalidValue
+MMA_F32 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+MMA_F16 = "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"
+
+
+# ---- configs and families (pure Python) ---------------------------------------------------
+def test_config_is_sorted_frozen_and_hashable():
+    c = KernelConfig.make("mma", BN=64, BM=128, ACC="f32")
+    assert c.params == (("ACC", "f32"), ("BM", 128), ("BN", 64))
+    assert c == KernelConfig("mma", (("BN", 64), ("ACC", "f32"), ("BM", 128)))
+    assert len({c, KernelConfig.make("mma", ACC="f32", BM=128, BN=64)}) == 1
+    assert c.get("BM") == 128 and c.get("NOPE") is None and c.get("NOPE", 3) == 3
+    d = c.with_(BM=64, STAGES=4)
+    assert d.get("BM") == 64 and d.get("STAGES") == 4 and c.get("BM") == 128
+    assert c.label() == "mma:ACC=f32,BM=128,BN=64"
+    with pytest.raises(Exception):
+        c.family = "ptx"
+    with pytest.raises(ValueError, match="int or a str"):
+        KernelConfig.make("mma", BM=1.5)
+    with pytest.raises(ValueError, match="int or a str"):
+        KernelConfig.make("mma", BM=True)
+    with pytest.raises(ValueError, match="macro name"):
+        KernelConfig.make("mma", bm=128)
+
+
+def test_families_and_their_headers():
+    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90"}
+    assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
+    assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",)
+    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass"}
+    for f in FAMILIES.values():
+        assert (template_dir() / f.header).is_file()
+        assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())
+        assert "ACC" not in f.space() and "LAYOUT" not in f.space()   # requirements, not knobs
+        for a in f.arches:
+            assert a in SMEM_LIMIT
+    assert "-DNDEBUG" in FAMILIES["cutlass_sm90"].flags
+
+
+def test_default_instantiations():
+    labels = {c.label() for c in default_configs()}
+    want = [("mma", "f32", "RR"), ("mma", "f16", "RR"), ("mma", "f32", "RC"), ("ptx", "f32", "RR")]
+    got = {(c.family, c.get("ACC"), c.get("LAYOUT")) for c in default_configs()}
+    assert set(want) <= got
+    scheds = {c.get("SCHEDULE") for c in FAMILIES["cutlass_sm90"].defaults()}
+    assert scheds == {"cooperative", "pingpong"}
+    assert len(labels) == len(default_configs())
+    for c in default_configs():
+        fam = FAMILIES[c.family]
+        assert fam.problems(c) == []
+        for a in fam.arches:
+            assert fam.valid(c, a)
+        assert fam.default() == fam.defaults()[0]
+
+
+@pytest.mark.parametrize("family,changes,why", [
+    ("mma", dict(WM=48), "divide"),
+    ("mma", dict(WM=24, BM=96), "multiple of 16"),
+    ("mma", dict(BK=40), "multiple of 16"),
+    ("mma", dict(BM=256, BN=256, WM=32, WN=32), "threads per block"),
+    ("mma", dict(BM=256, BN=256, BK=64, STAGES=5), "shared memory"),
+    ("mma", dict(STAGES=1), "STAGES"),
+    ("mma", dict(SPLITK=0), "positive"),
+    ("mma", dict(ACC="bf16"), "ACC"),
+    ("mma", dict(LAYOUT="CC"), "LAYOUT"),
+    ("mma", dict(NOPE=1), "unknown parameter NOPE"),
+    ("mma", dict(BM="128"), "positive int"),
+    ("mma", dict(BM=64, BN=64, WM=16, WN=16), "chunks"),
+    ("ptx", dict(WM=32, BM=64), "WM = WN = 64"),
+    ("cutlass_sm90", dict(BM=64), "cooperative"),
+    ("cutlass_sm90", dict(SCHEDULE="pingpong", BM=256), "pingpong"),
+    ("cutlass_sm90", dict(SCHEDULE="pingpong", BN=256), "accumulator registers"),
+    ("cutlass_sm90", dict(BN=512), "BN"),
+    ("cutlass_sm90", dict(BN=72), "BN"),
+    ("cutlass_sm90", dict(BK=32), "BK"),
+    ("cutlass_sm90", dict(CLUSTER_M=4, CLUSTER_N=2), "cluster"),
+    ("cutlass_sm90", dict(SWIZZLE=3), "SWIZZLE"),
+    ("cutlass_sm90", dict(SCHEDULE="stream"), "SCHEDULE"),
+])
+def test_valid_rejects_bad_configs(family, changes, why):
+    fam = FAMILIES[family]
+    cfg = fam.default().with_(**changes)
+    problems = fam.problems(cfg)
+    assert problems and any(why in p for p in problems), problems
+    assert not fam.valid(cfg)
+    with pytest.raises(ValueError, match="invalid"):
+        instantiate(cfg)
+
+
+def test_valid_is_arch_aware_and_checks_the_family():
+    mma = FAMILIES["mma"]
+    big = mma.default().with_(BM=256, BN=128, BK=64, STAGES=3, WM=64, WN=64)   # 162816 bytes
+    assert mma.valid(big, "sm_90a") and mma.valid(big, "sm_80")
+    bigger = big.with_(STAGES=4)                                               # 217088 bytes
+    assert mma.valid(bigger, "sm_90a") and not mma.valid(bigger, "sm_80") and not mma.valid(bigger)
+    assert not FAMILIES["cutlass_sm90"].valid(FAMILIES["cutlass_sm90"].default(), "sm_80")
+    assert "family" in mma.problems(FAMILIES["ptx"].default())[0]
+    missing = KernelConfig.make("mma", BM=128)
+    assert any("missing parameter BN" in p for p in mma.problems(missing))
+
+
+def test_accepts():
+    mma, cut = FAMILIES["mma"], FAMILIES["cutlass_sm90"]
+    c = mma.default()
+    for shape in [(1, 1, 1), (63, 129, 257), (4097, 64, 8191), (64, 64, 0), (16384, 16384, 16384)]:
+        assert mma.accepts(c, *shape)
+    assert not mma.accepts(c, -1, 4, 4)
+    split = c.with_(SPLITK=4)
+    assert mma.accepts(split, 64, 64, 16384) and not mma.accepts(split, 4096, 4096, 4096)
+    cc = cut.default()
+    assert cut.accepts(cc, 1, 8, 8) and cut.accepts(cc, 4097, 64, 8192)
+    assert not cut.accepts(cc, 64, 129, 256) and not cut.accepts(cc, 64, 128, 257)
+    assert not mma.accepts(c.with_(WM=48), 128, 128, 128)   # invalid configs accept nothing
+
+
+def test_space_values_are_reachable():
+    """Every value the tuner may pick appears in at least one valid config."""
+    import random
+    rng = random.Random(0)
+    for fam in FAMILIES.values():
+        space = fam.space()
+        seen = {k: set() for k in space}
+        n_valid = 0
+        for _ in range(3000):
+            cfg = fam.default().with_(**{k: rng.choice(v) for k, v in space.items()})
+            if fam.valid(cfg):
+                n_valid += 1
+                for k, v in cfg.params:
+                    if k in seen:
+                        seen[k].add(v)
+        assert n_valid > 50, fam.name
+        for k, v in space.items():
+            assert seen[k] == set(v), (fam.name, k, set(v) - seen[k])
+
+
+def test_instantiate_is_deterministic_and_self_contained():
+    for cfg in default_configs():
+        fam = FAMILIES[cfg.family]
+        text = instantiate(cfg)
+        assert text == instantiate(cfg)
+        assert not re.search(r'^\s*#\s*include\s*"', text, re.M), cfg.label()
+        assert "torch" not in text.lower().replace("no torch", "")
+        for macro, value in fam.macros(cfg):
+            assert f"#define {macro} {value}\n" in text
+        assert text.index("#define") < text.index("#ifndef BM")   # defines come before defaults
+        assert 'extern "C" int cudal2_hgemm(' in text and 'extern "C" const char* cudal2_meta(void)' in text
+        assert cfg.label() in text.splitlines()[1]
+    ptx = instantiate(FAMILIES["ptx"].default())
+    assert "begin mma_hgemm.cuh (inlined)" in ptx and "cudal2_ptx_kstep" in ptx
+    f16 = instantiate(FAMILIES["mma"].default().with_(ACC="f16", LAYOUT="RC"))
+    assert "#define ACC_F16 1\n" in f16 and "#define LAYOUT_RC 1\n" in f16
+    coop, ping = FAMILIES["cutlass_sm90"].defaults()
+    assert "#define SCHEDULE_PINGPONG 0\n" in instantiate(coop)
+    assert "#define SCHEDULE_PINGPONG 1\n" in instantiate(ping)
+
+
+def test_instantiate_unknown_family():
+    with pytest.raises(ValueError, match="unknown family"):
+        instantiate(KernelConfig.make("nope", BM=1))
+
+
+def test_short_source_names_the_header():
+    for cfg in default_configs():
+        fam = FAMILIES[cfg.family]
+        text = fam.short_source(cfg)
+        assert text.rstrip().endswith(f'#include "{fam.header}"')
+        for macro, value in fam.macros(cfg):
+            assert f"#define {macro} {value}\n" in text
+
+
+def test_cli_prints_an_instantiation(capsys):
+    import argparse
+    from cudal2.templates import configure_parser, run_cli
+    from cudal2.templates.__main__ import main
+    assert main(["ptx", "-D", "ACC=f16", "-D", "BM=64"]) == 0
+    out = capsys.readouterr().out
+    assert out == instantiate(FAMILIES["ptx"].default().with_(ACC="f16", BM=64))
+    assert main(["cutlass_sm90", "--default", "1", "--short"]) == 0
+    assert "#define SCHEDULE_PINGPONG 1" in capsys.readouterr().out
+    assert main(["mma", "-D", "WM=48"]) == 2
+    assert "divide" in capsys.readouterr().err
+    assert main(["nope"]) == 2 and main(["mma", "-D", "BM"]) == 2 and main(["mma", "--default", "7"]) == 2
+    assert main(["--list"]) == 0
+    assert "cutlass_sm90" in capsys.readouterr().out
+    p = argparse.ArgumentParser()
+    configure_parser(p)
+    assert run_cli(p.parse_args(["mma"])) == 0
+
+
+# ---- builds (nvcc, no GPU) ----------------------------------------------------------------
+def _build(cfg, arch):
+    from cudal2.build import build
+    r = build(FAMILIES[cfg.family].build_spec(cfg, arch))
+    assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-4000:]}"
+    return r
+
+
+def _exports(so_path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", str(so_path)], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def _mma_case(cfg, arch):
+    return pytest.param(cfg, arch, id=f"{cfg.family}-{cfg.get('ACC')}-{cfg.get('LAYOUT')}-{arch}")
+
+
+_RAW_CASES = [_mma_case(c, a) for c in default_configs(["mma", "ptx"]) for a in FAMILIES[c.family].arches]
+# Non-default corners built once (sm_90a): split-K + RC + f16 in both styles, a deep BK=64 pipeline.
+_EXTRA = [
+    FAMILIES["mma"].default().with_(ACC="f16", LAYOUT="RC", SPLITK=4, BK=64, STAGES=4, SWIZZLE=1),
+    FAMILIES["ptx"].default().with_(ACC="f16", LAYOUT="RC", SPLITK=2),
+    FAMILIES["mma"].default().with_(BM=64, BN=256, WM=32, WN=64, STAGES=2),
+]
+_RAW_CASES += [_mma_case(c, "sm_90a") for c in _EXTRA]
+
+
+def _check_ptx_accumulator(ptx: str, acc: str, label: str):
+    if acc == "f32":
+        assert MMA_F32 in ptx and MMA_F16 not in ptx, label
+    else:
+        assert MMA_F16 in ptx and MMA_F32 not in ptx, label
+    for line in re.findall(r"mma\.sync\.aligned\.[^\s]+", ptx):
+        assert line in (MMA_F32, MMA_F16), f"{label}: unexpected mma {line}"
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", _RAW_CASES)
+def test_raw_kernels_build_without_spills(cfg, arch):
+    r = _build(cfg, arch)
+    assert r.spills == 0, f"{cfg.label()} {arch} spills: {r.resources}"
+    assert r.resources and max(x.stack_bytes for x in r.resources) == 0
+    assert {"cudal2_hgemm", "cudal2_meta"} <= _exports(r.so_path)
+    ptx = r.ptx_path.read_text()
+    _check_ptx_accumulator(ptx, cfg.get("ACC"), cfg.label())
+    assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4" in ptx
+    assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (cfg.get("LAYOUT") == "RR")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", _RAW_CASES)
+def test_raw_kernels_meta_and_argument_checks(cfg, arch):
+    """cudal2_meta and the launcher's argument checks run on the host: no GPU needed."""
+    from cudal2.abi import load_library
+    lib = load_library(_build(cfg, arch).so_path)
+    m = lib.meta
+    p = cfg.as_dict()
+    assert m["style"] == FAMILIES[cfg.family].style and m["family"] == cfg.family
+    assert m["arch"] == arch and m["acc"] == p["ACC"] and m["layout"] == p["LAYOUT"]
+    assert m["tile"] == [p["BM"], p["BN"], p["BK"]] and m["stages"] == p["STAGES"]
+    assert m["warps"] == (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) and m["any_shape"] is True
+    assert m["params"] == p
+    split = p["SPLITK"]
+    assert m["workspace_per_mn"] == (4 * split if split > 1 else 0)
+    assert m["workspace_bytes"] == (4 * split * p["SPLITK_MAX_MN"] if split > 1 else 0)
+    rc = p["LAYOUT"] == "RC"
+    P = 1 << 20   # a fake, aligned address: every call below must return before touching it
+    ws, wsb = (P, m["workspace_bytes"]) if split > 1 else (0, 0)
+
+    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P, ws=ws, wsb=wsb):
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, ws, wsb, 0)
+    assert call(0, 64, 64, 64, 64, 64) == 0 and call(64, 0, 64, 64, 64, 64) == 0
+    assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
+    assert call(64, -1, 64, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, -1, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 63) == INVALID_VALUE                         # ldc < N
+    assert call(64, 64, 64, 63, 64, 64) == INVALID_VALUE                         # lda < K
+    assert call(64, 96, 64, 64, 63 if rc else 95, 96) == INVALID_VALUE           # ldb too small
+    assert call(64, 64, 64, 64, 64, 64, a=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, b=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, c=0) == INVALID_VALUE
+    if split > 1:
+        assert call(64, 64, 64, 64, 64, 64, wsb=split * 64 * 64 * 4 - 1) == INVALID_VALUE
+        assert call(64, 64, 64, 64, 64, 64, ws=0) == INVALID_VALUE
+        big = int(math.isqrt(p["SPLITK_MAX_MN"])) + 8
+        assert call(big, big, 64, 64, big, big, wsb=1 << 40) == INVALID_VALUE   # M*N over the cap
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", FAMILIES["cutlass_sm90"].defaults(), ids=lambda c: c.get("SCHEDULE"))
+def test_cutlass_kernels_build(cfg):
+    r = _build(cfg, "sm_90a")
+    assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
+    assert {"cudal2_hgemm", "cudal2_meta"} <= _exports(r.so_path)
+    ptx = r.ptx_path.read_text()
+    wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.(\w+)\.f16\.f16", ptx))
+    assert wgmma == {"f32"}, wgmma
+    assert "cp.async.bulk.tensor" in ptx      # TMA loads
+    from cudal2.abi import load_library
+    lib = load_library(r.so_path)
+    m, p = lib.meta, cfg.as_dict()
+    assert m["style"] == "cutlass" and m["family"] == "cutlass_sm90" and m["arch"] == "sm_90a"
+    assert m["acc"] == "f32" and m["layout"] == "RR" and m["tile"] == [p["BM"], p["BN"], p["BK"]]
+    assert m["schedule"] == p["SCHEDULE"] and m["any_shape"] is False and m["divisible"] == [1, 8, 8]
+    assert m["workspace_bytes"] == 0 and m["stages"] >= 2 and m["warps"] == 12
+    assert m["params"] == p
+    P = 1 << 20
+
+    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P):
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, 0)
+    assert call(0, 64, 64, 64, 64, 64) == 0
+    assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 56) == INVALID_VALUE        # ldc < N
+    assert call(64, 64, 60, 64, 64, 64) == INVALID_VALUE        # K % 8
+    assert call(64, 60, 64, 64, 64, 64) == INVALID_VALUE        # N % 8
+    assert call(64, 64, 64, 68, 64, 64) == INVALID_VALUE        # lda % 8
+    assert call(64, 64, 64, 64, 64, 64, a=P + 2) == INVALID_VALUE   # 16-byte alignment
+
+
+# ---- correctness on a GPU -----------------------------------------------------------------
+GPU_SHAPES = [(128, 128, 128), (256, 512, 1024), (1024, 1024, 1024), (64, 8192, 64),
+              (1, 1, 1), (63, 129, 257), (4097, 64, 8191), (64, 64, 0), (8, 16, 0), (0, 64, 64)]
+
+
+def tolerance(ref, K: int, acc: str):
+    """Elementwise bound for fp16 inputs in [-1, 1): one fp16 rounding of the output, plus (f16
+    accumulation) a rounding of the running sum, ~sqrt(K)/3 in size, at up to every one of K
+    steps, as a 6-sigma random walk."""
+    out_round = ref.abs() * 2.0 ** -10 + 2.0 ** -14 * (1 + math.sqrt(K))
+    if acc == "f32":
+        return out_round
+    return out_round + 6 * 2.0 ** -11 * (math.sqrt(K) / 3 + 1) * math.sqrt(K)
+
+
+def _run(lib, meta, M, N, K, *, lda=None, ldb=None, ldc=None, offset_a=0):
+    import torch
+    dev = torch.device("cuda")
+    rc = meta["layout"] == "RC"
+    lda = lda or max(K, 1)
+    ldb = ldb or max(K if rc else N, 1)
+    ldc = ldc or max(N, 1)
+    g = torch.Generator(device=dev).manual_seed(M * 7919 + N * 131 + K)
+    a_store = torch.rand(max(M, 1) * lda + offset_a + 8, device=dev, generator=g, dtype=torch.float32)
+    a_store = (a_store * 2 - 1).half()
+    b_rows = N if rc else K
+    b_store = ((torch.rand(max(b_rows, 1) * ldb + 8, device=dev, generator=g) * 2 - 1).half())
+    A = a_store[offset_a:offset_a + M * lda].view(M, lda)[:, :K] if M else a_store[:0].view(0, K)
+    Bm = b_store[:b_rows * ldb].view(b_rows, ldb)[:, :(K if rc else N)]
+    B = Bm.t() if rc else Bm                   # logical K x N
+    sentinel = -7.0
+    c_store = torch.full((max(M, 1) * ldc + 64,), sentinel, device=dev, dtype=torch.float16)
+    ws_bytes = int(meta["workspace_bytes"])
+    ws = torch.empty(max(ws_bytes, 1), device=dev, dtype=torch.uint8)
+    a_before, b_before = a_store.clone(), b_store.clone()
+    stream = torch.cuda.current_stream()
+    a_ptr = a_store.data_ptr() + 2 * offset_a
+    err = lib.launch(a_ptr, b_store.data_ptr(), c_store.data_ptr(), M, N, K, lda, ldb, ldc,
+                     ws.data_ptr() if ws_bytes else 0, ws_bytes, stream.cuda_stream)
+    torch.cuda.synchronize()
+    assert err == 0, f"cudal2_hgemm returned {err}"
+    assert torch.equal(a_store, a_before) and torch.equal(b_store, b_before), "inputs modified"
+    if M == 0 or N == 0:
+        assert bool((c_store == sentinel).all()), "wrote C for an empty output"
+        return
+    C = c_store[:M * ldc].view(M, ldc)
+    ref = (A.double() @ B.double()) if K else torch.zeros(M, N, device=dev, dtype=torch.float64)
+    got = C[:, :N].double()
+    tol = tolerance(ref, K, meta["acc"])
+    bad = (got - ref).abs() > tol
+    assert not bool(bad.any()), (f"{M}x{N}x{K}: {int(bad.sum())} elements off, max err "
+                                 f"{float((got - ref).abs().max()):.4g}")
+    if ldc > N:
+        assert bool((C[:, N:] == sentinel).all()), "wrote into the padding of C"
+    assert bool((c_store[M * ldc:] == sentinel).all()), "wrote past the end of C"
+
+
+def _gpu_cases():
+    cases = [(c, "") for c in default_configs()]
+    cases += [(FAMILIES["mma"].default().with_(SPLITK=3), "split3"),
+              (FAMILIES["ptx"].default().with_(ACC="f16", LAYOUT="RC"), "")]
+    return [pytest.param(c, id=f"{c.family}-{c.get('ACC')}-{c.get('LAYOUT')}"
+                         + (f"-{c.get('SCHEDULE')}" if c.get("SCHEDULE") else "") + (f"-{t}" if t else ""))
+            for c, t in cases]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", _gpu_cases())
+def test_kernels_match_torch(cfg):
+    from cudal2.abi import load_library
+    from cudal2.toolchain import detect_arch
+    arch = detect_arch()
+    fam = FAMILIES[cfg.family]
+    if arch not in fam.arches:
+        pytest.skip(f"family {fam.name} does not target {arch}")
+    lib = load_library(_build(cfg, arch).so_path)
+    meta = lib.meta
+    for M, N, K in GPU_SHAPES:
+        if fam.accepts(cfg, M, N, K):
+            _run(lib, meta, M, N, K)
+        else:
+            assert lib.launch(0, 0, 0, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0) \
+                == INVALID_VALUE, (M, N, K)
+    if fam.name == "cutlass_sm90":
+        _run(lib, meta, 200, 136, 72, ldc=144)                    # padded C (ldc % 8 == 0)
+    else:
+        _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores
+        _run(lib, meta, 65, 72, 136, lda=137, offset_a=1)         # misaligned A: guarded loads
+        _run(lib, meta, 33, 40, 24, ldb=(29 if meta["layout"] == "RC" else 43))   # odd ldb
