@@ -7,14 +7,14 @@
     guards          guard bands (random sentinel bits) before and after A, B, C and the
                     workspace, and the padding columns of a padded leading dimension, unchanged
     inputs          A and B bit-identical to copies taken before the call
-    garbage         C is filled with fresh garbage (NaN or random) before every call, so an
-                    element the kernel skips, or an answer kept from an earlier call, shows
     reuse           same pointers, new values: a kernel that memoises by pointer returns stale C
     fresh_buffers   new allocations for every seed
     determinism     the same inputs twice give bit-identical C
     padded_ld       lda/ldb/ldc larger than the row length (the ABI passes them; kernels honour them)
     edge_shapes     for `any_shape` kernels, odd shapes near the target (M-1, N+1, K-3; M+1, N-1, K+5)
 
+Before every call C is filled with fresh garbage (NaN or large random values, alternating), so
+an element the kernel skips, or an answer kept from an earlier call, fails the comparison.
 Everything takes a `launch(ops: Operands) -> int` callable and works on any torch device, so the
 logic is unit-tested on CPU with Python "kernels"; `so_launcher` wraps a built .so for the GPU.
 """
@@ -341,7 +341,6 @@ class Suite:
         self.report.record("guards", n_c == 0 and n_ws == 0,
                            f"{n_c} elements written outside C's M x N interior, {n_ws} bytes "
                            f"outside the workspace ({where})")
-        self.report.record("garbage", True)
         return ops.c.clone()
 
     def _score(self, name: str, c, a, b, exact: bool, where: str, K: int) -> bool:
