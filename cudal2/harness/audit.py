@@ -482,7 +482,7 @@ def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
 # ---- the audit --------------------------------------------------------------------------------
 def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = "kernel",
                 pool=None, check_deps: bool = True, meta: dict | None = None,
-                flags: tuple[str, ...] = ()) -> AuditResult:
+                flags: tuple[str, ...] = (), probe_timeout_s: float = 30) -> AuditResult:
     """Audit an already-built kernel. `meta` skips the worker probe when the caller already
     read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None)."""
     res = AuditResult(name=name, ok=False, verdict="rejected",
@@ -505,7 +505,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
     res.reasons += r
     res.notes += n
     if meta is None:
-        out = probe_meta(build_result.so_path, pool=pool)
+        out = probe_meta(build_result.so_path, pool=pool, timeout_s=probe_timeout_s)
         res.load = {"status": out.status, "detail": out.detail, "seconds": round(out.seconds, 3)}
         if out.status == "ok":
             meta = out.value["meta"]

@@ -81,12 +81,14 @@ def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
 
 
 def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
-             probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None) -> Evaluation:
+             probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
+             probe_timeout_s: float = 30) -> Evaluation:
     """Build, audit and (with a GPU) measure one request; store and return the Evaluation.
 
     db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
     gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
-    probe_pool: the CPU pool that reads meta (default: a fresh worker per kernel).
+    probe_pool: the CPU pool that reads meta (default: a fresh worker per kernel), within
+    probe_timeout_s.
     baseline_libs: built baseline libraries (default: built here, cached). gpu: force GPU use
     on/off (default: whether torch sees one)."""
     from ..build import BuildSpec, build, source_sha
@@ -113,7 +115,7 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
         ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
         return done(ev)
     audit = audit_build(request.source, br, request.arch, name=request.origin or sha[:12],
-                        pool=probe_pool)
+                        pool=probe_pool, probe_timeout_s=probe_timeout_s)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
                 "mma": audit.mma, "load": audit.load}

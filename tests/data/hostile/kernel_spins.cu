@@ -1,0 +1,23 @@
+// Hostile (GPU): a kernel that never terminates. Statically clean; the worker's time limit
+// must end it (the GPU context dies with the killed worker) and the next evaluation must run.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+__global__ void spin_kernel(__half* C, int flag) {
+  volatile int* f = reinterpret_cast<volatile int*>(&flag);
+  while (*f == 0 || *f != 0) {
+  }
+  C[0] = __float2half(1.f);
+}
+
+extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
+                            int ldb, int ldc, void* workspace, size_t workspace_bytes,
+                            void* stream) {
+  spin_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((__half*)C, 0);
+  return (int)cudaGetLastError();
+}
+
+extern "C" const char* cudal2_meta(void) {
+  return "{\"style\": \"mma\", \"arch\": \"sm_90a\", \"acc\": \"f32\", \"layout\": \"RR\", "
+         "\"tile\": [16, 16, 1], \"any_shape\": true, \"workspace_bytes\": 0}";
+}

@@ -1,0 +1,181 @@
+"""The results DB: append-only, schema versioned, cache lookups, and a writer killed mid-stream
+loses at most the row in flight; a rerun resumes and skips what is recorded."""
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal2.harness.db import SCHEMA_VERSION, DBError, ResultsDB
+from cudal2.harness.types import Evaluation, Shape
+
+REPO = Path(__file__).resolve().parents[1]
+SHA = "a" * 64
+
+
+def _ev(status="ok", shape=Shape(64, 128, 256), gpu="NVIDIA H100 80GB HBM3", sha=SHA, **kw):
+    base = dict(
+        status=status, source_sha=sha, shape=shape, arch="sm_90a", acc="f32", layout="RR",
+        build={"status": "ok", "registers": 128, "shared_bytes": 49152, "spills": 0, "seconds": 1.5},
+        audit={"ok": True, "reasons": []},
+        correctness={"ok": status == "ok", "max_abs_err": 0.01, "max_rel_err": 0.002},
+        timings={"offline": {"candidate": {"median_us": 10.0, "p10_us": 9.5, "p90_us": 11.0, "n": 100},
+                             "cublas_nn": {"median_us": 12.0, "p10_us": 11.0, "p90_us": 13.0, "n": 100}}},
+        speedups={"offline": {"cublas_nn": 1.2, "torch": 1.1}},
+        env={"gpu": gpu, "driver": "550.54", "sm_clock_mhz": 1980, "temp_c": 41, "torch": "2.13",
+             "nvcc": "13.0.88", "git_commit": "abc"},
+        origin="test")
+    base.update(kw)
+    return Evaluation(**base)
+
+
+def test_roundtrip_and_lookup(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        ev = _ev()
+        rid = db.add(ev, source="__global__ void k() {}")
+        assert rid == ev.id == 1
+        got = db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3")
+        assert got is not None and got.to_dict() == ev.to_dict()
+        # the key is (source, shape, arch, gpu model): any difference misses
+        assert db.lookup(SHA, Shape(64, 128, 512), "sm_90a", "NVIDIA H100 80GB HBM3") is None
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_80", "NVIDIA H100 80GB HBM3") is None
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA A100") is None
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", None) is None
+        assert db.source(SHA) == "__global__ void k() {}"
+        assert db.schema_version == SCHEMA_VERSION
+
+
+def test_no_gpu_rows_keyed_by_empty_gpu(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(_ev("not_measured", gpu=None, timings={}, speedups={}), source="s")
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", None).status == "not_measured"
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3") is None
+
+
+def test_latest_final_row_wins_and_errors_are_not_cached(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(_ev("wrong"), source="s")
+        db.add(_ev("ok"), source="s")
+        db.add(_ev("error", detail="harness bug"))
+        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3").status == "ok"
+        assert db.count() == 3
+
+
+def test_sources_stored_once(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        for n in (64, 128, 256):
+            db.add(_ev(shape=Shape(n, n, n)), source="same text")
+        assert db._conn.execute("SELECT COUNT(*) FROM sources").fetchone()[0] == 1
+        with pytest.raises(ValueError, match="not in the DB"):
+            db.add(_ev(sha="b" * 64))            # unknown source and none given
+
+
+def test_append_only(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(_ev(), source="s")
+        for sql in ("UPDATE evaluations SET status = 'ok'", "DELETE FROM evaluations",
+                    "UPDATE sources SET text = 'x'", "DELETE FROM sources"):
+            with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                db._conn.execute(sql)
+        assert db.count() == 1
+
+
+def test_wal_and_schema_version(tmp_path):
+    path = tmp_path / "r.db"
+    ResultsDB(path).close()
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert [r[0] for r in con.execute("SELECT version FROM schema_version")] == list(range(1, SCHEMA_VERSION + 1))
+    con.execute("INSERT INTO schema_version VALUES (?, 'future')", (SCHEMA_VERSION + 1,))
+    con.commit()
+    con.close()
+    with pytest.raises(DBError, match="newer"):
+        ResultsDB(path)
+
+
+def test_not_a_db(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(DBError, match="not a usable results DB"):
+        ResultsDB(bad)
+
+
+def test_rows_filters_and_dataframe(tmp_path):
+    pytest.importorskip("pandas")
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(_ev("ok", shape=Shape(64, 64, 64)), source="s")
+        db.add(_ev("wrong", shape=Shape(128, 64, 64)))
+        db.add(_ev("ok", shape=Shape(128, 64, 64), gpu="NVIDIA A100-SXM4-80GB"))
+        assert len(db.rows()) == 3
+        assert [e.status for e in db.rows(status="ok")] == ["ok", "ok"]
+        assert len(db.rows(M=128, gpu="NVIDIA A100-SXM4-80GB")) == 1
+        assert len(db.rows(status=["ok", "wrong"], shape=Shape(128, 64, 64))) == 2
+        with pytest.raises(ValueError, match="unknown filter"):
+            db.rows(colour="red")
+        df = db.to_dataframe()
+        assert len(df) == 3
+        assert list(df["offline_candidate_median_us"]) == [10.0] * 3
+        assert list(df["speedup_offline_cublas_nn"]) == [1.2] * 3
+        assert set(df["gpu"]) == {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}
+
+
+_WRITER = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.types import Evaluation, Shape
+db = ResultsDB(sys.argv[2])
+for n in range(1, int(sys.argv[3]) + 1):
+    shape = Shape(n, 64, 64)
+    if db.lookup("c" * 64, shape, "sm_90a", None) is not None:
+        continue                                   # resume: skip what is recorded
+    ev = Evaluation(status="not_measured", source_sha="c" * 64, shape=shape, arch="sm_90a",
+                    build={"log_tail": "x" * 2000}, env={"gpu": None})
+    db.add(ev, source="kernel text")
+    print(n, flush=True)
+    time.sleep(float(sys.argv[4]))
+print("done", flush=True)
+"""
+
+
+def test_killed_writer_loses_at_most_one_row_and_resumes(tmp_path):
+    path = tmp_path / "r.db"
+    total = 60
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(REPO), str(path), str(total), "0.01"],
+                            stdout=subprocess.PIPE, text=True)
+    written = 0
+    for line in proc.stdout:
+        written = int(line)
+        if written >= 15:
+            break
+    os.kill(proc.pid, signal.SIGKILL)               # mid-stream, no chance to clean up
+    proc.wait()
+    with ResultsDB(path) as db:
+        assert db._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        ns = sorted(e.shape.M for e in db.rows())
+        assert ns == list(range(1, len(ns) + 1))    # a prefix, no holes, no partial row
+        assert written <= len(ns) <= written + 1    # at most the row in flight is lost/added
+        assert all(e.build["log_tail"] == "x" * 2000 for e in db.rows())
+    out = subprocess.run([sys.executable, "-c", _WRITER, str(REPO), str(path), str(total), "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("done"), out.stderr
+    resumed = [int(x) for x in out.stdout.split() if x.isdigit()]
+    assert resumed and resumed[0] == len(ns) + 1    # skipped everything already recorded
+    with ResultsDB(path) as db:
+        assert sorted(e.shape.M for e in db.rows()) == list(range(1, total + 1))
+
+
+def test_concurrent_writers(tmp_path):
+    """Two processes append to one WAL database at once; nothing is lost."""
+    path = tmp_path / "r.db"
+    ResultsDB(path).close()
+    code = _WRITER.replace('"c" * 64', 'sys.argv[5] * 64')
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(path), "30", "0", ch],
+                              stdout=subprocess.DEVNULL) for ch in "de"]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    with ResultsDB(path) as db:
+        assert db.count() == 60

@@ -1,0 +1,115 @@
+"""evaluate(): build -> audit -> (GPU) measure -> DB, with the DB as a cache. The CPU half runs
+everywhere with nvcc; the GPU half (marked) measures the control kernel and the GPU-only
+hostile kernels (a kernel that never ends, an illegal address)."""
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cudal2.harness import provenance
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.evaluate import evaluate, evaluate_many
+from cudal2.harness.types import EvalRequest, Shape
+
+HOSTILE = Path(__file__).parent / "data" / "hostile"
+
+
+def _req(name, shape=Shape(128, 128, 64), **kw):
+    return EvalRequest((HOSTILE / name).read_text(), shape, arch="sm_90a", origin=name, **kw)
+
+
+def test_provenance_without_gpu_queries():
+    env = provenance.collect(gpu=False)
+    assert env["gpu"] is None and env["hostname"] and env["time"].endswith("+00:00")
+    assert "torch" in env and "git_commit" in env
+
+
+@pytest.mark.compile
+def test_no_gpu_pipeline_and_cache(tmp_path, monkeypatch):
+    db = ResultsDB(tmp_path / "r.db")
+    ev = evaluate(_req("control_ok.cu"), db=db, gpu=False)
+    assert ev.status == "not_measured" and "no GPU" in ev.detail
+    assert ev.audit["ok"] and ev.build["status"] == "ok" and ev.build["registers"] > 0
+    assert ev.acc == "f32" and ev.layout == "RR" and ev.meta["tile"] == [16, 16, 1]
+    assert ev.timings == {} and ev.speedups == {} and not ev.estimated   # nothing invented
+    assert ev.env["nvcc"] and ev.env["gpu"] is None and ev.id == 1
+
+    # second time: served from the DB without building or auditing
+    import cudal2.build
+    monkeypatch.setattr(cudal2.build, "build", lambda *a, **k: pytest.fail("rebuilt a cached kernel"))
+    again = evaluate(_req("control_ok.cu"), db=db, gpu=False)
+    assert again.id == ev.id and db.count() == 1
+    # another shape is another evaluation
+    monkeypatch.undo()
+    other = evaluate(_req("control_ok.cu", shape=Shape(64, 64, 64)), db=db, gpu=False)
+    assert other.id == 2 and db.source(ev.source_sha) == (HOSTILE / "control_ok.cu").read_text()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name, status, fragment", [
+    ("fp16_acc_claims_f32.cu", "audit_rejected", "accumulates in fp16"),
+    ("calls_cublas.cu", "audit_rejected", "cuBLAS"),
+    ("meta_segv.cu", "crashed", "SIGSEGV"),
+    ("ctor_hang.cu", "timeout", "no reply"),
+    ("ctor_fork.cu", "crashed", "created processes"),
+    ("meta_garbage.cu", "audit_rejected", "not JSON"),
+])
+def test_hostile_verdicts(tmp_path, name, status, fragment):
+    db = ResultsDB(tmp_path / "r.db")
+    ev = evaluate(_req(name), db=db, gpu=False, probe_timeout_s=3)
+    assert ev.status == status and fragment in ev.detail, (ev.status, ev.detail)
+    assert db.rows()[0].status == status
+
+
+@pytest.mark.compile
+def test_build_error_is_a_verdict(tmp_path):
+    db = ResultsDB(tmp_path / "r.db")
+    ev = evaluate(EvalRequest("this is not CUDA {", Shape(64, 64, 64)), db=db, gpu=False)
+    assert ev.status == "build_error" and ev.build["status"] == "compile_error"
+    assert "error" in ev.build["log_tail"]
+
+
+@pytest.mark.compile
+def test_evaluate_many_order_cache_and_executor(tmp_path):
+    db = ResultsDB(tmp_path / "r.db")
+    names = ["control_ok.cu", "synchronises.cu", "control_ok.cu", "meta_segv.cu"]
+    reqs = [_req(n) for n in names]
+    reqs[2] = _req("control_ok.cu", shape=Shape(256, 128, 64))
+    seen = []
+    with ThreadPoolExecutor(2) as ex:
+        out = evaluate_many(reqs, db=db, executor=ex, gpu=False,
+                            progress=lambda i, n, e: seen.append((i, n, e.status)))
+    assert [e.status for e in out] == ["not_measured", "audit_rejected", "not_measured", "crashed"]
+    assert [s[0] for s in seen] == [1, 2, 3, 4] and db.count() == 4
+    again = evaluate_many(reqs, db=db, gpu=False)                  # all cached now
+    assert [e.id for e in again] == [e.id for e in out] and db.count() == 4
+
+
+# ---- GPU --------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.compile
+def test_gpu_measures_the_control_kernel(tmp_path):
+    db = ResultsDB(tmp_path / "r.db")
+    ev = evaluate(_req("control_ok.cu", shape=Shape(256, 256, 256), baselines=("torch",),
+                       timeout_s=300), db=db)
+    assert ev.status in ("ok", "too_fast"), ev.detail
+    assert ev.correctness.get("ok") is True
+    cand = ev.timings["offline"]["candidate"]
+    assert cand["median_us"] > 0 and cand["n"] > 0
+    assert "torch" in ev.speedups["offline"]
+    assert ev.env["gpu"] and db.lookup(ev.source_sha, ev.shape, "sm_90a", provenance.gpu_name())
+
+
+@pytest.mark.gpu
+@pytest.mark.compile
+def test_gpu_hostile_kernels_and_recovery(tmp_path):
+    from cudal2.harness.evaluate import gpu_pool
+    db = ResultsDB(tmp_path / "r.db")
+    with gpu_pool(max_tasks=10) as pool:
+        spin = evaluate(_req("kernel_spins.cu", baselines=(), timeout_s=20), db=db, pool=pool)
+        assert spin.status == "timeout", spin.detail
+        wild = evaluate(_req("kernel_illegal_address.cu", baselines=(), timeout_s=120), db=db, pool=pool)
+        assert wild.status == "crashed", (wild.status, wild.detail)
+        good = evaluate(_req("control_ok.cu", baselines=(), timeout_s=300), db=db, pool=pool)
+        assert good.status in ("ok", "too_fast"), good.detail
+        assert pool.restarts >= 2
