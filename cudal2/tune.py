@@ -149,7 +149,12 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.accepts(c, shape.M, shape.N, shape.K)]
         if limit_per_shape:
-            fitting.sort(key=lambda fc: model.predict_us(config_meta(fc[1]), None, shape))
+            # best predicted first; among near-ties (within 2%) prefer a config another shape
+            # already chose, so one build serves more shapes
+            def rank(fc):
+                t = model.predict_us(config_meta(fc[1]), None, shape)
+                return (round(math.log(t) / math.log(1.02)), fc[1] not in src_of)
+            fitting.sort(key=rank)
             fitting = fitting[:limit_per_shape]
         cands = []
         for fam, cfg in fitting:
