@@ -36,7 +36,12 @@ __all__ = ["__version__", *_LAZY_NAMES]
 
 def __getattr__(name: str):
     if name in _LAZY_MODULES:
-        return importlib.import_module(f".{name}", __name__)
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the module exists but one of its imports is missing: say so
+            raise AttributeError(f"module 'cudal2' has no attribute {name!r}") from None
     mod = _LAZY_NAMES.get(name)
     if mod is not None:
         value = getattr(importlib.import_module(f".{mod}", __name__), name)

@@ -612,7 +612,8 @@ def _launch(a, b, out):
         return None
     lda, sa1 = a.stride()
     sb0, sb1 = b.stride()
-    if sa1 != 1 or lda < K or lda % ALIGN_ELEMS or a.data_ptr() % ALIGN_BYTES:
+    pa, pb = a.data_ptr(), b.data_ptr()
+    if sa1 != 1 or lda < K or lda % ALIGN_ELEMS or pa % ALIGN_BYTES:
         return None
     if sb1 == 1 and sb0 >= N:
         layout, ldb = "RR", sb0
@@ -620,7 +621,7 @@ def _launch(a, b, out):
         layout, ldb = "RC", sb1
     else:
         return None
-    if ldb % ALIGN_ELEMS or b.data_ptr() % ALIGN_BYTES:
+    if ldb % ALIGN_ELEMS or pb % ALIGN_BYTES:
         return None
     dev = a.get_device()
     if b.get_device() != dev:
@@ -653,7 +654,7 @@ def _launch(a, b, out):
     fn, ws_bytes = served
     stream = _raw_stream(dev)
     ws = _workspace(dev, stream, ws_bytes) if ws_bytes else 0
-    rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, lda, ldb, ldc, ws, ws_bytes, stream)
+    rc = fn(pa, pb, c.data_ptr(), M, N, K, lda, ldb, ldc, ws, ws_bytes, stream)
     if rc:
         # A launch error (e.g. too little shared memory on this part) must not break the user:
         # remember, warn once, and let torch compute this and every later call of the shape.
