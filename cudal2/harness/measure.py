@@ -74,38 +74,10 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
     if not report.ok:
         return _fail("wrong", report.first_failure, **base)
 
-    # 2. inputs for timing: N_BUFFERS sets of random normal A, B (both layouts), fp32 refs
-    gen = torch.Generator(device="cuda").manual_seed(12345)
-    sets, refs = [], []
-    for _ in range(N_BUFFERS):
-        a, b = check.random_inputs(M, N, K, gen, "cuda")
-        sets.append((a, b, b.t().contiguous()))
-        refs.append(check.reference(a, b))
-    rms = [(check._rms(a), check._rms(b)) for a, b, _ in sets]
-    outs: dict[str, torch.Tensor] = {}
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
-
-    def verify_tensor(c, i: int, who_acc: str = acc):
-        cmp = check.compare(c, refs[i], K=K, acc=who_acc, rms_a=rms[i][0], rms_b=rms[i][1])
-        return None if cmp.ok else cmp.detail
-
-    def candidate(i: int) -> None:
-        a, b_rr, b_rc = sets[i]
-        b_store = b_rr if layout == "RR" else b_rc
-        code = lib.launch(a.data_ptr(), b_store.data_ptr(), outs["candidate"].data_ptr(),
-                          M, N, K, K, N if layout == "RR" else K, N,
-                          ws.data_ptr() if ws_bytes else 0, ws_bytes,
-                          torch.cuda.current_stream().cuda_stream)
-        if code:
-            raise check.LaunchError(code, "timed call")
-
-    callables = {"candidate": candidate}
-    outs["candidate"] = torch.empty(M, N, dtype=torch.float16, device="cuda")
-
-    # 3. baselines, set up outside any timed region, each run once and verified
+    # 2. baselines, set up outside any timed region (handles, workspace, heuristic, tuning)
+    wanted = list(request.baselines) + list(getattr(request, "extra_baselines", ()) or ())
     notes: dict[str, str] = {}
     runners = None
-    wanted = list(request.baselines) + [b for b in getattr(request, "extra_baselines", ()) or ()]
     if wanted:
         from .baselines import BaselineError, BaselineRunners, build_baselines
 
@@ -115,34 +87,95 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
             notes["cublas libraries"] = str(exc)
             libs = {}
         runners = BaselineRunners(libs, M, N, K, acc, layout)
-        for name in wanted:
-            try:
-                if name == "cublaslt_autotuned":
-                    runners.autotune(sets, env_before.get("gpu") or torch.cuda.get_device_name(),
-                                     verify=lambda c, i: verify_tensor(c, i))
-                if name == "torch_tunableop":
-                    a, b_rr, _ = sets[0]
-                    runners.setup_tunableop(a, b_rr, torch.empty(M, N, dtype=torch.float16,
-                                                                 device="cuda"))
-                fn = runners.launcher(name)
-            except (BaselineError, AttributeError, RuntimeError) as exc:
-                notes[name] = f"unavailable: {exc}"
-                continue
-            c = torch.full((M, N), float("nan"), dtype=torch.float16, device="cuda")
-            status = fn(*sets[0], c)
-            why = f"returned status {status}" if status else verify_tensor(c, 0)
-            if why:
-                notes[name] = f"dropped: {why}"
-                continue
-            outs[name] = c
 
-            def call(i: int, fn=fn, name=name) -> None:
-                st = fn(*sets[i], outs[name])
-                if st:
-                    raise RuntimeError(f"baseline {name} returned status {st} while timed")
-            callables[name] = call
-        for name, note in runners.notes.items():
-            notes.setdefault(name, note)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+
+    def candidate(a, b_rr, b_rc, c) -> int:
+        b_store = b_rr if layout == "RR" else b_rc
+        return lib.launch(a.data_ptr(), b_store.data_ptr(), c.data_ptr(), M, N, K, K,
+                          N if layout == "RR" else K, N, ws.data_ptr() if ws_bytes else 0,
+                          ws_bytes, torch.cuda.current_stream().cuda_stream)
+
+    def setup(name: str, sets, verify):
+        if name == "cublaslt_autotuned":
+            runners.autotune(sets, env_before.get("gpu") or torch.cuda.get_device_name(),
+                             verify=verify)
+        if name == "torch_tunableop":
+            a, b_rr, _ = sets[0]
+            runners.setup_tunableop(a, b_rr, torch.empty(M, N, dtype=torch.float16,
+                                                         device="cuda"))
+        return runners.launcher(name)
+
+    try:
+        out = time_all(candidate, {name: setup for name in wanted}, request, acc=acc,
+                       device="cuda", peak=bounds.device_peak(), notes=notes)
+    finally:
+        if runners is not None:
+            notes.update({k: v for k, v in runners.notes.items() if k not in notes})
+            runners.close()
+    env = dict(gpu_env())
+    env.update({f"{k}_before": v for k, v in env_before.items()
+                if k in ("sm_clock_mhz", "temp_c", "power_w")})
+    env.update(torch=torch.__version__, cuda=torch.version.cuda,
+               device_name=torch.cuda.get_device_name())
+    env.setdefault("gpu", env["device_name"])
+    return dict(base, **out, env=env)
+
+
+def time_all(candidate, baselines: dict, request, *, acc: str, device, peak, notes: dict,
+             backend=None) -> dict:
+    """Time the candidate against the baselines in every requested mode (device-agnostic: the
+    GPU path passes CUDA tensors and the CUDA backend, tests pass CPU tensors and a fake clock).
+
+    candidate(a, b_rr, b_rc, c) -> status enqueues one call writing c. baselines[name] is
+    setup(name, sets, verify) -> the same kind of callable (setup runs outside timing and may
+    raise to say the baseline is unavailable). Returns the status / timings / speedups /
+    bounds / baseline_notes part of measure's result."""
+    import torch
+
+    M, N, K = request.shape.M, request.shape.N, request.shape.K
+    # N_BUFFERS sets of random normal A, B (both B layouts) and their fp32 references
+    gen = torch.Generator(device=device).manual_seed(12345)
+    sets, refs = [], []
+    for _ in range(N_BUFFERS):
+        a, b = check.random_inputs(M, N, K, gen, device)
+        sets.append((a, b, b.t().contiguous()))
+        refs.append(check.reference(a, b))
+    rms = [(check._rms(a), check._rms(b)) for a, b, _ in sets]
+
+    def verify_tensor(c, i: int):
+        cmp = check.compare(c, refs[i], K=K, acc=acc, rms_a=rms[i][0], rms_b=rms[i][1])
+        return None if cmp.ok else cmp.detail
+
+    outs = {"candidate": torch.empty(M, N, dtype=torch.float16, device=device)}
+
+    def wrap(name, fn):
+        def call(i: int) -> None:
+            st = fn(*sets[i], outs[name])
+            if st:
+                if name == "candidate":
+                    raise check.LaunchError(st, "timed call")
+                raise RuntimeError(f"baseline {name} returned status {st} while timed")
+        return call
+
+    callables = {"candidate": wrap("candidate", candidate)}
+    for name, setup in baselines.items():
+        try:
+            fn = setup(name, sets, verify_tensor)
+        except RuntimeError as exc:         # BaselineError, torch errors: unavailable, say why
+            notes[name] = f"unavailable: {exc}"
+            continue
+        c = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
+        try:
+            st = fn(*sets[0], c)
+        except RuntimeError as exc:
+            st = f"{exc}"
+        why = f"returned status {st}" if st else verify_tensor(c, 0)
+        if why:
+            notes[name] = f"dropped: {why}"
+            continue
+        outs[name] = c
+        callables[name] = wrap(name, fn)
 
     def prepare_set(i: int) -> None:       # NaN in every output: the last call must write it
         for c in outs.values():
@@ -151,14 +184,15 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
     def verify(who: str, i: int):
         return verify_tensor(outs[who], i)
 
-    # 4. time every mode with the one harness
-    peak = bounds.device_peak()
     lower = bounds.lower_bound_us(M, N, K, peak)
     timings, speedups, failures, fractions = {}, {}, [], {}
+    result = {"baseline_notes": notes, "timings": timings, "speedups": speedups,
+              "bounds": {"lower_bound_us": lower, "peak": peak.name, "peak_source": peak.source,
+                         "fraction_of_peak": fractions}}
     try:
         for mode in request.modes:
             res = time_interleaved(callables, timing_config(request, mode), n_buffers=N_BUFFERS,
-                                   verify=verify, prepare_set=prepare_set)
+                                   verify=verify, prepare_set=prepare_set, backend=backend)
             timings[mode] = {who: s.to_dict() for who, s in res.stats.items()}
             cand = res.stats["candidate"].median_us
             speedups[mode] = {who: s.median_us / cand for who, s in res.stats.items()
@@ -166,31 +200,17 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
             fractions[mode] = bounds.fraction_of_peak(cand, M, N, K, peak)
             failures += [f"{mode}: {f}" for f in res.failures]
     except check.LaunchError as exc:
-        return _fail("launch_error", str(exc), **base)
-    finally:
-        if runners is not None:
-            runners.close()
-    env_after = gpu_env()
-    env = dict(env_after)
-    env.update({f"{k}_before": v for k, v in env_before.items()
-                if k in ("sm_clock_mhz", "temp_c", "power_w")})
-    env.update(torch=torch.__version__, cuda=torch.version.cuda,
-               device_name=torch.cuda.get_device_name())
-    env.setdefault("gpu", env["device_name"])
-    out = dict(base, timings=timings, speedups=speedups, env=env, baseline_notes=notes,
-               bounds={"lower_bound_us": lower, "peak": peak.name, "peak_source": peak.source,
-                       "fraction_of_peak": fractions})
+        return dict(result, status="launch_error", detail=str(exc))
     cand_bad = [f for f in failures if "candidate@" in f]
     if cand_bad:
-        return dict(out, status="wrong", detail="timed output wrong: " + cand_bad[0])
+        return dict(result, status="wrong", detail="timed output wrong: " + cand_bad[0])
     if failures:
         notes["timed_outputs"] = "; ".join(failures[:3])
     fast = [m for m in timings if bounds.is_too_fast(timings[m]["candidate"]["median_us"],
                                                     M, N, K, peak)]
     if fast:
         t = timings[fast[0]]["candidate"]["median_us"]
-        return dict(out, status="too_fast",
+        return dict(result, status="too_fast",
                     detail=f"{fast[0]} median {t:.3g} us is below the physical lower bound "
                            f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
-    return dict(out, status="ok", detail="")
-
+    return dict(result, status="ok", detail="")
