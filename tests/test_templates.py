@@ -415,3 +415,15 @@ def test_kernels_match_torch(cfg):
         _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores
         _run(lib, meta, 65, 72, 136, lda=137, offset_a=1)         # misaligned A: guarded loads
         _run(lib, meta, 33, 40, 24, ldb=(29 if meta["layout"] == "RC" else 43))   # odd ldb
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", default_configs(), ids=lambda c: c.label().split(",LAYOUT")[0])
+def test_defaults_pass_the_harness_audit(cfg):
+    """Our reference kernels are what the audit is meant to let through (sm_90a builds, cached)."""
+    from cudal2.abi import load_library
+    from cudal2.harness.audit import audit_build
+    spec = FAMILIES[cfg.family].build_spec(cfg, "sm_90a")
+    r = _build(cfg, "sm_90a")
+    res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
+    assert res.ok, res.reasons
