@@ -346,7 +346,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
         else:
             t = Trial(cfg, name, ev.status, None, False, ev.source_sha or source_sha(src))
         trials.append(t)
-        log(f"  {shape} {name}:{cfg.label()} -> {t.status}"
+        log(f"  {shape} {cfg.label()} -> {t.status}"
             + (f" {t.time_us:.2f} us{' (estimated)' if t.estimated else ''}" if t.time_us else ""))
         return t
 
@@ -432,24 +432,32 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"builds are in the cache ({_cache_dir()}); `cudal2 tune --shapes {args.shapes}` on a GPU "
               f"machine times them")
         return 0 if rep.failed < rep.unique else 1
+    import contextlib
+
     from .harness.db import ResultsDB
+    from .harness.evaluate import gpu_pool
+    from .harness.provenance import gpu_visible
     db = ResultsDB(args.db)
+    # our own templates are trusted: one GPU worker serves several kernels (a fresh CUDA
+    # context per kernel is the harness default, meant for hostile RL kernels)
+    pool_cm = gpu_pool(max_tasks=16) if gpu_visible() else contextlib.nullcontext(None)
     print(f"tune: {len(shapes)} shapes, budget {args.budget_evals} evaluations / {args.budget_s:.0f} s "
           f"per shape, strategy {args.strategy}, results in {args.db}")
-    for i, shape in enumerate(shapes, 1):
-        print(f"[{i}/{len(shapes)}] {shape}")
-        try:
-            res = search(shape, arch, families=args.families, acc=args.acc, layout=args.layout,
-                         budget_evals=args.budget_evals,
-                         budget_s=args.budget_s, strategy=args.strategy, model=model,
-                         modes=tuple(args.modes), db=db, seed=args.seed)
-        except ValueError as exc:
-            print(f"  skipped: {exc}")
-            continue
-        b = res.best
-        print(f"  {res.strategy}: {len(res.trials)} evaluations in {res.seconds:.0f} s; best "
-              + (f"{b.family}:{b.config.label()} {b.time_us:.2f} us{' (ESTIMATED, no GPU)' if b.estimated else ''}"
-                 if b else "none"))
+    with pool_cm as pool:
+        for i, shape in enumerate(shapes, 1):
+            print(f"[{i}/{len(shapes)}] {shape}")
+            try:
+                res = search(shape, arch, families=args.families, acc=args.acc, layout=args.layout,
+                             budget_evals=args.budget_evals, budget_s=args.budget_s,
+                             strategy=args.strategy, model=model, modes=tuple(args.modes), db=db,
+                             pool=pool, seed=args.seed)
+            except ValueError as exc:
+                print(f"  skipped: {exc}")
+                continue
+            b = res.best
+            print(f"  {res.strategy}: {len(res.trials)} evaluations in {res.seconds:.0f} s; best "
+                  + (f"{b.config.label()} {b.time_us:.2f} us{' (ESTIMATED, no GPU)' if b.estimated else ''}"
+                     if b else "none"))
     print(f"results in {args.db}; `cudal2 export --db {args.db}` copies the winners into generated_kernels/")
     return 0
 

@@ -121,3 +121,24 @@ def test_build_only_cli_dedups_and_second_run_is_cached(tmp_path, tmp_cache, cap
     out = capsys.readouterr().out
     m2 = re.search(r"(\d+) compiled, (\d+) cached", out)
     assert m2 and int(m2.group(1)) == 0 and int(m2.group(2)) == unique
+
+
+@pytest.mark.compile
+def test_tune_cli_without_gpu_builds_audits_and_estimates(tmp_path, tmp_cache, capsys):
+    """The real pipeline on a CPU machine: evaluate() builds and audits each candidate, stores a
+    not_measured row, and the search ranks by the cost model, saying so."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("covers the no-GPU path")
+    from cudal2.cli import main
+    from cudal2.harness.db import ResultsDB
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n256,256,256\n")
+    db = tmp_path / "results.db"
+    assert main(["tune", "--shapes", str(shapes), "--arch", "sm_90a", "--families", "mma",
+                 "--budget-evals", "2", "--strategy", "model", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "ESTIMATED, no GPU" in out
+    rows = ResultsDB(db).rows()
+    assert len(rows) == 2 and {r.status for r in rows} == {"not_measured"}
+    assert all(r.origin == "tune" and not r.estimated for r in rows)
