@@ -86,7 +86,11 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
         except BaselineError as exc:       # torch baselines still run; the rest say why
             notes["cublas libraries"] = str(exc)
             libs = {}
-        runners = BaselineRunners(libs, M, N, K, acc, layout)
+        try:
+            runners = BaselineRunners(libs, M, N, K, acc, layout)
+        except BaselineError as exc:       # e.g. cublasCreate failed: torch baselines only
+            notes["cublas libraries"] = str(exc)
+            runners = BaselineRunners({}, M, N, K, acc, layout)
 
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
 
