@@ -72,7 +72,7 @@ def _dir_bytes(d: Path) -> int:
 
 
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
-            jobs: int | None = None, log=print) -> dict:
+            jobs: int | None = None, acc: str = "f32", layout: str = "RR", log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest."""
     from .build import BuildSpec, build_many, source_sha
     from .costmodel import CostModel
@@ -83,7 +83,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
     model = CostModel.default("A100" if arch.startswith("sm_8") else "H100")
-    p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model)
+    p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
+             acc=acc, layout=layout)
     log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
         f"({p.pairs} shape x candidate pairs) for {arch}, packing into {out}")
     rep = build_plan(p, jobs=jobs, progress=lambda r: log(
@@ -119,7 +120,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         nvcc = find_toolchain().version
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
         nvcc = f"unknown ({exc})"
-    manifest = {"schema": SCHEMA, "arch": arch, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
         "shapes": [[s.M, s.N, s.K] for s in shapes], "candidates": cands, "baselines": bases,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
@@ -392,6 +393,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--limit-per-shape", type=int, default=4,
                    help="candidates per shape, best first by the cost model (0 = all)")
     p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--acc", default="f32", choices=("f32", "f16"))
+    p.add_argument("--layout", default="RR", choices=("RR", "RC"),
+                   help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
     r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
     r.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for the whole run")
@@ -408,7 +412,8 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         if args.action == "prepare":
             prepare(args.shapes, args.arch, args.out, families=args.families,
-                    limit_per_shape=args.limit_per_shape or None, jobs=args.jobs)
+                    limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
+                    acc=args.acc, layout=args.layout)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu)
