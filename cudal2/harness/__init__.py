@@ -20,4 +20,7 @@ def __getattr__(name):
     if mod is None:
         raise AttributeError(f"module 'cudal2.harness' has no attribute {name!r}")
     import importlib
-    return getattr(importlib.import_module(f".{mod}", __name__), name)
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    # importing submodule `evaluate` binds the module under that name; the function wins
+    globals()[name] = value
+    return value
