@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def _shim_dir(entries: dict[str, Path]) -> Path:
     digest = hashlib.sha256(repr(sorted((k, str(v)) for k, v in entries.items())).encode()).hexdigest()[:16]
     shim = knobs.cache_dir() / "toolchain" / digest
     if not all((shim / name).exists() for name in entries):
-        tmp = shim.with_name(shim.name + f".tmp{os.getpid()}")
+        tmp = shim.with_name(f"{shim.name}.tmp{os.getpid()}.{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True, exist_ok=True)
         for name, target in entries.items():
             link = tmp / name
@@ -132,7 +133,7 @@ def _shim_dir(entries: dict[str, Path]) -> Path:
             link.symlink_to(target)
         try:
             os.replace(tmp, shim)
-        except OSError:  # another process made it first
+        except OSError:  # another builder made it first: theirs is as good as ours
             shutil.rmtree(tmp, ignore_errors=True)
     return shim
 
