@@ -288,6 +288,7 @@ def test_raw_kernels_meta_and_argument_checks(cfg, arch):
     assert call(64, 64, 64, 64, 64, 64, a=0) == INVALID_VALUE
     assert call(64, 64, 64, 64, 64, 64, b=0) == INVALID_VALUE
     assert call(64, 64, 64, 64, 64, 64, c=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, a=P + 1) == INVALID_VALUE   # not even 2-byte aligned
     if split > 1:
         assert call(64, 64, 64, 64, 64, 64, wsb=split * 64 * 64 * 4 - 1) == INVALID_VALUE
         assert call(64, 64, 64, 64, 64, 64, ws=0) == INVALID_VALUE
@@ -407,7 +408,8 @@ def test_kernels_match_torch(cfg):
         if fam.accepts(cfg, M, N, K):
             _run(lib, meta, M, N, K)
         else:
-            assert lib.launch(0, 0, 0, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0) \
+            P = 1 << 20   # fake aligned pointers: a refused shape must be refused before any access
+            assert lib.launch(P, P, P, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0) \
                 == INVALID_VALUE, (M, N, K)
     if fam.name == "cutlass_sm90":
         _run(lib, meta, 200, 136, 72, ldc=144)                    # padded C (ldc % 8 == 0)
