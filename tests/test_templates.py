@@ -3,7 +3,6 @@ nvcc builds (compile tier: zero spills, ABI symbols, accumulator type in the PTX
 argument validation through ctypes without a GPU) and correctness against torch (gpu tier)."""
 from __future__ import annotations
 
-import ctypes
 import math
 import re
 import shutil
