@@ -1,0 +1,56 @@
+"""The RL run's configuration: one dataclass, each field with its help text (trl style); the
+command line is generated from it (rl/train.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class RLConfig:
+    policy: str = field(default="builtin", metadata={"help": "'builtin' (built and cached on first use, no "
+                        "download), a local model directory, or a HF name already in the local cache"})
+    shapes: str = field(default="shapes.csv", metadata={"help": "CSV of shapes (M,N,K header)"})
+    sample: int = field(default=0, metadata={"help": "draw this many shapes from --shapes (seeded); 0 = all"})
+    steps: int = field(default=20, metadata={"help": "GRPO steps"})
+    out: str = field(default="runs/rl", metadata={"help": "output folder (DB, log, curve, kernels, checkpoints)"})
+    executor: str = field(default="local", metadata={"help": "where evaluations run: local | ray"})
+    address: str = field(default="", metadata={"help": "Ray cluster address ('auto', 'ray://host:10001'); "
+                         "empty = start a small local Ray"})
+    jobs: int = field(default=0, metadata={"help": "parallel builds / Ray CPU workers (0 = CUDAL2_BUILD_JOBS)"})
+    arch: str = field(default="sm_90a", metadata={"help": "target arch the kernels are built for"})
+    acc: str = field(default="f32", metadata={"help": "accumulator asked for in the prompt: f32 | f16"})
+    baseline: str = field(default="cublaslt_autotuned", metadata={"help": "baseline the reward's speedup is against"})
+    mode: str = field(default="offline", metadata={"help": "timing mode the reward uses: offline | server"})
+    num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group, >= 2)"})
+    prompts_per_step: int = field(default=0, metadata={"help": "shapes per step (0 = min(#shapes, 4))"})
+    prompt_style: str = field(default="", metadata={"help": "full | compact (default: compact for builtin, full otherwise)"})
+    max_completion_length: int = field(default=0, metadata={"help": "tokens per completion (0 = 128 builtin, 2048 otherwise)"})
+    learning_rate: float = field(default=0.0, metadata={"help": "0 = 5e-4 builtin, 1e-6 otherwise"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient (0 = no reference model)"})
+    lora: bool = field(default=False, metadata={"help": "train LoRA adapters (peft) instead of all weights"})
+    vllm: bool = field(default=False, metadata={"help": "generate with vLLM (where installed)"})
+    save_steps: int = field(default=0, metadata={"help": "checkpoint every N steps (0 = every step up to 50)"})
+    resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint in --out"})
+    db: str = field(default="", metadata={"help": "results DB path (default --out/results.db)"})
+    export: bool = field(default=True, metadata={"help": "export each step's new measured winners into generated_kernels/"})
+    kernels_dir: str = field(default="", metadata={"help": "export target (default CUDAL2_KERNELS / generated_kernels)"})
+    timeout: float = field(default=120.0, metadata={"help": "seconds per harness evaluation"})
+    seed: int = field(default=0, metadata={"help": "seed for shape sampling, generation and training"})
+    small_builtin: bool = field(default=False, metadata={"help": "use the small built-in recipe (tests)"})
+
+
+def add_arguments(parser) -> None:
+    for f in fields(RLConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true", default=f.default, help=f.metadata["help"])
+        else:
+            typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
+            parser.add_argument(flag, type=typ, default=f.default,
+                                help=f.metadata["help"] + f" (default: {f.default!r})")
+    parser.add_argument("--no-export", dest="export", action="store_false", help="do not export winners")
+
+
+def from_args(args) -> RLConfig:
+    return RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)})

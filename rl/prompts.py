@@ -1,0 +1,155 @@
+"""Prompts for the policy, from the data files in rl/data/.
+
+Two styles:
+- ``full`` (real LLMs): the task, the kernel ABI (rl/data/abi.md), the audit's rules
+  (rl/data/rules.md), reference kernels (template instantiations accepted for the shape, and the
+  best kernels found so far for nearby shapes), and contrastive feedback from earlier attempts
+  at this shape: verdict, speedup, trimmed compile errors, ptxas registers/smem/spills and which
+  baseline won.
+- ``compact`` (the built-in ~1M-parameter policy, short context): one line naming the shape,
+  arch and accumulator (rl/data/prompt_compact.txt).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from string import Template
+
+DATA = Path(__file__).resolve().parent / "data"
+STYLES = ("full", "compact")
+
+
+@lru_cache(maxsize=None)
+def data_file(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def _shape(shape) -> tuple[int, int, int]:
+    if hasattr(shape, "M"):
+        return int(shape.M), int(shape.N), int(shape.K)
+    m, n, k = shape
+    return int(m), int(n), int(k)
+
+
+def compact_prompt(shape, arch: str = "sm_90a", acc: str = "f32") -> str:
+    M, N, K = _shape(shape)
+    return Template(data_file("prompt_compact.txt")).substitute(M=M, N=N, K=K, arch=arch, acc=acc).strip()
+
+
+def template_file(config) -> str:
+    """The short kernel file for a template config: its parameters as #define lines, then the
+    family header (resolved through the build's include path)."""
+    from cudal2.templates import FAMILIES
+    fam = FAMILIES[config.family]
+    if hasattr(fam, "short_source"):
+        return fam.short_source(config)
+    lines = [f"#define {name} {value}" for name, value in config.params]
+    return "\n".join(lines + [f'#include "{fam.header}"']) + "\n"
+
+
+def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 2) -> list[tuple[str, str]]:
+    """(title, kernel file) for each template family on `arch` whose default config (with the
+    accumulator set) accepts the shape; the cost model's favourite first."""
+    from cudal2.costmodel import ARCH_GPU, CostModel
+    from cudal2.templates import FAMILIES
+    from .policy import _with_acc
+    M, N, K = _shape(shape)
+    model = CostModel.default(ARCH_GPU.get(arch, "H100"))
+    refs = []
+    for fam in FAMILIES.values():
+        if arch not in getattr(fam, "arches", (arch,)):
+            continue
+        cfg = _with_acc(fam.default(), acc)
+        if cfg is None or not fam.valid(cfg, arch) or not fam.accepts(cfg, M, N, K):
+            continue
+        t = model.predict_us(cfg, None, (M, N, K))
+        refs.append((t, f"template family `{fam.name}` ({fam.header}), config {cfg.label()}",
+                     template_file(cfg)))
+    refs.sort(key=lambda r: r[0])
+    return [(title, text) for _t, title, text in refs[:limit]]
+
+
+def nearby_best(shape, best: dict, *, limit: int = 1) -> list[tuple[str, str]]:
+    """The best kernels found so far (`best`: shape -> rl.reward.Attempt) for the nearest other
+    shapes, by log-distance in (M, N, K)."""
+    M, N, K = _shape(shape)
+
+    def dist(s):
+        return sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(s, (M, N, K)))
+    others = sorted((s for s in best if s != (M, N, K) and best[s].source), key=dist)[:limit]
+    out = []
+    for s in others:
+        a = best[s]
+        tag = "estimated " if a.estimated else ""
+        out.append((f"best so far for {s[0]}x{s[1]}x{s[2]} ({tag}speedup {a.speedup:.2f}x)", a.source))
+    return out
+
+
+def _trim_log(log: str, lines: int = 6) -> str:
+    """The useful lines of a compile log: errors first, then warnings, never ptxas chatter."""
+    rows = [r.strip() for r in (log or "").splitlines() if r.strip()]
+    errs = [r for r in rows if "error" in r.lower()]
+    keep = errs or [r for r in rows if "warning" in r.lower()] or rows[-lines:]
+    return "\n".join(keep[:lines])
+
+
+def attempt_line(a) -> str:
+    """One feedback entry for an rl.reward.Attempt."""
+    parts = [f"verdict {a.verdict}"]
+    if a.speedup is not None:
+        parts.append(f"{'estimated ' if a.estimated else ''}speedup {a.speedup:.2f}x")
+    if a.reward is not None:
+        parts.append(f"reward {a.reward:+.2f}")
+    b = a.build or {}
+    if b.get("registers") is not None:
+        parts.append(f"ptxas: {b.get('registers')} regs, {b.get('shared_bytes', 0)} B smem, "
+                     f"{b.get('spills', 0)} B spills")
+    if a.winner_baseline:
+        parts.append(f"fastest baseline {a.winner_baseline}")
+    text = "- " + "; ".join(parts)
+    if a.verdict == "build_error":
+        text += "\n  compiler: " + _trim_log(b.get("log_tail", "")).replace("\n", "\n  compiler: ")
+    elif a.detail and a.verdict not in ("ok", "not_measured"):
+        text += f"\n  why: {a.detail[:200]}"
+    if a.source:
+        text += "\n```cuda\n" + a.source.strip()[:1500] + "\n```"
+    return text
+
+
+def feedback_text(attempts, *, limit: int = 3) -> str:
+    """Contrastive feedback: distinct previous attempts, best first, then the latest failures."""
+    seen, uniq = set(), []
+    for a in attempts:
+        if a.sha and a.sha in seen:
+            continue
+        seen.add(a.sha)
+        uniq.append(a)
+    if not uniq:
+        return ""
+    uniq.sort(key=lambda a: -(a.reward if a.reward is not None else -9))
+    chosen = uniq[:max(1, limit - 1)] + [a for a in uniq[max(1, limit - 1):] if a.reward is not None
+                                         and a.reward < 0][-1:]
+    return Template(data_file("feedback.md")).substitute(attempts="\n".join(attempt_line(a) for a in chosen))
+
+
+def full_prompt(shape, arch: str = "sm_90a", acc: str = "f32", *, baseline: str = "cublaslt_autotuned",
+                references: list[tuple[str, str]] | None = None, attempts=None) -> str:
+    M, N, K = _shape(shape)
+    refs = references if references is not None else template_references((M, N, K), arch, acc)
+    ref_text = "\n\n".join(f"{title}:\n```cuda\n{text.strip()}\n```" for title, text in refs) \
+        or "(none accepted for this shape: write the kernel from the ABI)"
+    return Template(data_file("prompt_full.md")).substitute(
+        M=M, N=N, K=K, arch=arch, acc=acc, baseline=baseline, abi=data_file("abi.md").strip(),
+        rules=data_file("rules.md").strip(), references=ref_text,
+        feedback=feedback_text(attempts or []))
+
+
+def make_prompt(style: str, shape, arch: str = "sm_90a", acc: str = "f32", *, baseline="cublaslt_autotuned",
+                best: dict | None = None, attempts=None) -> str:
+    if style == "compact":
+        return compact_prompt(shape, arch, acc)
+    if style != "full":
+        raise ValueError(f"unknown prompt style {style!r}; use one of {STYLES}")
+    refs = template_references(shape, arch, acc) + nearby_best(shape, best or {})
+    return full_prompt(shape, arch, acc, baseline=baseline, references=refs, attempts=attempts)
