@@ -6,7 +6,6 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from cudal2.harness.worker import Task, WorkerPool, mark_poisoned, probe_library
@@ -64,6 +63,32 @@ def _task_escape(pidfile):
     return "escaped?"
 
 
+def _task_fork_then_exit(pidfile):
+    """The kernel forks a detached child and exits the worker at once: the child is orphaned
+    before any check can see it as the worker's descendant."""
+    if os.fork() == 0:
+        os.setsid()
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pidfile + ".tmp", pidfile)
+        time.sleep(600)
+        os._exit(0)
+    while not os.path.exists(pidfile):
+        time.sleep(0.01)
+    os._exit(0)
+
+
+def _task_forge_reply():
+    """Kernel code writing a reply of its own to the protocol pipe (it has no nonce)."""
+    import json
+    import struct
+    import sys
+    fd = int(sys.argv[3])
+    data = json.dumps({"pid": os.getpid(), "ok": True, "value": "forged"}).encode()
+    os.write(fd, struct.pack("<Q", len(data)) + data)
+    time.sleep(600)
+
+
 def _task_spam_output():
     for _ in range(200):
         os.write(1, b"x" * 65536)
@@ -79,12 +104,14 @@ def _task_not_json():
 
 
 def _gone(pid, within=5.0):
+    """The process no longer runs (absent, or a zombie awaiting its parent)."""
     end = time.time() + within
     while time.time() < end:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
             return True
         time.sleep(0.05)
     return False
@@ -162,6 +189,21 @@ def test_setsid_grandchild_cannot_escape(pool, tmp_path):
     grandchild = int(pidfile.read_text())
     # it left the process group, but the worker is a child subreaper: found and killed
     assert _gone(grandchild)
+    assert pool.run(f"{ME}:_task_echo", 1).ok
+
+
+def test_fork_then_exit_cannot_escape(pool, tmp_path):
+    pidfile = tmp_path / "orphan.pid"
+    out = pool.run(f"{ME}:_task_fork_then_exit", str(pidfile), timeout_s=30)
+    assert out.status == "crashed" and "code 0" in out.detail
+    assert _gone(int(pidfile.read_text()))      # the nanny (subreaper) adopted and killed it
+    assert pool.run(f"{ME}:_task_echo", 1).ok
+
+
+def test_forged_reply_is_a_violation(pool):
+    out = pool.run(f"{ME}:_task_forge_reply", timeout_s=30)
+    assert out.status == "crashed" and "corrupt reply" in out.detail
+    assert out.value is None
     assert pool.run(f"{ME}:_task_echo", 1).ok
 
 

@@ -22,9 +22,12 @@ Why it is built this way:
   its code in the harness.
 - The worker's stdout/stderr are a pipe the parent drains into a bounded ring (crash messages
   for the verdict, no disk or memory blow-up); the protocol uses two other fds, closed on exec.
-- The worker makes itself a child subreaper (prctl), so a kernel that double-forks or calls
-  setsid still shows up among its descendants and is killed with it.
-- Host memory is watched by the parent (RSS of the whole tree, psutil). RLIMIT_AS is never set:
+- Each worker is two processes: a small trusted "nanny" that is a child subreaper (prctl) and
+  the worker it forks. A kernel that double-forks, calls setsid, or forks and then exits the
+  worker is still the nanny's descendant: found and killed, never an escaped process. When the
+  worker dies the nanny kills what is left and exits with the worker's status.
+- Processes are read from /proc (Linux), no extra dependency.
+- Host memory is watched by the parent (RSS of the whole tree). RLIMIT_AS is never set:
   CUDA reserves huge virtual ranges and would fail to initialise. For CPU-only tasks (loading a
   library, reading its meta) `rlimit_data=True` also sets RLIMIT_DATA in the child.
 """
@@ -144,12 +147,48 @@ class _Ring:
         return data.decode("utf-8", "replace")
 
 
-def _descendants(pid: int) -> list:
-    import psutil
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """{pid: (ppid, rss_bytes)} for every process, from /proc/<pid>/stat."""
+    table = {}
     try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            rest = data[data.rindex(b")") + 2:].split()   # comm may hold spaces and ')'
+            table[int(name)] = (int(rest[1]), int(rest[21]) * _PAGE)   # fields 4 (ppid), 24 (rss)
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def _descendants(pid: int, table: dict | None = None) -> list[int]:
+    table = _proc_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for p, (pp, _) in table.items():
+        children.setdefault(pp, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _signal_all(pids, sig) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class _Worker:
@@ -174,7 +213,8 @@ class _Worker:
         finally:
             for fd in (to_child_r, from_child_w, out_w):
                 os.close(fd)
-        self.pid = self.proc.pid
+        self.pid = self.proc.pid          # the nanny; the worker's pid comes in its hello
+        self.worker_pid = self.pid
         self._w, self._r = to_child_w, from_child_r
         self.out = _Ring(out_r)
         self.ready = False
@@ -213,18 +253,8 @@ class _Worker:
                 self._rbuf += chunk
 
     def tree_rss(self) -> int:
-        import psutil
-        total = 0
-        try:
-            procs = [psutil.Process(self.pid)] + _descendants(self.pid)
-        except psutil.Error:
-            return 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
+        table = _proc_table()
+        return sum(table.get(p, (0, 0))[1] for p in [self.pid, *_descendants(self.pid, table)])
 
     def _death_detail(self) -> str:
         try:
@@ -246,58 +276,57 @@ class _Worker:
             raise WorkerError(f"worker did not start ({frame[0]}: {frame[1]}); output:\n"
                               f"{self.out.tail(wait=1.0)}")
         hello = json.loads(frame)
-        if hello.get("pid") != self.pid:
+        if not isinstance(hello.get("pid"), int) or hello["pid"] not in _descendants(self.pid):
             self.kill()
             raise WorkerError(f"worker sent a bad hello: {hello!r}")
+        self.worker_pid = hello["pid"]
         self.ready = True
 
     def run(self, task: Task, timeout_s: float, mem_limit: int | None) -> WorkerOutcome:
         t0 = time.monotonic()
+        # The nonce makes a reply forged by kernel code (writing to the pipe) hard to pass off.
+        nonce = os.urandom(16).hex()
         payload = pickle.dumps({"fn": task.fn, "args": task.args, "kwargs": task.kwargs,
-                                "mem_limit": mem_limit})
+                                "mem_limit": mem_limit, "nonce": nonce})
         try:
             _send_frame(self._w, payload)
         except OSError as e:
             return WorkerOutcome(CRASHED, detail=f"worker gone before the task ({e}); "
-                                 + self._death_detail(), worker_pid=self.pid)
+                                 + self._death_detail(), worker_pid=self.worker_pid)
         frame = self._read_frame(t0 + timeout_s, mem_limit)
         secs = time.monotonic() - t0
         if isinstance(frame, tuple):
             status, detail = frame
             if status == TIMEOUT:
                 detail = f"no reply within {timeout_s:g} s"
-            return WorkerOutcome(status, detail=detail, seconds=secs, worker_pid=self.pid)
+            return WorkerOutcome(status, detail=detail, seconds=secs, worker_pid=self.worker_pid)
         try:
             reply = json.loads(frame)
-            if not isinstance(reply, dict) or reply.get("pid") != self.pid:
+            if not isinstance(reply, dict) or reply.get("pid") != self.worker_pid \
+                    or reply.get("nonce") != nonce:
                 raise ValueError(f"reply from pid {reply.get('pid') if isinstance(reply, dict) else '?'}")
         except (ValueError, UnicodeDecodeError) as e:
             return WorkerOutcome(CRASHED, detail=f"sandbox violation: corrupt reply ({e})",
-                                 seconds=secs, worker_pid=self.pid)
-        kids = _descendants(self.pid)
+                                 seconds=secs, worker_pid=self.worker_pid)
+        kids = [p for p in _descendants(self.pid) if p != self.worker_pid]
         if kids:
             return WorkerOutcome(CRASHED, detail="sandbox violation: the task created processes "
-                                 f"(pids {[p.pid for p in kids][:8]})", seconds=secs,
-                                 worker_pid=self.pid)
+                                 f"(pids {kids[:8]})", seconds=secs,
+                                 worker_pid=self.worker_pid)
         self.tasks_done += 1
         status = OK if reply.get("ok") else ERROR
         return WorkerOutcome(status, value=reply.get("value"), detail=str(reply.get("detail", "")),
                              poisoned=bool(reply.get("poisoned")), seconds=secs,
-                             worker_pid=self.pid)
+                             worker_pid=self.worker_pid)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
         """Stop the whole tree: freeze descendants first so nothing forks past us."""
-        import psutil
         for _ in range(3):
             kids = _descendants(self.pid)
-            for p in kids:
-                try:
-                    p.send_signal(signal.SIGSTOP)
-                except psutil.Error:
-                    pass
+            _signal_all(kids, signal.SIGSTOP)
             if not kids:
                 break
         victims = _descendants(self.pid)
@@ -305,11 +334,7 @@ class _Worker:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        for p in victims:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _signal_all(victims, signal.SIGKILL)
         try:
             self.proc.kill()
         except ProcessLookupError:
@@ -495,14 +520,48 @@ def _set_subreaper() -> None:
         pass                              # not Linux: process-group kill still applies
 
 
+def _nanny(worker: int, fds: tuple[int, ...]) -> None:
+    """Trusted half of a worker: wait for the worker, then kill every process it left behind
+    (orphans are re-parented to us, the subreaper) and exit with the worker's status."""
+    for fd in fds:                        # the parent must see EOF when the worker dies
+        os.close(fd)
+    _, status = os.waitpid(worker, 0)
+    for _ in range(100):
+        kids = _descendants(os.getpid())
+        if not kids:
+            break
+        _signal_all(kids, signal.SIGKILL)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.01)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)         # same verdict for the parent: "killed by SIGSEGV"
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
 def _worker_main() -> None:
     r_fd, w_fd, rlimit_data = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
     os.set_inheritable(r_fd, False)       # a kernel that execs cannot inherit the protocol
     os.set_inheritable(w_fd, False)
     os.environ["CUDAL2_IN_WORKER"] = "1"
-    _set_subreaper()
     # SIGINT from the user's terminal goes to the parent; it decides when workers die.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:                                  # a crashing kernel leaves no core files around
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):
+        pass
+    _set_subreaper()
+    child = os.fork()
+    if child:
+        _nanny(child, (r_fd, w_fd))
     for name in json.loads(sys.argv[5]):
         mod, _, fn = name.partition(":")
         obj = importlib.import_module(mod)
@@ -525,7 +584,7 @@ def _worker_main() -> None:
             resource.setrlimit(resource.RLIMIT_DATA, (lim, hard))
         global _poison_reason
         _poison_reason = None
-        reply: dict[str, Any] = {"pid": me}
+        reply: dict[str, Any] = {"pid": me, "nonce": req.get("nonce")}
         try:
             mod, name = req["fn"].split(":", 1)
             fn: Any = importlib.import_module(mod)
@@ -547,7 +606,7 @@ def _worker_main() -> None:
         try:
             data = json.dumps(reply, allow_nan=True, default=repr).encode()
         except (TypeError, ValueError) as e:
-            data = json.dumps({"pid": me, "ok": False,
+            data = json.dumps({"pid": me, "nonce": req.get("nonce"), "ok": False,
                                "detail": f"task returned a value that is not JSON: {e}"}).encode()
         _send_frame(w_fd, data)
         if _poison_reason:
