@@ -225,6 +225,7 @@ class _Worker:
     def _read_frame(self, deadline: float, mem_limit: int | None) -> "bytes | tuple[str, str]":
         need = None
         next_check = 0.0
+        start = time.monotonic()
         while True:
             if need is None and len(self._rbuf) >= _HDR.size:
                 (need,) = _HDR.unpack(self._rbuf[:_HDR.size])
@@ -238,7 +239,8 @@ class _Worker:
             if now >= deadline:
                 return (TIMEOUT, "")
             if mem_limit and now >= next_check:
-                next_check = now + _POLL_S
+                # fast polls while a blow-up is likeliest (loading), then cheaper ones
+                next_check = now + (_POLL_S if now - start < 2.0 else 5 * _POLL_S)
                 rss = self.tree_rss()
                 if rss > mem_limit:
                     return (OOM, f"host RSS {rss >> 20} MiB > limit {mem_limit >> 20} MiB")
