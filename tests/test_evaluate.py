@@ -69,6 +69,19 @@ def test_build_error_is_a_verdict(tmp_path):
     assert "error" in ev.build["log_tail"]
 
 
+def test_source_rules_before_building(tmp_path, monkeypatch):
+    import cudal2.build
+    monkeypatch.setattr(cudal2.build, "build", lambda *a, **k: pytest.fail("built a rejected source"))
+    db = ResultsDB(tmp_path / "r.db")
+    huge = "// padding\n" * 200_000
+    ev = evaluate(EvalRequest(huge, Shape(64, 64, 64)), db=db, gpu=False)
+    assert ev.status == "audit_rejected" and "bytes" in ev.detail
+    ev = evaluate(_req("include_escape.cu"), db=db, gpu=False)
+    assert ev.status == "audit_rejected" and "'..'" in ev.detail
+    with pytest.raises(ValueError, match="UTF-8"):
+        EvalRequest("bad \udcff surrogate", Shape(64, 64, 64))
+
+
 @pytest.mark.compile
 def test_evaluate_many_order_cache_and_executor(tmp_path):
     db = ResultsDB(tmp_path / "r.db")

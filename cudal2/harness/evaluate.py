@@ -92,7 +92,7 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
     baseline_libs: built baseline libraries (default: built here, cached). gpu: force GPU use
     on/off (default: whether torch sees one)."""
     from ..build import BuildSpec, build, source_sha
-    from .audit import audit_build
+    from .audit import audit_build, check_includes
     sha = source_sha(request.source)
     use_gpu = provenance.gpu_visible() if gpu is None else gpu
     gpu_model = provenance.gpu_name() if use_gpu else None
@@ -108,6 +108,11 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
             db.add(e, source=request.source)
         return e
 
+    pre = check_includes(request.source)      # before nvcc sees it: size, #include escapes
+    if pre:
+        ev.status, ev.detail = T.AUDIT_REJECTED, "; ".join(pre)[:1000]
+        ev.audit = {"ok": False, "verdict": "rejected", "reasons": pre}
+        return done(ev)
     br = build_result or build(BuildSpec(request.source, arch=request.arch,
                                          name=request.origin or "kernel"))
     ev.build = br.summary()
@@ -155,6 +160,7 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
         ev.timings = m.get("timings") or {}
         ev.speedups = m.get("speedups") or {}
         ev.env = {**env, **(m.get("env") or {})}
+        ev.env["gpu"] = gpu_model or ev.env.get("gpu")    # the name the cache is keyed by
         if m.get("bounds"):
             ev.correctness = {**ev.correctness, "bounds": m["bounds"]}
         if m.get("baseline_notes"):

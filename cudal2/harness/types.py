@@ -83,6 +83,11 @@ class EvalRequest:
     def __post_init__(self):
         if not isinstance(self.source, str):
             raise TypeError("EvalRequest.source must be the .cu text (str)")
+        try:
+            self.source.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"EvalRequest.source is not valid UTF-8 text ({e.reason} at "
+                             f"character {e.start})") from None
         if not isinstance(self.shape, Shape):
             raise TypeError(f"EvalRequest.shape must be a Shape, got {type(self.shape).__name__}")
         if self.acc is not None and self.acc not in ACCS:
