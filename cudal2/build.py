@@ -30,6 +30,7 @@ from .toolchain import ToolchainError, cutlass_include_dirs, find_toolchain, nor
 ABI_VERSION = 1
 BASE_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-DNDEBUG", "-std=c++17",
               "--expt-relaxed-constexpr", "-cudart", "shared", "-Xptxas", "-v")
+NVCC_MEMORY_LIMIT = 12 << 30   # bytes of address space per nvcc process tree member
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
@@ -197,9 +198,18 @@ def _load_entry(entry: Path, name: str) -> BuildResult | None:
         return None
 
 
+def _limit_memory() -> None:
+    # Generated source can make the compiler explode (template recursion): cap its address
+    # space. nvcc creates no CUDA context, so RLIMIT_AS is safe here (a CUTLASS SM90 kernel
+    # needs ~3.4 GB resident).
+    import resource
+    limit = NVCC_MEMORY_LIMIT
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def _run_nvcc(cmd: list[str], cwd: Path, timeout: float) -> tuple[int | None, str]:
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_limit_memory)
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
