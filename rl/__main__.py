@@ -1,0 +1,19 @@
+"""`python -m rl train ...` (= python -m rl.train) and `python -m rl policy ...` (= python -m rl.policy)."""
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("train", "policy"):
+        print("usage: python -m rl {train,policy} ...  (see python -m rl.train --help, "
+              "python -m rl.policy --help)", file=sys.stderr)
+        return 2
+    if argv[0] == "train":
+        from .train import main as train_main
+        return train_main(argv[1:])
+    from .policy import main as policy_main
+    return policy_main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

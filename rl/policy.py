@@ -1,0 +1,369 @@
+"""Policies: any Hugging Face causal LM, or the built-in one this module builds itself.
+
+The built-in policy ("builtin") needs no download: a ~1M-parameter Llama-architecture model and
+a byte-level BPE tokenizer trained on our own text (template instantiations and prompts), warm-
+started by supervised fine-tuning on kernels generated from our templates. Each training pair is
+(compact prompt for a shape -> a short kernel file: `#define` parameter lines + the family's
+`#include "<family>.cuh"`), with the configs the cost model ranks best for that shape, so the
+model learns a shape -> config mapping and samples among good configs (GRPO needs variety).
+
+It is built deterministically (seeded, single-threaded math where it matters) on first use and
+cached under `<CUDAL2_CACHE>/rl/builtin-<recipe hash>/`; `python -m rl.policy build` builds it
+explicitly and `python -m rl.policy check` samples completions, builds them with nvcc and prints
+the fraction that compile.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SPECIAL = {"pad": "<|pad|>", "user": "<|user|>", "assistant": "<|assistant|>", "end": "<|end|>",
+           "system": "<|system|>"}
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}<|end|>"
+    "{% elif m['role'] == 'assistant' %}<|assistant|>{{ m['content'] }}<|end|>"
+    "{% else %}<|system|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class BuiltinRecipe:
+    """Everything that determines the built-in policy; its hash names the cache entry."""
+    families: tuple[str, ...] = ("mma", "ptx")   # cheap nvcc builds (seconds, not minutes)
+    arch: str = "sm_90a"
+    accs: tuple[str, ...] = ("f32",)
+    configs_per_shape: int = 3        # top-k configs by the cost model, per shape
+    candidates_per_shape: int = 48    # configs sampled from the family space and ranked
+    vocab_size: int = 1024
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    intermediate: int = 384
+    max_positions: int = 256
+    sft_steps: int = 250
+    batch_size: int = 24
+    lr: float = 3e-3
+    seed: int = 0
+    version: int = 1                  # bump when the code that builds it changes meaningfully
+
+    def key(self) -> str:
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+SMALL_RECIPE = BuiltinRecipe(hidden=64, layers=2, heads=2, intermediate=192, sft_steps=300, lr=5e-3,
+                             candidates_per_shape=16, configs_per_shape=2)   # tests: ~20 s to build
+
+
+def builtin_dir(recipe: BuiltinRecipe = BuiltinRecipe(), root: Path | None = None) -> Path:
+    from cudal2 import knobs
+    root = Path(root) if root else knobs.cache_dir() / "rl"
+    return root / f"builtin-{recipe.key()}"
+
+
+# -- training data ---------------------------------------------------------------------------
+def grid_shapes() -> list[tuple[int, int, int]]:
+    vals = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
+    return [(m, n, k) for m in vals for n in vals for k in vals]
+
+
+def _sample_configs(family, rng: random.Random, n: int, arch: str | None = None):
+    """Up to n distinct valid configs drawn from the family's space (default first)."""
+    space = family.space()
+    out = {family.default()}
+    tries = 0
+    while len(out) < n and tries < 40 * n:
+        tries += 1
+        cfg = family.default().with_(**{p: rng.choice(v) for p, v in space.items()})
+        if family.valid(cfg, arch):
+            out.add(cfg)
+    return sorted(out, key=lambda c: c.label())
+
+
+def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int]]]:
+    """(prompt, completion, shape) pairs: per shape, the cost model's top configs."""
+    from cudal2.costmodel import ARCH_GPU, CostModel
+    from cudal2.templates import FAMILIES
+    from .prompts import compact_prompt, template_file
+    rng = random.Random(recipe.seed)
+    model = CostModel.default(ARCH_GPU.get(recipe.arch, "H100"))
+    fams = [FAMILIES[f] for f in recipe.families if f in FAMILIES]
+    if not fams:
+        raise RuntimeError(f"none of the recipe's families {recipe.families} exist in "
+                           f"cudal2.templates ({sorted(FAMILIES)})")
+    pools = {f.name: _sample_configs(f, rng, recipe.candidates_per_shape * 4, recipe.arch) for f in fams}
+    pairs = []
+    for shape in grid_shapes():
+        for acc in recipe.accs:
+            ranked = []
+            for f in fams:
+                cands = rng.sample(pools[f.name], min(recipe.candidates_per_shape, len(pools[f.name])))
+                for cfg in cands:
+                    cfg = _with_acc(cfg, acc)
+                    if cfg is None or not f.valid(cfg, recipe.arch) or not f.accepts(cfg, *shape):
+                        continue
+                    ranked.append((model.predict_us(cfg, None, shape), cfg.label(), cfg))
+            ranked.sort(key=lambda t: (t[0], t[1]))
+            prompt = compact_prompt(shape, recipe.arch, acc)
+            for _t, _l, cfg in ranked[:recipe.configs_per_shape]:
+                pairs.append((prompt, template_file(cfg), shape))
+    return pairs
+
+
+def _with_acc(cfg, acc: str):
+    names = dict(cfg.params)
+    if "ACC" in names:
+        return cfg.with_(ACC=acc)
+    if "ACC_F16" in names:
+        return cfg.with_(ACC_F16=int(acc == "f16"))
+    return cfg if acc == "f32" else None
+
+
+# -- tokenizer and model --------------------------------------------------------------------
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values()),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIAL["pad"],
+                                   eos_token=SPECIAL["end"], bos_token=None,
+                                   additional_special_tokens=[SPECIAL["user"], SPECIAL["assistant"],
+                                                              SPECIAL["system"]])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def _corpus(pairs, recipe: BuiltinRecipe) -> list[str]:
+    """Tokenizer training text: the SFT pairs plus full template text and the prompt data files."""
+    from cudal2.templates import FAMILIES
+    texts = [p + "\n" + c for p, c, _ in pairs[:: max(1, len(pairs) // 2000)]]
+    for f in FAMILIES.values():
+        try:
+            from cudal2.templates import instantiate
+            texts.append(instantiate(f.default()))
+        except Exception:
+            pass
+    data = Path(__file__).resolve().parent / "data"
+    texts += [p.read_text() for p in sorted(data.glob("*.md")) + sorted(data.glob("*.txt"))]
+    return texts
+
+
+def new_model(recipe: BuiltinRecipe, vocab: int, pad_id: int, eos_id: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(recipe.seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
+                      num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
+                      num_key_value_heads=recipe.heads, max_position_embeddings=recipe.max_positions,
+                      tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id,
+                      bos_token_id=None)
+    return LlamaForCausalLM(cfg)
+
+
+def _encode_pairs(tok, pairs, max_len: int):
+    """input ids + labels (loss on the completion and its end token only)."""
+    rows = []
+    for prompt, completion, _ in pairs:
+        p = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=False)
+        if isinstance(p, dict) or hasattr(p, "keys"):
+            p = p["input_ids"]
+        c = tok(completion + SPECIAL["end"], add_special_tokens=False)["input_ids"]
+        ids = (list(p) + list(c))[:max_len]
+        labels = ([-100] * len(p) + list(c))[:max_len]
+        rows.append((ids, labels))
+    return rows
+
+
+def sft(model, tok, pairs, recipe: BuiltinRecipe, log=print):
+    """Plain supervised fine-tuning (AdamW, cosine schedule): small, deterministic, fast on CPU."""
+    import torch
+    rows = _encode_pairs(tok, pairs, recipe.max_positions)
+    rng = random.Random(recipe.seed)
+    torch.manual_seed(recipe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, recipe.sft_steps) / recipe.sft_steps)))
+    model.train()
+    pad = tok.pad_token_id
+    t0 = time.time()
+    for step in range(recipe.sft_steps):
+        batch = [rows[rng.randrange(len(rows))] for _ in range(recipe.batch_size)]
+        L = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), L), pad, dtype=torch.long)
+        lab = torch.full((len(batch), L), -100, dtype=torch.long)
+        att = torch.zeros((len(batch), L), dtype=torch.long)
+        for i, (x, y) in enumerate(batch):
+            ids[i, :len(x)] = torch.tensor(x)
+            lab[i, :len(y)] = torch.tensor(y)
+            att[i, :len(x)] = 1
+        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if step % 50 == 0 or step == recipe.sft_steps - 1:
+            log(f"  sft step {step + 1}/{recipe.sft_steps}  loss {loss.item():.3f}  ({time.time() - t0:.0f}s)")
+    model.eval()
+    return model
+
+
+def build_builtin(recipe: BuiltinRecipe = BuiltinRecipe(), root: Path | None = None, *,
+                  force: bool = False, log=print) -> Path:
+    """Build (or find) the built-in policy; returns its directory (a HF model + tokenizer)."""
+    import torch
+    from filelock import FileLock
+    out = builtin_dir(recipe, root)
+    if (out / "recipe.json").exists() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "recipe.json").exists() and not force:
+            return out
+        t0 = time.time()
+        log(f"building the built-in policy (recipe {recipe.key()}) -> {out}")
+        pairs = sft_pairs(recipe)
+        log(f"  {len(pairs)} SFT pairs from {', '.join(recipe.families)} templates "
+            f"({len({p[2] for p in pairs})} shapes)")
+        tok = train_tokenizer(_corpus(pairs, recipe), recipe.vocab_size)
+        model = new_model(recipe, len(tok), tok.pad_token_id, tok.eos_token_id)
+        n = sum(p.numel() for p in model.parameters())
+        log(f"  tokenizer: {len(tok)} tokens; model: {n / 1e6:.2f}M parameters")
+        threads = torch.get_num_threads()
+        sft(model, tok, pairs, recipe, log=log)
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "recipe.json").write_text(json.dumps(
+            {**dataclasses.asdict(recipe), "key": recipe.key(), "pairs": len(pairs),
+             "parameters": n, "seconds": round(time.time() - t0, 1), "torch_threads": threads},
+            indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        log(f"  built in {time.time() - t0:.0f}s")
+    return out
+
+
+def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print) -> str:
+    """'builtin' -> the built (cached) model dir; a local path stays as is (loaded offline);
+    anything else is a Hub name, which loads only if it is already in the local HF cache."""
+    if name == "builtin":
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return str(build_builtin(recipe or BuiltinRecipe(), log=log))
+    if Path(name).expanduser().exists():
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return str(Path(name).expanduser())
+    return name
+
+
+def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print):
+    """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = resolve_policy(name, recipe=recipe, log=log)
+    tok = AutoTokenizer.from_pretrained(path)
+    if not tok.chat_template:
+        raise ValueError(f"policy {name!r}: its tokenizer has no chat template (trl's GRPO needs one)")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return model, tok
+
+
+def is_builtin(path_or_name: str) -> bool:
+    p = Path(str(path_or_name))
+    return str(path_or_name) == "builtin" or (p / "recipe.json").exists()
+
+
+# -- sampling and the build check --------------------------------------------------------
+def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 128,
+           temperature: float = 1.0, seed: int = 0) -> list[str]:
+    import torch
+    torch.manual_seed(seed)
+    msgs = [[{"role": "user", "content": p}] for p in prompts for _ in range(n)]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
+                                  padding=True, return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0,
+                             max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def build_check(policy: str = "builtin", *, samples: int = 16, shapes=None, arch: str = "sm_90a",
+                seed: int = 0, recipe: BuiltinRecipe | None = None, log=print) -> dict:
+    """Sample completions for random grid shapes, extract and build them; the fraction that build."""
+    from cudal2.build import BuildSpec, build_many
+    from .extract import extract
+    from .prompts import compact_prompt, full_prompt
+    model, tok = load_policy(policy, recipe=recipe, log=log)
+    rng = random.Random(seed)
+    shapes = list(shapes) if shapes else rng.sample(grid_shapes(), samples)
+    shapes = [shapes[i % len(shapes)] for i in range(samples)]
+    style_compact = is_builtin(policy) or policy == "builtin"
+    prompts = [compact_prompt(s, arch, "f32") if style_compact else full_prompt(s, arch, "f32")
+               for s in shapes]
+    texts = sample(model, tok, prompts, seed=seed)
+    exts = [extract(t) for t in texts]
+    ok_idx = [i for i, e in enumerate(exts) if e.ok]
+    results = build_many([BuildSpec(source=exts[i].source, arch=arch, name="policy-check")
+                          for i in ok_idx]) if ok_idx else []
+    built = sum(r.ok for r in results)
+    verdicts = {}
+    for e in exts:
+        verdicts[e.verdict] = verdicts.get(e.verdict, 0) + 1
+    report = {"samples": samples, "extracted": len(ok_idx), "built": built,
+              "fraction_built": built / samples, "unique_sources": len({exts[i].source for i in ok_idx}),
+              "verdicts": verdicts}
+    log(f"policy {policy}: {built}/{samples} sampled kernels build "
+        f"({100 * built / samples:.0f}%), {report['unique_sources']} distinct; extraction {verdicts}")
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rl.policy", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build (or find) the built-in policy and print its path")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.add_argument("--small", action="store_true", help="the small test recipe")
+    c = sub.add_parser("check", help="sample kernels from a policy, build them, print the fraction")
+    c.add_argument("--policy", default="builtin")
+    c.add_argument("--samples", type=int, default=16)
+    c.add_argument("--arch", default="sm_90a")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--small", action="store_true", help="the small test recipe")
+    args = ap.parse_args(argv)
+    recipe = SMALL_RECIPE if args.small else BuiltinRecipe()
+    if args.cmd == "build":
+        path = build_builtin(recipe, force=args.force)
+        print(f"built-in policy: {path}")
+        return 0
+    rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe)
+    print(json.dumps(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

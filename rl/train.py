@@ -1,0 +1,383 @@
+"""`python -m rl.train`: GRPO (trl) on a causal LM that writes per-shape HGEMM kernels.
+
+Each step: the policy writes `num_generations` kernels per shape; rl.reward sends them through
+the harness (build, audit, check, time; cached in the results DB) and maps verdicts to rewards;
+trl's GRPOTrainer updates the policy. A callback prints one line per step (reward mean/max,
+fractions compiled / correct / faster than the baseline, best speedup so far per shape), appends
+it to log.jsonl and exports each step's new measured winners into generated_kernels/ through
+cudal2.export (the tuner's path). Without a GPU rewards come from the cost model and every line
+says so; nothing estimated is ever exported.
+
+Outputs in --out: results.db, log.jsonl, reward_curve.png, best_kernels.csv, kernels/ (best
+source per shape), sources/ (every evaluated source by sha), checkpoints/.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from .config import RLConfig, add_arguments, from_args
+
+
+class RunLog:
+    """Prints a line and appends a JSON record to log.jsonl."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, line: str = "", **record):
+        if line:
+            print(line, flush=True)
+        if record or line:
+            rec = {"time": round(time.time(), 3), **record}
+            if line:
+                rec.setdefault("line", line)
+            with self.path.open("a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
+
+
+def pick_shapes(path: str, sample: int, seed: int) -> list[tuple[int, int, int]]:
+    from cudal2.tune import read_shapes
+    shapes = [(s.M, s.N, s.K) for s in read_shapes(path)]
+    if sample and sample < len(shapes):
+        shapes = sorted(random.Random(seed).sample(shapes, sample))
+    return shapes
+
+
+def _fmt_shape(s) -> str:
+    return f"{s[0]}x{s[1]}x{s[2]}"
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
+
+
+def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state: dict):
+    from transformers import TrainerCallback
+
+    class StepLogger(TrainerCallback):
+        """One log line per optimiser step; export of new measured winners."""
+
+        def on_step_end(self, args, tstate, control, **kw):
+            step = tstate.global_step
+            new = reward.attempts[state["seen"]:]
+            state["seen"] = len(reward.attempts)
+            attempts = [a for batch in new for a in batch if a is not None]
+            summ = reward.step_summary(attempts) if attempts else {"n": 0}
+            best_now = {s: a for s, a in reward.best.items()}
+            improved = [s for s, a in best_now.items()
+                        if s not in state["best"] or a.speedup > state["best"][s]]
+            state["best"] = {s: a.speedup for s, a in best_now.items()}
+            best_txt = ", ".join(f"{_fmt_shape(s)} {best_now[s].speedup:.2f}x" if s in best_now
+                                 else f"{_fmt_shape(s)} -" for s in shapes[:8])
+            if len(shapes) > 8:
+                best_txt += f", ... ({len(best_now)}/{len(shapes)} shapes with a correct kernel)"
+            rm, rx = summ.get("reward_mean"), summ.get("reward_max")
+            line = (f"step {step}/{cfg.steps}  reward mean {rm if rm is None else f'{rm:+.3f}'} "
+                    f"max {rx if rx is None else f'{rx:+.3f}'}  compiled {_pct(summ.get('frac_compiled'))} "
+                    f"correct {_pct(summ.get('frac_correct'))}"
+                    f"{' (no GPU: not checked)' if reward.estimated else ''} "
+                    f"faster-than-{cfg.baseline} {_pct(summ.get('frac_faster'))}  best: {best_txt}")
+            if reward.estimated:
+                line += "  " + reward.estimate_note()
+            log(line, type="step", step=step, summary=summ,
+                best={_fmt_shape(s): {"speedup": a.speedup, "sha": a.sha, "estimated": a.estimated}
+                      for s, a in best_now.items()},
+                attempts=[a.to_dict() for a in attempts], estimated=reward.estimated)
+            state["steps"].append({"step": step, **summ,
+                                   "best_mean": (sum(state["best"].values()) / len(state["best"])
+                                                 if state["best"] else None)})
+            if cfg.export and improved:
+                _export(reward, cfg, improved, log, out, step)
+
+    return StepLogger()
+
+
+def _quiet_progress(trainer, log: RunLog):
+    """Keep transformers' progress bar, but send trl's per-step metric dicts to log.jsonl
+    instead of the terminal (our step line says what matters)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class QuietProgress(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                log(type="trl", step=state.global_step, metrics=logs)
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(QuietProgress())
+
+
+def _quiet_libraries():
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*")
+    try:
+        import datasets
+        datasets.utils.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+    except Exception:
+        pass
+    try:
+        import transformers
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+def _export(reward, cfg: RLConfig, improved, log: RunLog, out: Path, step: int):
+    """New best kernels -> generated_kernels/ through cudal2.export (measured winners only)."""
+    if reward.estimated:
+        log(f"  export: {len(improved)} shape(s) improved on estimates only; nothing exported "
+            f"(export admits measured winners, and there is no GPU)", type="export", step=step, exported=0)
+        return
+    from cudal2.export import export, sources_from
+    evs = [ev for (sha, shape), ev in reward.evaluations.items() if shape in set(improved)]
+    res = export(evs, sources_from(reward.db, [out / "sources"]), root=cfg.kernels_dir or None,
+                 mode=cfg.mode, report=str(out), gpu=reward.gpu or None)
+    for d in res.decisions:
+        log(f"  export {'+' if d.exported else '-'} {d.key[3]}x{d.key[4]}x{d.key[5]}: {d.reason}",
+            type="export", step=step, exported=d.exported, reason=d.reason, sha=d.source_sha)
+
+
+def _dataset(shapes, cfg: RLConfig, style: str, reward):
+    """One row per shape (M, N, K columns for the reward); the prompt is built when a row is read,
+    so full-style prompts carry feedback from the attempts so far."""
+    from datasets import Dataset
+    from .prompts import make_prompt
+    ds = Dataset.from_dict({"M": [s[0] for s in shapes], "N": [s[1] for s in shapes],
+                            "K": [s[2] for s in shapes]})
+
+    def attempts_for(shape):
+        return [a for batch in reward.attempts for a in batch if a is not None and a.shape == shape]
+
+    def transform(batch):
+        out = {"M": batch["M"], "N": batch["N"], "K": batch["K"], "prompt": []}
+        for m, n, k in zip(batch["M"], batch["N"], batch["K"]):
+            shape = (int(m), int(n), int(k))
+            text = make_prompt(style, shape, cfg.arch, cfg.acc, baseline=cfg.baseline,
+                               best=reward.best, attempts=attempts_for(shape) if style == "full" else None)
+            out["prompt"].append([{"role": "user", "content": text}])
+        return out
+
+    return ds.with_transform(transform)
+
+
+def _last_checkpoint(d: Path):
+    cks = sorted(d.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+    return str(cks[-1]) if cks else None
+
+
+def _restore(reward, out: Path):
+    """On --resume: the best kernel per shape from the previous log, sources from sources/."""
+    from .reward import Attempt
+    logp = out / "log.jsonl"
+    if not logp.exists():
+        return 0
+    n = 0
+    for line in logp.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") != "step":
+            continue
+        for a in rec.get("attempts", []):
+            if a.get("speedup") is None or a.get("verdict") not in ("ok", "not_measured"):
+                continue
+            shape = tuple(a["shape"])
+            src = out / "sources" / f"{a['sha']}.cu"
+            att = Attempt(shape, a["verdict"], a["reward"], a["speedup"], a["estimated"], a["sha"],
+                          a.get("eval_id"), True, a.get("detail", ""), a.get("build") or {},
+                          a.get("winner_baseline", ""), src.read_text() if src.exists() else "")
+            if shape not in reward.best or att.speedup > reward.best[shape].speedup:
+                reward.best[shape] = att
+                n += 1
+    return n
+
+
+def write_outputs(reward, shapes, steps: list[dict], out: Path, cfg: RLConfig) -> dict:
+    """best_kernels.csv, kernels/<M>_<N>_<K>.cu, reward_curve.png."""
+    kdir = out / "kernels"
+    kdir.mkdir(exist_ok=True)
+    rows = []
+    per_shape = {}
+    for batch in reward.attempts:
+        for a in batch:
+            if a is not None:
+                per_shape.setdefault(a.shape, []).append(a)
+    for s in shapes:
+        atts = per_shape.get(s, [])
+        best = reward.best.get(s)
+        fname = ""
+        if best is not None and best.source:
+            fname = f"kernels/{s[0]}_{s[1]}_{s[2]}.cu"
+            (out / fname).write_text(best.source)
+        rows.append({"M": s[0], "N": s[1], "K": s[2], "attempts": len(atts),
+                     "compiled": sum(a.compiled for a in atts),
+                     "distinct_sources": len({a.sha for a in atts if a.sha}),
+                     "best_speedup": f"{best.speedup:.4f}" if best else "",
+                     "baseline": cfg.baseline, "mode": cfg.mode,
+                     "estimated": int(best.estimated) if best else "",
+                     "best_verdict": best.verdict if best else "",
+                     "best_reward": f"{best.reward:.4f}" if best and best.reward is not None else "",
+                     "sha256": best.sha if best else "", "file": fname,
+                     "eval_id": best.eval_id if best else ""})
+    with (out / "best_kernels.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["M", "N", "K"])
+        w.writeheader()
+        w.writerows(rows)
+    plot_curve(steps, out / "reward_curve.png", estimated=reward.estimated, baseline=cfg.baseline)
+    return {"rows": rows}
+
+
+def plot_curve(steps: list[dict], path: Path, *, estimated: bool, baseline: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    xs = [s["step"] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (("reward_mean", "reward mean"), ("reward_max", "reward max")):
+        ys = [s.get(key) for s in steps]
+        ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
+    ax.plot(xs, [s.get("frac_compiled", float("nan")) for s in steps], marker=".", ls="--",
+            label="fraction compiled")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(f"reward (log speedup vs {baseline}, clipped)")
+    title = "cudal2 RL reward"
+    if estimated:
+        title += " (ESTIMATED: no GPU, cost-model rewards)"
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(cfg: RLConfig) -> dict:
+    t0 = time.time()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cfg.num_generations < 2:
+        raise ValueError("--num-generations must be >= 2 (GRPO compares completions within a group)")
+    if cfg.steps < 1:
+        raise ValueError("--steps must be >= 1")
+    if cfg.prompt_style and cfg.prompt_style not in ("full", "compact"):
+        raise ValueError(f"--prompt-style must be full or compact, got {cfg.prompt_style!r}")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = RunLog(out / "log.jsonl")
+    shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed)
+    print(f"rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
+          f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
+          f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
+          f"reward vs {cfg.baseline} ({cfg.mode}); output -> {out}", flush=True)
+
+    _quiet_libraries()
+    import torch
+    from .executor import make_executor
+    from .policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy
+    from .reward import KernelReward
+    from cudal2.harness.db import ResultsDB
+
+    recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch)
+    model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
+    builtin = cfg.policy == "builtin" or is_builtin(cfg.policy)
+    style = cfg.prompt_style or ("compact" if builtin else "full")
+    executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None)
+    db_path = Path(cfg.db) if cfg.db else out / "results.db"
+    db = ResultsDB(db_path)
+    reward = KernelReward(executor, db, arch=cfg.arch, baseline=cfg.baseline, mode=cfg.mode,
+                          timeout_s=cfg.timeout, sources_dir=out / "sources")
+    log(f"executor: {executor.describe()}; results DB: {db_path}", type="setup",
+        executor=executor.describe(), db=str(db_path), shapes=[list(s) for s in shapes],
+        policy=cfg.policy, style=style, config=vars(cfg))
+    if reward.estimated:
+        log("rewards are ESTIMATED: no GPU is visible here, so kernels are built and audited but not "
+            "run; speedups come from the cost model " + reward.estimate_note()
+            + ". Kernels already measured on a GPU reuse their DB rows.", type="estimated")
+
+    from trl import GRPOConfig, GRPOTrainer
+    per_step = cfg.prompts_per_step or min(len(shapes), 4)
+    use_cpu = not torch.cuda.is_available()
+    gargs = GRPOConfig(
+        output_dir=str(out / "checkpoints"), max_steps=cfg.steps,
+        per_device_train_batch_size=per_step * cfg.num_generations,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_completion_length or (128 if builtin else 2048),
+        learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
+        temperature=cfg.temperature, beta=cfg.beta, logging_steps=1,
+        save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
+        report_to="none", use_cpu=use_cpu, bf16=False, seed=cfg.seed, data_seed=cfg.seed,
+        use_vllm=cfg.vllm, disable_tqdm=False, log_level="warning",
+        top_k=0)
+    if cfg.vllm:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise SystemExit("--vllm: vLLM is not installed here (pip install vllm)") from None
+    peft_config = None
+    if cfg.lora:
+        from peft import LoraConfig
+        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+    state = {"seen": 0, "best": {}, "steps": []}
+    resume = None
+    if cfg.resume:
+        resume = _last_checkpoint(out / "checkpoints")
+        if resume is None:
+            print(f"--resume: no checkpoint in {out / 'checkpoints'}; starting fresh")
+        else:
+            n = _restore(reward, out)
+            state["best"] = {s: a.speedup for s, a in reward.best.items()}
+            for line in (out / "log.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("type") == "step":
+                    state["steps"].append({"step": rec["step"], **rec["summary"]})
+            log(f"resuming from {resume} ({n} best kernels restored from the log)", type="resume")
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=gargs,
+                          train_dataset=_dataset(shapes, cfg, style, reward),
+                          processing_class=tok, peft_config=peft_config,
+                          callbacks=[_make_callback(reward, cfg, shapes, log, out, state)])
+    _quiet_progress(trainer, log)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        executor.close()
+    trainer.save_model(str(out / "policy"))
+    write_outputs(reward, shapes, state["steps"], out, cfg)
+    secs = time.time() - t0
+    n_best = len(reward.best)
+    log(f"done in {secs:.0f}s: {reward.n_evaluated} harness evaluations, {reward.n_cached} cache hits; "
+        f"{n_best}/{len(shapes)} shapes with a {'built (estimated)' if reward.estimated else 'correct'} kernel"
+        + (f"  {reward.estimate_note()}" if reward.estimated else ""),
+        type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached)
+    print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
+          f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
+    return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+
+
+def run_cli(args) -> int:
+    try:
+        run(from_args(args))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"rl.train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl.train",
+                                     description="GRPO training of a kernel-writing policy against the cudal2 harness.")
+    configure_parser(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
