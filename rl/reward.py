@@ -26,7 +26,9 @@ a build, an audit pass and (with a GPU) the correctness checks and timing, all i
 call; an estimate is never given to a kernel that failed the build or the audit.
 
 Caching: evaluations are keyed by (source sha, shape, arch, GPU) in the results DB. A kernel seen
-before is never rebuilt or re-timed: its row is reused. Every reward for extracted code has a DB
+before is never rebuilt or re-timed: its row is reused. Without a GPU, a kernel already measured
+on a GPU model recorded in the DB (`reuse_gpu`, default: the only GPU model the DB has
+measurements from) gets that measured result, not an estimate. Every reward for extracted code has a DB
 row behind it; extraction failures (no code at all) are logged in the run's log.jsonl only.
 """
 from __future__ import annotations
@@ -160,7 +162,7 @@ class KernelReward:
     def __init__(self, executor, db, *, arch: str = "sm_90a", baseline: str = DEFAULT_BASELINE,
                  mode: str = DEFAULT_MODE, baselines: tuple[str, ...] | None = None,
                  gpu: str | None = None, cost_model=None, timeout_s: float = 120.0,
-                 sources_dir=None):
+                 sources_dir=None, reuse_gpu: str | None = None):
         from cudal2.harness.types import BASELINES
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; known: {BASELINES}")
@@ -173,6 +175,10 @@ class KernelReward:
         self.gpu = gpu if gpu is not None else executor.gpu_name()
         self.timeout_s = timeout_s
         self.sources_dir = sources_dir              # every evaluated source saved as <sha>.cu
+        # Without a GPU, rows measured on a GPU model are still the best answer for a kernel seen
+        # there: reuse them (default: the one GPU model this DB has measurements from, if one).
+        self.reuse_gpu = reuse_gpu if reuse_gpu is not None else (
+            self._single_measured_gpu() if not self.gpu else "")
         self.evaluations: dict[tuple[str, tuple], Any] = {}   # (sha, shape) -> Evaluation
         self._cost_model = cost_model
         self.attempts: list[list[Attempt]] = []     # one list per reward call (= per step)
@@ -180,6 +186,13 @@ class KernelReward:
         self.n_evaluated = 0                        # harness calls (cache misses)
         self.n_cached = 0
         self._lock = threading.Lock()
+
+    def _single_measured_gpu(self) -> str:
+        gpus = {(e.env or {}).get("gpu") for e in self.db.rows(arch=self.arch, estimated=False)
+                if e.status in PENALTIES or e.status == "ok"}
+        gpus.discard(None)
+        gpus.discard("")
+        return gpus.pop() if len(gpus) == 1 else ""
 
     # -- cost model -----------------------------------------------------------------------
     @property
@@ -226,7 +239,11 @@ class KernelReward:
         misses = []
         for key in pending:
             sha, shape = key
-            hit = self.db.lookup(sha, Shape(*shape), self.arch, self.gpu)
+            hit = None
+            if self.reuse_gpu:      # no GPU here, but this kernel may have been measured on one
+                hit = self.db.lookup(sha, Shape(*shape), self.arch, self.reuse_gpu)
+            if hit is None:
+                hit = self.db.lookup(sha, Shape(*shape), self.arch, self.gpu)
             if hit is not None and hit.status != "error":
                 evals[key] = (hit, True)
             else:

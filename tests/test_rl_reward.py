@@ -121,3 +121,22 @@ def test_reward_requires_shape_columns(tmp_path):
     rf = R.KernelReward(CountingExecutor(), ResultsDB(tmp_path / "r.db"))
     with pytest.raises(ValueError, match="M, N, K"):
         rf(prompts=[""], completions=[SHORT])
+
+
+def test_no_gpu_reuses_a_gpu_measurement(tmp_path):
+    """Without a GPU, a kernel the DB has measured on a GPU gets the measured reward."""
+    from cudal2.harness.db import ResultsDB
+    db = ResultsDB(tmp_path / "r.db")
+    m = Evaluation(status="ok", source_sha=R.source_sha(SHORT), shape=Shape(64, 64, 64), arch="sm_90a",
+                   acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"},
+                   timings={"offline": {"candidate": {"median_us": 5.0},
+                                        "cublaslt_autotuned": {"median_us": 6.0}}},
+                   speedups={"offline": {"cublaslt_autotuned": 1.2}})
+    db.add(m, source=SHORT)
+    ex = CountingExecutor()
+    rf = R.KernelReward(ex, db)
+    assert rf.reuse_gpu == "NVIDIA H100 80GB HBM3"
+    r = rf(prompts=[""], completions=[SHORT], M=[64], N=[64], K=[64])
+    assert ex.requests == [] and r[0] == pytest.approx(math.log(1.2))
+    a = rf.attempts[-1][0]
+    assert a.verdict == "ok" and not a.estimated and a.cached
