@@ -13,17 +13,18 @@ class RLConfig:
     sample: int = field(default=0, metadata={"help": "draw this many shapes from --shapes (seeded); 0 = all"})
     steps: int = field(default=20, metadata={"help": "GRPO steps"})
     out: str = field(default="runs/rl", metadata={"help": "output folder (DB, log, curve, kernels, checkpoints)"})
-    executor: str = field(default="local", metadata={"help": "where evaluations run: local | ray"})
+    executor: str = field(default="local", metadata={"help": "where evaluations run", "choices": ("local", "ray")})
     address: str = field(default="", metadata={"help": "Ray cluster address ('auto', 'ray://host:10001'); "
                          "empty = start a small local Ray"})
     jobs: int = field(default=0, metadata={"help": "parallel builds / Ray CPU workers (0 = CUDAL2_BUILD_JOBS)"})
     arch: str = field(default="sm_90a", metadata={"help": "target arch the kernels are built for"})
-    acc: str = field(default="f32", metadata={"help": "accumulator asked for in the prompt: f32 | f16"})
+    acc: str = field(default="f32", metadata={"help": "accumulator asked for in the prompt", "choices": ("f32", "f16")})
     baseline: str = field(default="cublaslt_autotuned", metadata={"help": "baseline the reward's speedup is against"})
-    mode: str = field(default="offline", metadata={"help": "timing mode the reward uses: offline | server"})
+    mode: str = field(default="offline", metadata={"help": "timing mode the reward uses", "choices": ("offline", "server")})
     num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group, >= 2)"})
     prompts_per_step: int = field(default=0, metadata={"help": "shapes per step (0 = min(#shapes, 4))"})
-    prompt_style: str = field(default="", metadata={"help": "full | compact (default: compact for builtin, full otherwise)"})
+    prompt_style: str = field(default="", metadata={"help": "prompt style ('' = compact for builtin, full otherwise)",
+                              "choices": ("", "full", "compact")})
     max_completion_length: int = field(default=0, metadata={"help": "tokens per completion (0 = 128 builtin, 2048 otherwise)"})
     learning_rate: float = field(default=0.0, metadata={"help": "0 = 5e-4 builtin, 1e-6 otherwise"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
@@ -44,12 +45,15 @@ def add_arguments(parser) -> None:
     for f in fields(RLConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=f.default, help=f.metadata["help"])
+            if f.default:       # a default-on switch is turned off with --no-<name>
+                parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                    default=True, help="do not " + f.metadata["help"])
+            else:
+                parser.add_argument(flag, action="store_true", default=False, help=f.metadata["help"])
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
-            parser.add_argument(flag, type=typ, default=f.default,
+            parser.add_argument(flag, type=typ, default=f.default, choices=f.metadata.get("choices"),
                                 help=f.metadata["help"] + f" (default: {f.default!r})")
-    parser.add_argument("--no-export", dest="export", action="store_false", help="do not export winners")
 
 
 def from_args(args) -> RLConfig:

@@ -283,7 +283,7 @@ def run(cfg: RLConfig) -> dict:
     from .reward import KernelReward
     from cudal2.harness.db import ResultsDB
 
-    recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch)
+    recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = cfg.policy == "builtin" or is_builtin(cfg.policy)
     style = cfg.prompt_style or ("compact" if builtin else "full")
