@@ -56,7 +56,6 @@ def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.compile
-@pytest.mark.slow
 def test_ray_executor_local_cluster(tmp_path):
     pytest.importorskip("ray")
     from rl.executor import RayExecutor
