@@ -71,6 +71,47 @@ def test_baselines_build_link_cublas_and_export_symbols(arch):
                        for line in dyn.splitlines() if line.strip()), (lib, sym)
 
 
+_LOAD_CARRIED = """
+import ctypes, os, sys
+from cudal2.harness import baselines
+try:
+    ctypes.CDLL(sys.argv[1], mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    print("loaded without help")
+except OSError as exc:
+    print("plain dlopen failed:", exc)
+lib = baselines.CublasLib(sys.argv[1])
+print("loaded", lib.run.__name__)
+"""
+
+
+@pytest.mark.compile
+def test_a_carried_baseline_finds_cublas_by_soname(tmp_path):
+    """A baseline .so built on another machine (RUNPATH names a folder that does not exist here)
+    still loads: pip's cuBLAS(Lt) and cudart are preloaded by soname."""
+    import sys
+
+    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
+
+    try:
+        tc = find_toolchain()
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    if not has_cublas(tc):
+        pytest.skip("cuBLAS libraries not installed (pip install nvidia-cublas)")
+    so = baselines.build_baselines("sm_90a")["cublas"]
+    data = open(so, "rb").read()
+    runpath = _readelf(so, "-d").split("Library runpath: [", 1)[1].split("]", 1)[0].encode()
+    assert runpath in data
+    # same length, so the ELF stays valid: the build machine's folder, gone
+    carried = tmp_path / "carried.so"
+    carried.write_bytes(data.replace(runpath, b"/" + b"x" * (len(runpath) - 1)))
+    out = subprocess.run([sys.executable, "-c", _LOAD_CARRIED, str(carried)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "plain dlopen failed: libcu" in out.stdout, out.stdout
+    assert "loaded cudal2_cublas_run" in out.stdout
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("acc", ["f32", "f16"])
 @pytest.mark.parametrize("layout", ["RR", "RC"])

@@ -26,9 +26,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from .types import BASELINES
+from .types import BASELINES, EXTRA_BASELINES
 
-EXTRA_BASELINES = ("torch_cublas", "torch_cublaslt", "torch_tunableop")
 ALL_BASELINES = BASELINES + EXTRA_BASELINES
 SOURCE_DIR = Path(__file__).resolve().parent / "baselines"
 SOURCES = {"cublas": "cublas_gemm.cu", "cublaslt": "cublaslt_gemm.cu"}
@@ -75,7 +74,38 @@ def build_baselines(arch: str, *, cache: Path | None = None) -> dict[str, str]:
 _V, _I, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 
 
+def _preload_cublas() -> list[str]:
+    """Make libcublas.so.N / libcublasLt.so.N resolvable by soname for a baseline .so built on
+    another machine (its RUNPATH names that machine's folders): load the CUDA runtime the way
+    cudal2.abi does for kernels, then pip's cuBLASLt and cuBLAS (the wheels torch depends on)
+    globally. cuBLASLt first: libcublas needs it. Returns what was loaded."""
+    from ..abi import _preload_cuda_runtime
+    from ..toolchain import _pip_cuda_roots
+
+    _preload_cuda_runtime()
+    loaded = []
+    for stem in ("libcublasLt.so.", "libcublas.so."):
+        for root in _pip_cuda_roots():
+            # sonames only (libcublas.so.13), not versioned file names (libcublas.so.13.1.0)
+            libs = [p for p in sorted((root / "lib").glob(stem + "*"))
+                    if p.name[len(stem):].isdigit()]
+            if libs:
+                try:
+                    ctypes.CDLL(str(libs[-1]), mode=ctypes.RTLD_GLOBAL)
+                    loaded.append(str(libs[-1]))
+                    break
+                except OSError:
+                    continue
+    return loaded
+
+
 def _load(path: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as first:
+        if "libcu" not in str(first):            # not a missing CUDA library: nothing to preload
+            raise BaselineError(f"cannot load baseline library {path}: {first}") from None
+    _preload_cublas()
     try:
         return ctypes.CDLL(path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as exc:

@@ -6,14 +6,32 @@
 //   TN: B column-major (stored N x K, ldb >= K)        -> cublasGemmEx(OP_T, OP_N, N, M, K, B, ldb, A, lda)
 // compute16 = 1 uses CUBLAS_COMPUTE_16F (fp16 accumulate, half scalars), else CUBLAS_COMPUTE_32F.
 // Handle creation and the workspace binding happen in cudal2_cublas_create, outside any timed
-// region; a run call only sets the stream and enqueues the GEMM (no sync, no allocation).
+// region; a run call enqueues the GEMM (no sync, no allocation), binding the stream (and the
+// workspace again, which cublasSetStream drops) only when the stream changed.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 struct Cudal2Cublas {
   cublasHandle_t handle;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+  bool stream_set = false;
 };
+
+// cublasSetStream resets the handle to cuBLAS's default workspace pool (cuBLAS docs), so the
+// caller's workspace is bound again after every stream change; the same stream is not re-set.
+static cublasStatus_t bind_stream(Cudal2Cublas* ctx, cudaStream_t stream) {
+  if (ctx->stream_set && ctx->stream == stream) return CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t st = cublasSetStream(ctx->handle, stream);
+  if (st == CUBLAS_STATUS_SUCCESS && ctx->workspace_bytes > 0)
+    st = cublasSetWorkspace(ctx->handle, ctx->workspace, ctx->workspace_bytes);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  ctx->stream = stream;
+  ctx->stream_set = true;
+  return CUBLAS_STATUS_SUCCESS;
+}
 
 extern "C" {
 
@@ -25,6 +43,8 @@ int cudal2_cublas_create(void** out, void* workspace, size_t workspace_bytes) {
   Cudal2Cublas* ctx = new Cudal2Cublas();
   cublasStatus_t st = cublasCreate(&ctx->handle);
   if (st != CUBLAS_STATUS_SUCCESS) { delete ctx; return (int)st; }
+  ctx->workspace = workspace;
+  ctx->workspace_bytes = workspace_bytes;
   if (workspace_bytes > 0) {
     st = cublasSetWorkspace(ctx->handle, workspace, workspace_bytes);
     if (st != CUBLAS_STATUS_SUCCESS) { cublasDestroy(ctx->handle); delete ctx; return (int)st; }
@@ -46,7 +66,7 @@ int cudal2_cublas_run(void* h, int variant, int compute16, const void* A, const 
                       int M, int N, int K, int lda, int ldb, int ldc, void* stream) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   Cudal2Cublas* ctx = static_cast<Cudal2Cublas*>(h);
-  cublasStatus_t st = cublasSetStream(ctx->handle, static_cast<cudaStream_t>(stream));
+  cublasStatus_t st = bind_stream(ctx, static_cast<cudaStream_t>(stream));
   if (st != CUBLAS_STATUS_SUCCESS) return (int)st;
   cublasOperation_t opb = variant == 1 ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (compute16) {
