@@ -39,14 +39,6 @@ LARGE_FLOPS = 1e12
 
 
 @dataclass(frozen=True)
-class BenchRequest(EvalRequest):
-    """EvalRequest plus the timing options bench exposes (measure reads them with getattr)."""
-    timer: str = "events"
-    flush_l2: bool = False
-    extra_baselines: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class Job:
     kernel: str          # path as given / as in the index
     source: str
@@ -436,11 +428,11 @@ def run_cli(args: argparse.Namespace) -> int:
           f"baselines {', '.join(baselines + extras)}; DB {args.db}")
     if not gpu:
         print("cudal2 bench: no GPU visible: building and auditing only; timing needs a GPU")
-    requests = [BenchRequest(j.source, j.shape, arch=arch, acc=args.acc or None, modes=modes,
-                             baselines=baselines, seeds=args.seeds, timeout_s=args.timeout,
-                             origin=j.kernel, target_qps=args.target_qps,
-                             timer="events" if args.timer == "wall" else args.timer,
-                             flush_l2=args.flush_l2, extra_baselines=extras) for j in jobs]
+    requests = [EvalRequest(j.source, j.shape, arch=arch, acc=args.acc or None, modes=modes,
+                            baselines=baselines, seeds=args.seeds, timeout_s=args.timeout,
+                            origin=j.kernel, target_qps=args.target_qps,
+                            timer="events" if args.timer == "wall" else args.timer,
+                            flush_l2=args.flush_l2, extra_baselines=extras) for j in jobs]
     from .harness import ResultsDB
     from .harness.evaluate import evaluate_many
 

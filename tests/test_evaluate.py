@@ -126,3 +126,83 @@ def test_gpu_hostile_kernels_and_recovery(tmp_path):
         good = evaluate(_req("control_ok.cu", baselines=(), timeout_s=300), db=db, pool=pool)
         assert good.status in ("ok", "too_fast"), good.detail
         assert pool.restarts >= 2
+
+
+def _timed_row(db, req, gpu, **over):
+    """A stored OK row as evaluate writes it after measuring `req` on `gpu`."""
+    from cudal2.build import source_sha
+    from cudal2.harness.evaluate import settings
+    from cudal2.harness.types import Evaluation
+
+    stats = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "n": 50}
+    who = ["candidate", *req.baselines, *req.extra_baselines]
+    ev = Evaluation(status="ok", source_sha=source_sha(req.source), shape=req.shape,
+                    arch=req.arch, acc="f32", layout="RR",
+                    timings={m: {w: dict(stats) for w in who} for m in req.modes},
+                    env={"gpu": gpu, "settings": settings(req), **over})
+    db.add(ev, source=req.source)
+    return ev
+
+
+def test_cache_key_gpu_model_and_timing_settings(tmp_path):
+    """A row answers only the request it was measured for: not_measured rows (no GPU) never
+    stand in for a GPU measurement; a row timed with another timer, L2 flush, arrival rate or
+    fewer baselines/modes is measured again; the latest matching verdict wins."""
+    from cudal2.harness.evaluate import _cache_hit
+    from cudal2.harness.types import Evaluation
+
+    db = ResultsDB(tmp_path / "r.db")
+    req = EvalRequest("// k\n", Shape(64, 64, 64), baselines=("torch", "cublas_nn"))
+    assert _cache_hit(db, "0" * 64, req, None) is None
+    from cudal2.build import source_sha
+    sha = source_sha(req.source)
+    db.add(Evaluation(status="not_measured", source_sha=sha, shape=req.shape, arch=req.arch,
+                      env={"gpu": None}), source=req.source)
+    assert _cache_hit(db, sha, req, None).status == "not_measured"     # no GPU: resume
+    assert _cache_hit(db, sha, req, "NVIDIA H100 80GB HBM3") is None   # GPU: measure it
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    row = _timed_row(db, req, h100)
+    assert _cache_hit(db, sha, req, h100).id == row.id
+    assert _cache_hit(db, sha, req, "NVIDIA H200") is None
+    from dataclasses import replace
+    for other in (replace(req, timer="graph"), replace(req, flush_l2=True),
+                  replace(req, modes=("offline", "server")),
+                  replace(req, baselines=("torch", "cublas_nn", "cublas_tn")),
+                  replace(req, extra_baselines=("torch_tunableop",)),
+                  replace(req, acc="f16")):
+        assert _cache_hit(db, sha, other, h100) is None, other
+    # fewer baselines than were timed: the row answers
+    assert _cache_hit(db, sha, replace(req, baselines=("torch",)), h100).id == row.id
+
+    server = replace(req, modes=("server",), target_qps=500.0)
+    srow = _timed_row(db, server, h100)
+    assert _cache_hit(db, sha, server, h100).id == srow.id
+    assert _cache_hit(db, sha, replace(server, target_qps=50.0), h100) is None
+    # the newest row that answers wins; an older matching row is still found
+    graph = replace(req, timer="graph")
+    grow = _timed_row(db, graph, h100)
+    assert _cache_hit(db, sha, graph, h100).id == grow.id
+    assert _cache_hit(db, sha, req, h100).id == row.id
+    # wall mode times with the host clock: the GPU timer does not matter there
+    wall = replace(req, modes=("wall",))
+    wrow = _timed_row(db, wall, h100)
+    assert _cache_hit(db, sha, replace(wall, timer="graph"), h100).id == wrow.id
+    # a verdict that needs no timing (wrong answer) is served whatever the timing settings
+    db.add(Evaluation(status="wrong", source_sha=sha, shape=req.shape, arch=req.arch,
+                      acc="f32", env={"gpu": h100}), source=req.source)
+    assert _cache_hit(db, sha, replace(req, timer="graph", flush_l2=True), h100).status == "wrong"
+
+
+def test_eval_request_timing_fields_are_validated():
+    base = dict(source="// k\n", shape=Shape(64, 64, 64))
+    r = EvalRequest(**base, timer="graph", flush_l2=True, extra_baselines=("torch_cublaslt",))
+    assert (r.timer, r.flush_l2, r.extra_baselines) == ("graph", True, ("torch_cublaslt",))
+    with pytest.raises(ValueError, match="timer"):
+        EvalRequest(**base, timer="cycles")
+    with pytest.raises(ValueError, match="extra baseline"):
+        EvalRequest(**base, extra_baselines=("torch_cudnn",))
+    with pytest.raises(ValueError, match="target_qps"):
+        EvalRequest(**base, target_qps=0)
+    with pytest.raises(TypeError, match="flush_l2"):
+        EvalRequest(**base, flush_l2="yes")

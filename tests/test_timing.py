@@ -315,3 +315,31 @@ def test_time_all_launch_error_and_unusable_baselines():
     out = time_all(kernel("candidate"), {}, EvalRequest("x", Shape(16, 16, 16)), acc="f32",
                    device="cpu", peak=bounds.peak_for_name("H100"), notes={}, backend=be)
     assert out["status"] == "launch_error" and "719" in out["detail"]
+
+
+def test_measure_marks_the_worker_poisoned_on_a_cuda_error(monkeypatch):
+    """A CUDA error anywhere in measuring (here: the library load) is the kernel's verdict and
+    tells the worker to exit after replying; other exceptions stay harness errors."""
+    import torch
+
+    import cudal2.abi
+    from cudal2.harness import measure, worker
+    from cudal2.harness.types import EvalRequest, Shape
+
+    req = EvalRequest("x", Shape(16, 16, 16))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(worker, "_poison_reason", None)
+
+    def illegal(path):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(cudal2.abi, "load_library", illegal)
+    out = measure.measure("k.so", req)
+    assert out["status"] == "launch_error" and "illegal memory access" in out["detail"]
+    assert "illegal memory access" in worker._poison_reason
+
+    monkeypatch.setattr(worker, "_poison_reason", None)
+    monkeypatch.setattr(cudal2.abi, "load_library", lambda p: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        measure.measure("k.so", req)
+    assert worker._poison_reason is None
+    assert not measure._cuda_error(torch.cuda.OutOfMemoryError("CUDA out of memory"))

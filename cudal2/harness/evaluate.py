@@ -5,9 +5,10 @@
       -> Evaluation -> ResultsDB.add
 
 Without a GPU the pipeline stops after the audit with status "not_measured": nothing invented.
-A DB row for the same (source sha, shape, arch, GPU model) is returned as is, without building
-or timing, so an interrupted run resumes where it stopped. Harness errors ("error") are stored
-but never served from the cache.
+A DB row for the same (source sha, shape, arch, GPU model) that answers the request (same
+accumulator; for timed rows the same modes, baselines, timer, L2 flush and arrival rate) is
+returned as is, without building or timing, so an interrupted run resumes where it stopped.
+Harness errors ("error") are stored but never served from the cache.
 """
 from __future__ import annotations
 
@@ -27,14 +28,12 @@ _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom
 
 
 def _measure_task(so_path: str, request: EvalRequest, baseline_libs: dict | None) -> dict:
-    """Worker task: measure, then make sure the CUDA context is still usable; if not, tell the
-    worker to exit after replying (a sticky error would poison the next evaluation)."""
+    """Worker task: measure (which marks the worker poisoned on a CUDA error it sees), then make
+    sure the CUDA context is still usable: an error the kernel left behind surfaces here."""
     from . import measure as M
     from .worker import mark_poisoned
     out = M.measure(so_path, request, baseline_libs=baseline_libs)
-    if out.get("status") == "launch_error":
-        mark_poisoned(out.get("detail") or "launch error")
-    else:
+    if out.get("status") != "launch_error":
         try:
             import torch
             if torch.cuda.is_available():
@@ -62,22 +61,66 @@ def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1):
                       preload=("torch", "cudal2.harness.measure", "cudal2.harness.evaluate:_warm_cuda"))
 
 
+def settings(request: EvalRequest) -> dict:
+    """The request settings a timed row depends on besides its key (source, shape, arch, GPU
+    model): recorded in every row's env["settings"] and compared on a cache hit, so a row timed
+    one way is never served to a request asking for another."""
+    from .measure import DEFAULT_SERVER_QPS
+    return {"timer": request.timer, "flush_l2": request.flush_l2,
+            "target_qps": float(request.target_qps or DEFAULT_SERVER_QPS),
+            "baselines": sorted(set(request.baselines) | set(request.extra_baselines)),
+            "modes": list(request.modes), "seeds": request.seeds}
+
+
+def _recorded_settings(hit: Evaluation) -> dict:
+    """A row's settings; rows stored before settings were recorded were timed with the
+    defaults, against the baselines their timings and notes name."""
+    rec = (hit.env or {}).get("settings")
+    if isinstance(rec, dict):
+        return rec
+    named = {who for whos in (hit.timings or {}).values() for who in whos}
+    named |= set((hit.env or {}).get("baseline_notes") or {})
+    return {"timer": "events", "flush_l2": False, "target_qps": None,
+            "baselines": sorted(named - {"candidate"})}
+
+
+def _same_timing(hit: Evaluation, request: EvalRequest) -> bool:
+    """Whether a timed row answers this request: every mode and baseline asked for was timed,
+    with the same timer, L2 flush and (server mode) arrival rate."""
+    rec, want = _recorded_settings(hit), settings(request)
+    if not set(request.modes) <= set(hit.timings or {}):
+        return False
+    if not set(want["baselines"]) <= set(rec.get("baselines") or ()):
+        return False
+    if rec.get("flush_l2") != want["flush_l2"]:
+        return False
+    if set(request.modes) - {"wall"} and rec.get("timer") != want["timer"]:
+        return False                      # the GPU timer matters to offline and server only
+    return "server" not in request.modes or rec.get("target_qps") == want["target_qps"]
+
+
 def _cache_hit(db, sha: str, request: EvalRequest, gpu: str | None) -> Evaluation | None:
+    """The stored row that answers this request, or None. The key includes the GPU model ('' =
+    no GPU), so a not_measured row never stands in for a measurement on a GPU; timed rows must
+    also match the request's timing settings; a row measured for another accumulator is not
+    reused."""
     if db is None:
         return None
-    hit = db.lookup(sha, request.shape, request.arch, gpu)
-    if hit is None:
-        return None
-    if hit.status == T.OK and not set(request.modes) <= set(hit.timings):
-        return None               # measured before, but not in every mode asked for now
-    if request.acc and hit.acc and hit.acc != request.acc:
-        return None
-    return hit
+    rows = db.rows(source_sha=sha, shape=request.shape, arch=request.arch, gpu=gpu or "",
+                   status=T.FINAL_STATUSES)
+    for hit in reversed(rows):                     # newest first: the latest verdict wins
+        if hit.status in (T.OK, T.TOO_FAST) and not _same_timing(hit, request):
+            continue
+        if request.acc and hit.acc and hit.acc != request.acc:
+            continue
+        return hit
+    return None
 
 
 def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
     return Evaluation(status=T.ERROR, source_sha=sha, shape=request.shape, arch=request.arch,
-                      acc=request.acc or "", env=env, origin=request.origin)
+                      acc=request.acc or "", env={**env, "settings": settings(request)},
+                      origin=request.origin)
 
 
 def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
@@ -159,7 +202,7 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
         ev.correctness = m.get("correctness") or {}
         ev.timings = m.get("timings") or {}
         ev.speedups = m.get("speedups") or {}
-        ev.env = {**env, **(m.get("env") or {})}
+        ev.env = {**ev.env, **(m.get("env") or {})}
         ev.env["gpu"] = gpu_model or ev.env.get("gpu")    # the name the cache is keyed by
         if m.get("bounds"):
             ev.correctness = {**ev.correctness, "bounds": m["bounds"]}

@@ -33,17 +33,45 @@ def _fail(status: str, detail: str, **extra) -> dict:
 
 
 def timing_config(request, mode: str) -> TimingConfig:
-    """The timing settings for one mode; request fields beyond the contract are optional."""
-    return TimingConfig(
-        mode=mode,
-        timer=getattr(request, "timer", None) or "events",
-        flush_l2=bool(getattr(request, "flush_l2", False)),
-        target_qps=float(request.target_qps or DEFAULT_SERVER_QPS),
-        seed=int(getattr(request, "timing_seed", 0) or 0),
-    )
+    """The timing settings for one mode of an EvalRequest."""
+    return TimingConfig(mode=mode, timer=request.timer, flush_l2=request.flush_l2,
+                        target_qps=float(request.target_qps or DEFAULT_SERVER_QPS))
+
+
+def _cuda_error(exc: BaseException) -> bool:
+    """An exception from the CUDA runtime (illegal address, misaligned access, launch failure):
+    after one of these the context is sticky-broken and the worker must not be reused. Out of
+    memory is not one (torch raises it for its own allocations; the context survives)."""
+    import torch
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return False
+    accel = getattr(torch, "AcceleratorError", None)      # torch >= 2.8
+    return (accel is not None and isinstance(exc, accel)) or \
+        (isinstance(exc, RuntimeError) and "CUDA error" in str(exc))
+
+
+def _poisoned(detail: str, **base) -> dict:
+    """The kernel broke the CUDA context: tell the worker to exit after replying (a fresh one
+    takes the next evaluation) and return the verdict."""
+    from .worker import mark_poisoned
+    mark_poisoned(detail)
+    return _fail("launch_error", detail, **base)
 
 
 def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = None) -> dict:
+    import torch
+
+    base: dict = {}
+    try:
+        return _measure(so_path, request, baseline_libs, base)
+    except Exception as exc:  # noqa: BLE001 - only CUDA errors are verdicts; the rest re-raise
+        if not _cuda_error(exc):
+            raise
+        return _poisoned(f"CUDA error while measuring: {type(exc).__name__}: {exc}"[:1000],
+                         **base)
+
+
+def _measure(so_path: str, request, baseline_libs, base: dict) -> dict:
     import torch
 
     from ..abi import load_library
@@ -57,7 +85,7 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
     declared = meta["acc"]
     acc = request.acc or declared
     layout = meta["layout"]
-    base = {"acc": acc, "layout": layout, "meta": meta}
+    base.update(acc=acc, layout=layout, meta=meta)
     if acc == "f32" and declared == "f16":
         return _fail("wrong", "kernel declares an f16 accumulator; the request needs f32", **base)
     ws_bytes = int(meta.get("workspace_bytes") or 0)
@@ -70,12 +98,12 @@ def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = Non
                                 tile=tile, seeds=request.seeds, device="cuda")
     base["correctness"] = report.to_dict()
     if report.launch_error is not None:
-        return _fail("launch_error", f"kernel returned cudaError {report.launch_error}", **base)
+        return _poisoned(f"kernel returned cudaError {report.launch_error}", **base)
     if not report.ok:
         return _fail("wrong", report.first_failure, **base)
 
     # 2. baselines, set up outside any timed region (handles, workspace, heuristic, tuning)
-    wanted = list(request.baselines) + list(getattr(request, "extra_baselines", ()) or ())
+    wanted = list(request.baselines) + list(request.extra_baselines)
     notes: dict[str, str] = {}
     runners = None
     if wanted:

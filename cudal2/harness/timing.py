@@ -24,9 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
-from .types import MODES
-
-TIMERS = ("events", "graph")
+from .types import MODES, TIMERS
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,12 @@ from typing import Any
 
 # Baselines every candidate is timed against (see ../shared/ANCHORS.md).
 BASELINES = ("torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned")
+# PyTorch's own switches, timed when asked for (cudal2.harness.baselines describes them).
+EXTRA_BASELINES = ("torch_cublas", "torch_cublaslt", "torch_tunableop")
 # Timing modes: back to back, Poisson arrivals, CUDA-L2's host-clock timer.
 MODES = ("offline", "server", "wall")
+# GPU timers for offline/server mode (wall mode always uses the host clock).
+TIMERS = ("events", "graph")
 ACCS = ("f32", "f16")
 LAYOUTS = ("RR", "RC")
 
@@ -79,6 +83,9 @@ class EvalRequest:
     origin: str = ""                       # "rl", "tune", "bench", ...
     mem_limit_bytes: int | None = None     # host RSS limit for the worker; None = harness default
     target_qps: float | None = None        # server mode arrival rate; None = measure's default
+    timer: str = "events"                  # offline/server GPU timer: "events" | "graph"
+    flush_l2: bool = False                 # flush L2 before every timed call
+    extra_baselines: tuple[str, ...] = ()  # EXTRA_BASELINES timed besides `baselines`
 
     def __post_init__(self):
         if not isinstance(self.source, str):
@@ -98,6 +105,15 @@ class EvalRequest:
         bad = [b for b in self.baselines if b not in BASELINES]
         if bad:
             raise ValueError(f"unknown baseline(s) {bad}; known: {BASELINES}")
+        bad = [b for b in self.extra_baselines if b not in EXTRA_BASELINES]
+        if bad:
+            raise ValueError(f"unknown extra baseline(s) {bad}; known: {EXTRA_BASELINES}")
+        if self.timer not in TIMERS:
+            raise ValueError(f"EvalRequest.timer must be one of {TIMERS}, got {self.timer!r}")
+        if not isinstance(self.flush_l2, bool):
+            raise TypeError(f"EvalRequest.flush_l2 must be a bool, got {self.flush_l2!r}")
+        if self.target_qps is not None and not self.target_qps > 0:
+            raise ValueError(f"EvalRequest.target_qps must be > 0, got {self.target_qps!r}")
         if self.seeds < 1:
             raise ValueError("EvalRequest.seeds must be >= 1")
         if not self.timeout_s > 0:
