@@ -192,3 +192,54 @@ def test_cli_without_gpu_builds_audits_and_measures_nothing(tmp_path, capsys, mo
     assert rc == 0
     assert not (tmp_path / "reports").exists()         # no numbers, no report
     assert bench.run_cli(_args(argv + ["--require-gpu"])) == 3
+
+
+@pytest.mark.compile
+def test_killed_bench_resumes_and_skips_recorded_rows(tmp_path):
+    """SIGKILL `cudal2 bench` mid-run: the rows already written survive (one commit per
+    evaluation) and a rerun evaluates only the missing ones."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from cudal2.toolchain import ToolchainError, find_toolchain
+    try:
+        find_toolchain()
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    db = tmp_path / "r.db"
+    shapes = [f"{m},{n},64" for m in (64, 128, 192, 256) for n in (64, 128)]
+    cmd = [sys.executable, "-m", "cudal2", "bench", "--kernels", str(CHEATS / "good_naive.cu"),
+           "--shapes", *shapes, "--db", str(db)]
+    env = dict(os.environ, CUDAL2_ARCH="sm_90a")
+
+    def rows():
+        if not db.exists():
+            return []
+        with sqlite3.connect(db) as con:
+            try:
+                return con.execute("SELECT id, M, N FROM evaluations ORDER BY id").fetchall()
+            except sqlite3.OperationalError:        # schema not created yet
+                return []
+
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not rows() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)    # its own session: bench and its workers
+        proc.wait()
+    before = rows()
+    assert 1 <= len(before) < len(shapes), f"the kill came too late: {len(before)} rows"
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    after = rows()
+    assert after[:len(before)] == before                      # recorded rows kept, not redone
+    assert len(after) == len(shapes)                          # only the missing ones added
+    assert len({(m, n) for _, m, n in after}) == len(shapes)  # no shape evaluated twice
