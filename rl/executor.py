@@ -26,7 +26,9 @@ def visible_gpu_name() -> str:
 
 
 def _evaluate_one(request, pool=None):
-    from cudal2.harness import evaluate
+    # the function from its module: once `cudal2.harness.evaluate` (the submodule) has been
+    # imported, `from cudal2.harness import evaluate` can yield the module, not the function
+    from cudal2.harness.evaluate import evaluate
     try:
         return evaluate(request, pool=pool, gpu=pool is not None)
     except Exception as e:   # the harness's own failure: a row that yields no reward, never a crash

@@ -72,3 +72,14 @@ def test_ray_executor_local_cluster(tmp_path):
         assert evs[0].meta.get("style") == "mma"
     finally:
         ex.close()
+
+
+def test_evaluate_one_calls_the_function_after_the_submodule_was_imported():
+    """Regression: with `cudal2.harness.evaluate` (the submodule) imported first, as the GPU
+    path does for gpu_pool, every fallback evaluation was a harness error ('module' object is
+    not callable). An #include escape is refused before nvcc, so this needs no compiler."""
+    import cudal2.harness.evaluate  # noqa: F401 - the import order under test
+    from rl.executor import _evaluate_one
+    ev = _evaluate_one(EvalRequest(source='#include "/etc/passwd"\n', shape=Shape(64, 64, 64),
+                                   arch="sm_90a", origin="rl"))
+    assert ev.status != "error", ev.detail
