@@ -17,6 +17,7 @@ docs/dispatch.md explains the rules; docs/internals.md has the store format.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
@@ -53,6 +54,7 @@ RACE_TARGET_US = 200.0  # each timed batch lasts about this long
 # vectorised loads in every family assume it; anything else goes to torch.
 ALIGN_BYTES = 16
 ALIGN_ELEMS = 8
+INT_MAX = 2**31 - 1  # the kernel ABI's sizes and leading dimensions are C ints
 _ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9): "sm_89"}
 
 
@@ -144,6 +146,8 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
     exclude = frozenset(exclude)
     if min(M, N, K) <= 0:
         return Decision("fallback", (), f"empty shape {M}x{N}x{K}")
+    if max(M, N, K) > INT_MAX:
+        return Decision("fallback", (), f"{M}x{N}x{K} exceeds the kernel ABI's 32-bit int sizes")
     if layout not in LAYOUTS:
         return Decision("fallback", (), f"layout {layout!r} is not one of {LAYOUTS}")
     if not arch:
@@ -356,8 +360,10 @@ def _load(e: TableEntry):
 
 
 def _launcher(lib) -> tuple:
-    fn = getattr(lib, "raw_launch", None) or lib.launch
-    return (fn, int(lib.meta.get("workspace_bytes") or 0))
+    """The serving-table value of a kernel: (raw ctypes function, workspace bytes, the same as a
+    c_size_t), built once so a launch converts nothing it can reuse (abi.raw_launch's convention)."""
+    ws_bytes = int(lib.meta.get("workspace_bytes") or 0)
+    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes))
 
 
 def _verdict_path(key: dict) -> Path:
@@ -508,9 +514,9 @@ def _nearest(dev, M, N, K, layout, a, b, d: Decision):
         stream = torch.cuda.current_stream(dev).cuda_stream
         lda, ldb = a.stride(0), (b.stride(0) if layout == "RR" else b.stride(1))
         for sha, lib in libs.items():
-            fn, ws_bytes = _launcher(lib)
+            ws_bytes = _launcher(lib)[1]
 
-            def run(c, fn=fn, ws_bytes=ws_bytes, sha=sha):
+            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha):
                 ws = _workspace(dev, stream, ws_bytes) if ws_bytes else 0
                 rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, lda, ldb, N, ws,
                         ws_bytes, stream)
@@ -555,6 +561,8 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_active = torch._C._functorch.peek_interpreter_stack
 _autocast_any = torch._C._is_any_autocast_enabled
 _env = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_vp = ctypes.c_void_p
+_NULL = ctypes.c_void_p(0)
 _raw_stream = None
 _cur_device = None
 
@@ -592,7 +600,7 @@ def _cuda_matmul(a, b, out):
     if (_functorch_active() is not None or _tf_modes() or _dispatch_modes()
             or (_autocast_any() and torch.get_autocast_dtype("cuda") is not _f16)):
         return _mm(a, b) if out is None else _mm(a, b, out=out)
-    if (a.requires_grad or b.requires_grad) and _grad_enabled():
+    if _grad_enabled() and (a.requires_grad or b.requires_grad):
         if out is None:
             return _op(a, b)  # autograd through the custom op (kernel path forward and backward)
         return _mm(a, b, out=out)  # torch's own error: out= does not support autograd
@@ -621,7 +629,9 @@ def _launch(a, b, out):
         layout, ldb = "RC", sb1
     else:
         return None
-    if ldb % ALIGN_ELEMS or pb % ALIGN_BYTES:
+    # ctypes truncates ints to the ABI's 32-bit int silently: wider leading dimensions go to torch
+    # (M, N, K beyond it never get a kernel: plan()).
+    if ldb % ALIGN_ELEMS or pb % ALIGN_BYTES or (lda | ldb) > INT_MAX:
         return None
     dev = a.get_device()
     if b.get_device() != dev:
@@ -638,23 +648,25 @@ def _launch(a, b, out):
     if served is _TORCH:
         return None
     if out is None:
-        c = a.new_empty((M, N))
+        c = a.new_empty(M, N)
         ldc = N
     else:
         if (type(out) not in _PLAIN or out.dtype is not _f16 or out.get_device() != dev
                 or out.shape != (M, N) or out.requires_grad):
             return None
         ldc, sc1 = out.stride()
-        if sc1 != 1 or ldc < N or ldc % ALIGN_ELEMS or out.data_ptr() % ALIGN_BYTES:
+        if (sc1 != 1 or ldc < N or ldc % ALIGN_ELEMS or ldc > INT_MAX
+                or out.data_ptr() % ALIGN_BYTES):
             return None
         if _overlaps(out, ldc, M, N, a, lda, M, K) or _overlaps(out, ldc, M, N, b, ldb, *(
                 (K, N) if layout == "RR" else (N, K))):
             return None
         c = out
-    fn, ws_bytes = served
+    fn, ws_bytes, ws_c = served
     stream = _raw_stream(dev)
-    ws = _workspace(dev, stream, ws_bytes) if ws_bytes else 0
-    rc = fn(pa, pb, c.data_ptr(), M, N, K, lda, ldb, ldc, ws, ws_bytes, stream)
+    ws = _vp(_workspace(dev, stream, ws_bytes)) if ws_bytes else _NULL
+    rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
+            _vp(stream) if stream else _NULL)
     if rc:
         # A launch error (e.g. too little shared memory on this part) must not break the user:
         # remember, warn once, and let torch compute this and every later call of the shape.

@@ -1,5 +1,6 @@
 """Dispatch decisions from synthetic tables (no GPU): plan(), the race verdict rule, lazy
 thread-safe loading, the plan/load loop and the on-disk verdict cache."""
+import ctypes
 import json
 import threading
 import time
@@ -212,7 +213,7 @@ def test_loader_remembers_failures():
 class FakeLib:
     def __init__(self, meta):
         self.meta = meta
-        self.launch = lambda *args: 0
+        self.launch = self.raw_launch = lambda *args: 0
 
 
 @pytest.fixture
@@ -328,12 +329,17 @@ def hot(monkeypatch):
 
     def launcher(rc=0):
         def fn(*args):
-            calls.append(args)
+            # abi.raw_launch's convention: pointers arrive as c_void_p, workspace_bytes as
+            # c_size_t, the six ints as ints. Recorded as plain ints.
+            assert all(isinstance(x, ctypes.c_void_p) for x in args[:3] + args[9:10] + args[11:])
+            assert isinstance(args[10], ctypes.c_size_t)
+            assert all(type(x) is int for x in args[3:9])
+            calls.append(tuple(x if type(x) is int else (x.value or 0) for x in args))
             return rc
         return fn
 
     def serve(M, N, K, layout, rc=0, ws=0):
-        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws)
+        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws))
 
     yield torch, serve, calls
     D.reset()

@@ -3,6 +3,7 @@ nvcc builds (compile tier: zero spills, ABI symbols, accumulator type in the PTX
 argument validation through ctypes without a GPU) and correctness against torch (gpu tier)."""
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 import shutil
@@ -276,7 +277,13 @@ def test_raw_kernels_meta_and_argument_checks(cfg, arch):
     ws, wsb = (P, m["workspace_bytes"]) if split > 1 else (0, 0)
 
     def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P, ws=ws, wsb=wsb):
-        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, ws, wsb, 0)
+        rc = lib.launch(a, b, c, M, N, K, lda, ldb, ldc, ws, wsb, 0)
+        # The dispatcher's calling convention (abi.raw_launch: no argtypes, typed values) must
+        # hand the kernel the same arguments.
+        vp = ctypes.c_void_p
+        assert lib.raw_launch(vp(a), vp(b), vp(c), M, N, K, lda, ldb, ldc, vp(ws),
+                              ctypes.c_size_t(wsb), vp(0)) == rc
+        return rc
     assert call(0, 64, 64, 64, 64, 64) == 0 and call(64, 0, 64, 64, 64, 64) == 0
     assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
     assert call(64, -1, 64, 64, 64, 64) == INVALID_VALUE
