@@ -14,6 +14,7 @@ from . import knobs
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
+    "templates": ("cudal2.templates", "write reference kernel files from the template families (`--list`, `--defaults DIR`)"),
     "build": ("cudal2.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
     "audit": ("cudal2.harness.audit", "build and audit kernel files: imports, includes, accumulator, resources"),
     "bench": ("cudal2.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),

@@ -371,6 +371,11 @@ def configure_parser(parser) -> None:
                         help="print the #define lines + #include form instead of the inlined file")
     parser.add_argument("--list", action="store_true",
                         help="list families, their default configs and parameter choices, then exit")
+    parser.add_argument("-o", "--out", type=Path, default=None, metavar="FILE",
+                        help="write the .cu file here instead of stdout")
+    parser.add_argument("--defaults", type=Path, default=None, metavar="DIR",
+                        help="write every family's default configs as DIR/<family>_<i>.cu, then exit "
+                             "(the reference kernels: `cudal2 build DIR/*.cu --arch sm_90a`)")
 
 
 def _parse_value(text: str) -> Value:
@@ -380,8 +385,22 @@ def _parse_value(text: str) -> Value:
         return text
 
 
+def _write_defaults(folder: Path) -> int:
+    import sys
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"writing the default configs of {', '.join(FAMILIES)} to {folder}", file=sys.stderr)
+    for fam in FAMILIES.values():
+        for i, cfg in enumerate(fam.defaults()):
+            path = folder / f"{fam.name}_{i}.cu"
+            path.write_text(instantiate(cfg))
+            print(f"{path}  {cfg.label()}  (arches {' '.join(fam.arches)})")
+    return 0
+
+
 def run_cli(args) -> int:
     import sys
+    if args.defaults is not None:
+        return _write_defaults(args.defaults)
     if args.list:
         for fam in FAMILIES.values():
             print(f"{fam.name}  ({fam.header}, style {fam.style}, arches {', '.join(fam.arches)})")
@@ -414,6 +433,11 @@ def run_cli(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(text)
-    print(f"// {cfg.label()}: {len(text.splitlines())} lines written to stdout", file=sys.stderr)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(f"// {cfg.label()}: {len(text.splitlines())} lines written to {args.out or 'stdout'}",
+          file=sys.stderr)
     return 0
