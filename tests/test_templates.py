@@ -203,6 +203,137 @@ def test_cli_prints_an_instantiation(capsys):
     assert run_cli(p.parse_args(["mma"])) == 0
 
 
+# ---- fragment rules, emulated on the CPU ----------------------------------------------------
+# A numpy model of one CTA tile's k-loop through shared memory: ldmatrix.x4 (plain and .trans)
+# and mma.sync.m16n8k16 as the PTX ISA defines their per-lane fragments, driven by the per-lane
+# address formulas read from mma_hgemm.cuh itself (C and Python agree on these expressions), and
+# the kernel's epilogue mapping. Shared-memory padding holds NaN, so reading it shows up.
+def _kernel_exprs(layout_rc: bool) -> dict[str, str]:
+    src = (template_dir() / "mma_hgemm.cuh").read_text()
+    m = re.search(r"const uint32_t a_lane = (.+?);\n#if LAYOUT_RC\n(.+?)#else\n(.+?)#endif", src, re.S)
+    assert m, "mma_hgemm.cuh: the ldmatrix lane-address block moved; update this test"
+    exprs = {"a_lane": m.group(1)}
+    for line in (m.group(2) if layout_rc else m.group(3)).splitlines():
+        d = re.match(r"\s*(?:const|constexpr) uint32_t (\w+) = (.+?);", line)
+        if d:
+            exprs[d.group(1)] = d.group(2)
+    for name in ("a_addr", "b_addr"):
+        d = re.search(rf"{name}\[\w+\] = (.+?);", src)
+        exprs[name] = d.group(1)
+    assert set(exprs) == {"a_lane", "b_lane", "kBPairStep", "kBKStep", "a_addr", "b_addr"}, exprs
+    return exprs
+
+
+def _ldmatrix_x4(smem, addrs, trans):
+    """regs[lane][j] = the two halfs lane holds of 8x8 matrix j (rows from lanes 8j..8j+7)."""
+    import numpy as np
+    regs = np.empty((32, 4, 2))
+    for j in range(4):
+        rows = []
+        for i in range(8):
+            addr = int(addrs[8 * j + i])
+            assert addr % 16 == 0, "ldmatrix row addresses must be 16-byte aligned"
+            rows.append(smem[addr // 2: addr // 2 + 8])
+        # 8 row addresses in 8 distinct 16-byte bank groups: a conflict-free ldmatrix phase.
+        assert len({int(addrs[8 * j + i]) % 128 // 16 for i in range(8)}) == 8
+        mat = np.stack(rows)
+        if trans:
+            mat = mat.T
+        for lane in range(32):
+            regs[lane, j] = mat[lane >> 2, 2 * (lane & 3): 2 * (lane & 3) + 2]
+    return regs
+
+
+def _mma_m16n8k16(acc, a, b0, b1):
+    """acc[lane] (c0..c3) += A @ B with A, B gathered from the lanes' fragments (PTX ISA)."""
+    import numpy as np
+    A, B = np.full((16, 16), np.inf), np.full((16, 8), np.inf)
+    for lane in range(32):
+        g, t = lane >> 2, 2 * (lane & 3)
+        A[g, t:t + 2], A[g + 8, t:t + 2], A[g, t + 8:t + 10], A[g + 8, t + 8:t + 10] = a[lane]
+        B[t:t + 2, g], B[t + 8:t + 10, g] = b0[lane], b1[lane]
+    D = A @ B
+    for lane in range(32):
+        g, t = lane >> 2, 2 * (lane & 3)
+        acc[lane, 0:2] += D[g, t:t + 2]
+        acc[lane, 2:4] += D[g + 8, t:t + 2]
+
+
+@pytest.mark.parametrize("layout_rc", [False, True], ids=["RR", "RC"])
+def test_fragment_addressing_computes_the_tile_product(layout_rc):
+    import numpy as np
+    BM, BN, BK, WM, WN, pad = 128, 128, 32, 64, 64, 8
+    ex = _kernel_exprs(layout_rc)
+    rng = np.random.default_rng(0)
+    A = rng.integers(-4, 5, (BM, BK)).astype(np.float64)   # small integers: exact in float
+    B = rng.integers(-4, 5, (BK, BN)).astype(np.float64)    # K x N
+    kAStride = BK + pad
+    sA = np.full((BM, kAStride), np.nan)
+    sA[:, :BK] = A
+    if layout_rc:                                   # B stored N x K: BN rows of BK
+        kBStride = BK + pad
+        sB = np.full((BN, kBStride), np.nan)
+        sB[:, :BK] = B.T
+    else:                                           # B stored K x N: BK rows of BN
+        kBStride = BN + pad
+        sB = np.full((BK, kBStride), np.nan)
+        sB[:, :BN] = B
+    sA, sB = sA.ravel(), sB.ravel()
+    kMI, kNI = WM // 16, WN // 8
+    C = np.full((BM, BN), np.nan)
+    lanes = np.arange(32)
+    for wm in range(BM // WM):
+        for wn in range(BN // WN):
+            env = dict(lane=lanes, wm=wm, wn=wn, WM=WM, WN=WN, kAStride=kAStride, kBStride=kBStride)
+            a_lane, b_lane = eval(ex["a_lane"], env), eval(ex["b_lane"], env)
+            env.update(kBPairStep=eval(ex["kBPairStep"], env), kBKStep=eval(ex["kBKStep"], env),
+                       a_stage=a_lane, b_stage=b_lane)
+            acc = np.zeros((kMI, kNI, 32, 4))
+            for kk in range(BK // 16):
+                a = [_ldmatrix_x4(sA, eval(ex["a_addr"], dict(env, mi=mi, kk=kk)), False)
+                     for mi in range(kMI)]
+                b = [_ldmatrix_x4(sB, eval(ex["b_addr"], dict(env, p=p, kk=kk)), not layout_rc)
+                     for p in range(kNI // 2)]
+                for mi in range(kMI):
+                    for ni in range(kNI):   # the kernel's operand choice: b[ni/2][(ni%2)*2 (+1)]
+                        pair = b[ni // 2]
+                        _mma_m16n8k16(acc[mi, ni], a[mi], pair[:, (ni % 2) * 2], pair[:, (ni % 2) * 2 + 1])
+            for lane in range(32):          # the epilogue's mapping
+                g, t = lane >> 2, lane & 3
+                for mi in range(kMI):
+                    for ni in range(kNI):
+                        col = wn * WN + ni * 8 + 2 * t
+                        for h in range(2):
+                            row = wm * WM + mi * 16 + g + 8 * h
+                            C[row, col:col + 2] = acc[mi, ni, lane, 2 * h: 2 * h + 2]
+    np.testing.assert_array_equal(C, A @ B)
+
+
+@pytest.mark.parametrize("acc", ["f32", "f16"])
+def test_ptx_inner_loop_uses_the_emulated_fragment_mapping(acc):
+    """ptx_hgemm.cuh spells the k16 step out by hand: its ldmatrix destinations and each mma's
+    operands must be the mapping the emulation above proves (A of fragment mi = ra[4mi..4mi+3];
+    B of fragment ni = rb[4(ni/2) + 2(ni%2)], +1; accumulator operands in (mi, ni) order)."""
+    src = (template_dir() / "ptx_hgemm.cuh").read_text()
+    f16 = acc == "f16"
+    block = src.split("#else\n#define CUDAL2_ACC2")[1 if f16 else 0]
+    regs = 2 if f16 else 4
+    addr0 = 4 * 8 * regs   # first address operand after the accumulators
+    ldm = re.findall(r"\{(r[ab])(\d+),r[ab]\d+,r[ab]\d+,r[ab]\d+\}, \[%(\d+)\]", block)
+    assert ldm == [("ra", str(4 * i), str(addr0 + i)) for i in range(4)] + \
+                  [("rb", str(4 * p), str(addr0 + 4 + p)) for p in range(4)]
+    mmas = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.(\w+)\.f16\.f16\.(\w+) \{([^}]*)\}, "
+                      r"\{([^}]*)\}, \{([^}]*)\}, \{([^}]*)\}", block)
+    assert len(mmas) == 32
+    for i, (dtype, ctype, d, a, b, c) in enumerate(mmas):
+        mi, ni = divmod(i, 8)
+        assert dtype == ctype == acc and d == c
+        assert d.split(",") == [f"%{(mi * 8 + ni) * regs + r}" for r in range(regs)]
+        assert a.split(",") == [f"ra{4 * mi + r}" for r in range(4)]
+        first = 4 * (ni // 2) + 2 * (ni % 2)
+        assert b.split(",") == [f"rb{first}", f"rb{first + 1}"]
+
+
 # ---- builds (nvcc, no GPU) ----------------------------------------------------------------
 def _build(cfg, arch):
     from cudal2.build import build
