@@ -1,0 +1,118 @@
+"""Fill a build cache (CUDAL2_CACHE) with every kernel the GPU tests and the hostile-corpus stage
+build, so a GPU machine whose nvcc has the same version finds them built.
+
+The spec lists come from the tests themselves (their case lists and data folders), not copies,
+so a test that gains a kernel is prefilled too. Entries already built in another cache (--seed,
+default ~/.cache/cudal2) are copied instead of recompiled: the key is content-addressed, so an
+entry with the same key is the same binary.
+
+    CUDAL2_CACHE=.gpu_cache python scripts/gpu_session/prefill.py --arch sm_90a
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+
+
+def _test_module(name: str):
+    """Import tests/<name>.py by path (tests/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_gpu_session_{name}", TESTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def specs(arch: str) -> list:
+    """(why, BuildSpec) for every cached build the GPU tests and the hostile stage make."""
+    from cudal2.build import BuildSpec
+    from cudal2.harness import baselines
+    from cudal2.harness.audit import check_includes
+    from cudal2.templates import FAMILIES
+
+    out = []
+    # tests/test_templates.py::test_kernels_match_torch (default cache)
+    for p in _test_module("test_templates")._gpu_cases():
+        cfg = p.values[0]
+        if arch in FAMILIES[cfg.family].arches:
+            out.append(("test_templates", FAMILIES[cfg.family].build_spec(cfg, arch)))
+    # tests/test_check.py GPU tests: the planted-bug kernels
+    for f in sorted((TESTS / "data" / "cheats").glob("*.cu")):
+        out.append(("test_check", BuildSpec(f.read_text(), arch, name=f.stem)))
+    # tests/test_evaluate.py GPU tests and the hostile stage (`cudal2 bench --kernels
+    # tests/data/hostile`): evaluate() builds BuildSpec(source, arch) for the files that pass its
+    # source rules; the others never reach nvcc there, so they don't here either
+    for f in sorted((TESTS / "data" / "hostile").glob("*.cu")):
+        try:
+            text = f.read_text()
+        except UnicodeDecodeError:
+            continue  # non-UTF-8 source is a verdict before any build
+        if not check_includes(text):
+            out.append(("hostile", BuildSpec(text, arch, name=f.stem)))
+    # tests/test_baselines.py and every measurement: the cuBLAS/cuBLASLt baseline libraries
+    for lib in baselines.SOURCES:
+        out.append(("baselines", BuildSpec(baselines.source(lib), arch, libraries=tuple(baselines.LIBRARIES),
+                                           name=f"baseline-{lib}")))
+    return out
+
+
+def seed_entry(key: str, cache: Path, seed: Path) -> bool:
+    """Copy a finished entry for `key` from `seed` into `cache`; True if copied."""
+    src, dst = seed / "builds" / key[:2] / key, cache / "builds" / key[:2] / key
+    if dst.exists() or not (src / "build.json").is_file():
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".seed")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    tmp.replace(dst)
+    return True
+
+
+def main(argv=None) -> int:
+    from cudal2 import knobs
+    from cudal2.build import build_many, cache_key
+    from cudal2.toolchain import find_toolchain
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--seed", default=str(Path.home() / ".cache" / "cudal2"),
+                    help="another build cache to copy finished entries from ('' = none)")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--list", action="store_true", help="print the specs and exit")
+    args = ap.parse_args(argv)
+
+    cache = knobs.cache_dir()
+    todo = specs(args.arch)
+    if args.list:
+        for why, s in todo:
+            print(f"{why:15s} {s.name}")
+        return 0
+    tc = find_toolchain()
+    seed = Path(args.seed).expanduser() if args.seed else None
+    seeded = 0
+    if seed and seed.resolve() != cache.resolve():
+        for _, s in todo:
+            seeded += seed_entry(cache_key(s, tc.version), cache, seed)
+    print(f"prefill {cache}: {len(todo)} builds for {args.arch} with nvcc {tc.version} "
+          f"({seeded} copied from {seed})", flush=True)
+    t0 = time.monotonic()
+    results = build_many([s for _, s in todo], jobs=args.jobs,
+                         progress=lambda r: print(f"  {r.name}: {r.status}"
+                                                  f"{' (cached)' if r.cached else f' {r.seconds:.1f} s'}", flush=True))
+    bad = [(why, r) for (why, _), r in zip(todo, results) if not r.ok and why != "hostile"]
+    for why, r in bad:
+        print(f"FAILED {why} {r.name}: {r.status}\n{r.log[-1500:]}", file=sys.stderr)
+    print(f"prefill done in {time.monotonic() - t0:.0f} s: {sum(r.ok for r in results)} ok, "
+          f"{sum(not r.ok for r in results)} not ok ({len(bad)} unexpected)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

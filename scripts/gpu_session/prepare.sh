@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# CPU machine: build everything a GPU session carries, into ignored folders of the repo root.
+#   .gpu_cache/     CUDAL2_CACHE: the GPU tests' kernels + baselines (prefill.py) and the
+#                   built-in RL policy (rl.policy build); hits on the GPU machine when its nvcc
+#                   has the same version, else that machine rebuilds (nvcc there, 16 cores)
+#   .gpu_campaign/  `cudal2 campaign prepare` pack (binaries, no nvcc needed there)
+#   .whl/           wheels the GPU image lacks: trl + datasets (+ dill, multiprocess) for the RL
+#                   stage, nvidia-cutlass (headers + the version the cache key records)
+# Then checks that the tree that travels plus these stays under 64 MiB.
+#
+#   scripts/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
+#                                  [--no-campaign] [--no-prefill] [--root DIR]
+#                                  [--families "mma ptx"] [--limit-per-shape 4]
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
+WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 FAMILIES="" LIMIT_PER_SHAPE=4
+while [ $# -gt 0 ]; do
+  case $1 in
+    --shapes) SHAPES=$2; shift 2;;
+    --arch) ARCH=$2; shift 2;;
+    --root) ROOT=$2; shift 2;;
+    --no-wheels) WHEELS=0; shift;;
+    --no-policy) POLICY=0; shift;;
+    --no-campaign) CAMPAIGN=0; shift;;
+    --no-prefill) PREFILL=0; shift;;
+    --families) FAMILIES=$2; shift 2;;
+    --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0;;
+    *) echo "prepare.sh: unknown argument $1 (see --help)" >&2; exit 2;;
+  esac
+done
+LIMIT=$((64 << 20))
+PY=${PYTHON:-python3}
+# Wheels pinned to the versions tested here (trl 1.16 needs datasets >= 4.7; the GPU image has
+# accelerate, transformers, pyarrow, pandas, xxhash, fsspec, huggingface-hub, peft already).
+PINS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+      "nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
+
+cd "$REPO"
+mkdir -p "$ROOT"
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+for d in /.gpu_cache/ /.gpu_campaign/ /.whl/; do
+  grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
+done
+export CUDAL2_CACHE=$ROOT/.gpu_cache
+echo "== prepare: root $ROOT, arch $ARCH, shapes $SHAPES, nvcc $(nvcc --version 2>/dev/null | grep -o 'V[0-9.]*' || echo '?')"
+
+if [ $PREFILL = 1 ]; then
+  echo "== build cache $CUDAL2_CACHE (GPU tests' kernels, hostile corpus, baselines)"
+  $PY scripts/gpu_session/prefill.py --arch "$ARCH"
+fi
+if [ $POLICY = 1 ]; then
+  echo "== built-in RL policy into $CUDAL2_CACHE/rl"
+  $PY -m rl.policy build
+fi
+if [ $CAMPAIGN = 1 ]; then
+  echo "== campaign pack $ROOT/.gpu_campaign"
+  rm -rf "$ROOT/.gpu_campaign"
+  # the pack copies its builds: build them in the user's cache, not the carried one
+  CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+    $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
+      --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES}
+fi
+if [ $WHEELS = 1 ]; then
+  echo "== wheels into $ROOT/.whl: ${PINS[*]}"
+  rm -rf "$ROOT/.whl" && mkdir -p "$ROOT/.whl"
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$ROOT/.whl" "${PINS[@]}"
+fi
+
+# Drop what needs no carrying: locks, half-written temp entries, toolchain shims (absolute
+# symlinks into this machine; the GPU machine makes its own).
+if [ -d "$CUDAL2_CACHE" ]; then
+  find "$CUDAL2_CACHE" -name '*.lock' -delete
+  find "$CUDAL2_CACHE" -depth -type d \( -name '*.tmp*' -o -name '*.seed' \) -exec rm -rf {} +
+  rm -rf "$CUDAL2_CACHE/toolchain"
+fi
+
+# Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+total=$tree
+printf '%-16s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
+for d in .gpu_cache .gpu_campaign .whl; do
+  [ -d "$ROOT/$d" ] || continue
+  n=$(du -sb "$ROOT/$d" | cut -f1); total=$((total + n))
+  printf '%-16s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
+done
+printf '%-16s %8.1f MiB (limit 64)\n' "total" "$(awk "BEGIN{print $total/1048576}")"
+if [ "$total" -gt "$LIMIT" ]; then
+  echo "prepare.sh: $total bytes > 64 MiB would not travel: carry less (--no-wheels, fewer shapes)" >&2
+  exit 1
+fi
+echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".whl\"]   (docs/gpu_session.md has the run commands)"

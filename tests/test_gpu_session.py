@@ -1,0 +1,116 @@
+"""The GPU session kit (scripts/gpu_session/) on a CPU machine: prefill lists the GPU tests'
+kernels, run.sh runs stages without a GPU (--allow-no-gpu) and leaves only what the device tool
+returns (<= 8 files in $OUT, each <= 16 MiB, plain names, <= 2 folders deep), collect.sh files
+the result under reports/<gpu>/<date>-<stage>/."""
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+KIT = REPO / "scripts" / "gpu_session"
+
+
+def _sh(args, env=None, timeout=300):
+    e = dict(os.environ, PYTHON=sys.executable, **(env or {}))
+    return subprocess.run(["bash", *map(str, args)], cwd=REPO, env=e, capture_output=True, text=True,
+                           timeout=timeout)
+
+
+def _device_tool_limits(out: Path):
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert 0 < len(files) <= 8, files
+    for p in files:
+        rel = p.relative_to(out)
+        assert len(rel.parts) <= 3, rel                         # $OUT/a/b/file at most
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
+        assert p.stat().st_size <= 16 << 20, (rel, p.stat().st_size)
+    assert sum(p.stat().st_size for p in files) <= 64 << 20
+
+
+def test_prefill_lists_the_gpu_tests_kernels():
+    r = subprocess.run([sys.executable, str(KIT / "prefill.py"), "--list"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    names = {l.split(None, 1)[1] for l in lines}
+    assert {"good_naive", "control_ok", "kernel_spins", "kernel_illegal_address",
+            "baseline-cublas", "baseline-cublaslt"} <= names
+    assert any(l.startswith("test_templates") and "cutlass_sm90" in l for l in lines)
+    assert any("SPLITK=3" in l for l in lines)                  # the split-K GPU case
+    assert "include_escape" not in names                         # rejected before nvcc anywhere
+
+
+def test_run_sh_refuses_without_a_stage_or_gpu(tmp_path):
+    r = _sh([KIT / "run.sh"], env={"OUT": str(tmp_path)})
+    assert r.returncode == 2 and "name at least one stage" in r.stderr
+    r = _sh([KIT / "run.sh", "nosuch"], env={"OUT": str(tmp_path)})
+    assert r.returncode == 2 and "unknown stage" in r.stderr
+    import torch
+    if not torch.cuda.is_available():
+        r = _sh([KIT / "run.sh", "tests"], env={"OUT": str(tmp_path / "o")})
+        assert r.returncode == 3 and "--allow-no-gpu" in r.stderr + r.stdout
+
+
+def test_run_and_collect_without_gpu(tmp_path):
+    out, work, reports = tmp_path / "out", tmp_path / "work", tmp_path / "reports"
+    r = _sh([KIT / "run.sh", "--allow-no-gpu", "overhead", "campaign"],
+            env={"OUT": str(out), "GPU_SESSION_WORK": str(work),
+                 "GPU_SESSION_PACK": str(tmp_path / "no-pack")})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _device_tool_limits(out)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["campaign.tar.gz", "overhead.tar.gz", "provenance.txt", "session.log"]
+    prov = (out / "provenance.txt").read_text()
+    for field in ("date_utc:", "git_commit:", "torch:", "nvcc:", "command:"):
+        assert field in prov
+    with tarfile.open(out / "overhead.tar.gz") as t:
+        members = t.getnames()
+    assert "overhead/overhead_kernel_path.json" in members and "overhead/provenance.txt" in members
+    assert not any(m.startswith("overhead/kernels") for m in members)   # the fixture table stays behind
+    with tarfile.open(out / "campaign.tar.gz") as t:
+        log = t.extractfile("campaign/log.txt").read().decode()
+    assert "carry the pack" in log
+
+    r = _sh([KIT / "collect.sh", out, "--reports", reports, "--no-export"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    (gpu_dir,) = reports.iterdir()
+    runs = sorted(p.name for p in gpu_dir.iterdir())
+    assert len(runs) == 2 and runs[1].endswith("-overhead") and re.match(r"\d{4}-\d\d-\d\d-", runs[1])
+    d = gpu_dir / runs[1]
+    assert (d / "provenance.txt").exists() and (d / "overhead_kernel_path.json").exists()
+    assert (d / "rc").read_text().strip() == "0"
+
+
+@pytest.mark.compile
+def test_campaign_stage_on_a_small_pack(tmp_path):
+    """prepare.sh (campaign only, two shapes, one candidate each) -> run.sh campaign without a
+    GPU (plumbing: rows not_measured) -> collect.sh remakes its reports."""
+    try:
+        from cudal2.toolchain import find_toolchain
+        find_toolchain()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n128,128,128\n256,512,128\n")
+    root = tmp_path / "root"
+    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", shapes, "--no-wheels", "--no-policy",
+             "--no-prefill", "--families", "mma", "--limit-per-shape", "1"], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "total" in r.stdout and "carry:" in r.stdout
+    pack = root / ".gpu_campaign"
+    out = tmp_path / "out"
+    r = _sh([KIT / "run.sh", "--allow-no-gpu", "campaign"],
+            env={"OUT": str(out), "GPU_SESSION_WORK": str(tmp_path / "work"), "GPU_SESSION_PACK": str(pack),
+                 "BUDGET_CAMPAIGN": "200"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    _device_tool_limits(out)
+    r = _sh([KIT / "collect.sh", out, "--reports", tmp_path / "reports", "--no-export"],
+            env={"GPU_SESSION_PACK": str(pack)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    dbs = list((tmp_path / "reports").rglob("results.db"))
+    assert len(dbs) == 1 and (dbs[0].parent / "summary.json").exists()
