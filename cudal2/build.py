@@ -328,7 +328,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     from .toolchain import detect_arch
-    arch = detect_arch(args.arch)
+    try:
+        arch = detect_arch(args.arch)
+    except (ToolchainError, ValueError) as exc:   # no GPU and no --arch, or an unknown arch
+        print(f"cudal2 build: {exc}", file=sys.stderr)
+        return 2
     flags = tuple(f"-D{d}" for d in args.defines)
     specs = []
     for f in args.files:

@@ -173,6 +173,29 @@ def test_arch_detection(monkeypatch):
         toolchain.detect_arch("sm_35")
 
 
+def test_missing_cutlass_is_one_clear_error(tmp_cache, monkeypatch):
+    """A CUTLASS kernel on a machine without nvidia-cutlass: the build says what to install, as
+    data; a kernel that does not include CUTLASS never needs it."""
+    monkeypatch.setitem(sys.modules, "cutlass_library", None)   # import fails
+    from cudal2.toolchain import cutlass_include_dirs
+    with pytest.raises(ToolchainError, match="pip install nvidia-cutlass"):
+        cutlass_include_dirs()
+    res = build(BuildSpec("#include <cutlass/cutlass.h>\n" + TINY, arch="sm_90a"))
+    assert res.status == "toolchain_error" and "nvidia-cutlass" in res.log and res.so_path is None
+
+
+def test_cli_build_arch_errors_are_messages(monkeypatch, tmp_path, capsys):
+    from cudal2.cli import main
+    kernel = tmp_path / "k.cu"
+    kernel.write_text(TINY)
+    monkeypatch.delenv("CUDAL2_ARCH", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert main(["build", str(kernel)]) == 2
+    assert "no GPU visible" in capsys.readouterr().err
+    assert main(["build", str(kernel), "--arch", "sm_35"]) == 2
+    assert "unsupported arch 'sm_35'" in capsys.readouterr().err
+
+
 @pytest.mark.compile
 def test_cli_build(tmp_cache, tmp_path):
     from cudal2.cli import main
