@@ -127,7 +127,8 @@ def test_other_layout_entry_serves_its_own_layout():
 
 @pytest.mark.parametrize("shape,layout,arch", [((0, 64, 64), "RR", "sm_90a"),
                                                ((64, 64, 64), "CC", "sm_90a"),
-                                               ((64, 64, 64), "RR", None)])
+                                               ((64, 64, 64), "RR", None),
+                                               ((2**31, 64, 64), "RR", "sm_90a")])  # ABI ints
 def test_degenerate_requests_fall_back(shape, layout, arch):
     d = plan(shape, layout, arch, "f32", table(entry(64, 64, 64)))
     assert d.kind == "fallback" and d.reason
@@ -429,3 +430,14 @@ def test_hot_path_workspace_is_cached_per_stream(hot, monkeypatch):
     D._cuda_matmul(a, b, None)
     assert calls[0] == ("ws", 1234, 1 << 16)
     assert calls[1][9:11] == (4096, 1 << 16)
+
+
+def test_hot_path_leading_dimensions_beyond_c_int_go_to_torch(hot):
+    """ctypes would truncate them silently: such calls are torch's."""
+    torch, serve, calls = hot
+    serve(1, 16, 8, "RR")
+    a = torch.randn(8, dtype=torch.float16).as_strided((1, 8), (2**31, 1))  # one row: lda unused
+    b = torch.randn(8, 16, dtype=torch.float16)
+    assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
+    D._cuda_matmul(torch.randn(1, 8, dtype=torch.float16), b, None)   # lda 8: the kernel's
+    assert len(calls) == 1 and calls[0][6] == 8
