@@ -302,6 +302,25 @@ def test_gpu_exact_kernel_path_is_correct(gpu_store, layout):
 
 
 @pytest.mark.gpu
+def test_gpu_kernel_launches_on_the_current_stream(gpu_store):
+    """On a side stream, a delayed write to A and then cudal2.matmul: a kernel on any other
+    stream would read A before the write lands."""
+    a = torch.randn(256, 256, device="cuda", dtype=F16)
+    b = torch.randn(256, 256, device="cuda", dtype=F16)
+    cudal2.matmul(a, b)                       # resolve (build, load) first
+    assert D._serving[(0, 256, 256, 256, "RR")] is not D._TORCH
+    new = torch.randn_like(a)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)        # tens of ms of GPU time on s
+        a.copy_(new)
+        c = cudal2.matmul(a, b)
+    s.synchronize()
+    assert _close(c, _ref(new, b), 256)
+
+
+@pytest.mark.gpu
 def test_gpu_table_kernels_are_correct():
     """Every tuned kernel of the shipped table for this GPU on its own shape."""
     from cudal2.kernels import KernelIndex
