@@ -309,7 +309,7 @@ def run(cfg: RLConfig) -> dict:
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length or (128 if builtin else 2048),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
-        temperature=cfg.temperature, beta=cfg.beta, logging_steps=1,
+        temperature=cfg.temperature, min_p=cfg.min_p or None, beta=cfg.beta, logging_steps=1,
         save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
         report_to="none", use_cpu=use_cpu, bf16=False, seed=cfg.seed, data_seed=cfg.seed,
         use_vllm=cfg.vllm, disable_tqdm=False, log_level="warning",

@@ -23,8 +23,10 @@ def test_builtin_policy_has_chat_template_and_builds_kernels(small_policy):
                                    add_generation_prompt=True, tokenize=False)
     assert text == "<|user|>hgemm M=64 N=64 K=64<|end|><|assistant|>"
     rep = build_check(str(small_policy), samples=8, seed=1, recipe=SMALL_RECIPE, log=lambda *a: None)
-    # after its warm start most sampled kernels extract and build with nvcc
-    assert rep["fraction_built"] >= 0.5, rep
+    # after its warm start most sampled kernels extract and build with nvcc (16/16 measured for
+    # both recipes with pinned warp tiles and min_p sampling), and they differ (GRPO needs variety)
+    assert rep["fraction_built"] >= 0.75, rep
+    assert rep["unique_sources"] >= 4, rep
 
 
 def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
