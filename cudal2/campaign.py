@@ -161,7 +161,7 @@ def dry_run(pack, *, log=print) -> list[str]:
     pack = Path(pack)
     m = load_manifest(pack)
     problems = []
-    entries = [(f"candidate {c['family']}:{c['label']}", c) for c in m["candidates"]]
+    entries = [(f"candidate {c['label']}", c) for c in m["candidates"]]
     entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
     with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
         for what, e in entries:
@@ -327,7 +327,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
             avg = dt if avg is None else 0.8 * avg + 0.2 * dt
             done += 1
             statuses[ev.status] = statuses.get(ev.status, 0) + 1
-            log(f"  [{done}/{len(order)}] {Shape(*shape)} {c['family']}:{c['label']}: {ev.status} ({dt:.1f} s)")
+            log(f"  [{done}/{len(order)}] {Shape(*shape)} {c['label']}: {ev.status} ({dt:.1f} s)")
     rows = db.rows()
     summary = {"gpu": gpu, "run_dir": str(run_dir), "evaluations": done, "planned": len(order),
                "statuses": statuses, "exported": 0, "reports": []}
