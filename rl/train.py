@@ -84,6 +84,9 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
                     f"correct {_pct(summ.get('frac_correct'))}"
                     f"{' (no GPU: not checked)' if reward.estimated else ''} "
                     f"faster-than-{cfg.baseline} {_pct(summ.get('frac_faster'))}  best: {best_txt}")
+            errors = [a for a in attempts if a.verdict == "error"]
+            if errors:   # the harness failed (not the kernel): no reward, and the cause must show
+                line += f"  HARNESS ERRORS {len(errors)}/{len(attempts)} (no reward): {errors[0].detail[:200]}"
             if reward.estimated:
                 line += "  " + reward.estimate_note()
             log(line, type="step", step=step, summary=summ,
