@@ -434,7 +434,7 @@ def run_cli(args: argparse.Namespace) -> int:
                             timer="events" if args.timer == "wall" else args.timer,
                             flush_l2=args.flush_l2, extra_baselines=extras) for j in jobs]
     from .harness import ResultsDB
-    from .harness.evaluate import evaluate_many
+    from .harness.pipeline import evaluate_many
 
     db = ResultsDB(args.db)
     t0 = time.time()

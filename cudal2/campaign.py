@@ -76,7 +76,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     """The CPU half: plan, build, pack, dry-run. Returns the manifest."""
     from .build import BuildSpec, build_many, source_sha
     from .costmodel import CostModel
-    from .tune import build_plan, plan, read_shapes
+    from .tune import _family_flags, build_plan, plan, read_shapes
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -92,10 +92,16 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     log("  " + rep.text())
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(shapes_file, out / "shapes.csv")
+    from .harness.audit import check_dependencies
     cands = []
     for c in p.candidates:
         if not c.build.ok:
             log(f"  dropped {c.label}: {c.build.status}")
+            continue
+        # the audit's include check needs nvcc, which the GPU machine may lack: run it here
+        reasons, _ = check_dependencies(c.source, arch, flags=_family_flags(c.family))
+        if reasons:
+            log(f"  dropped {c.label}: audit: {'; '.join(reasons)}")
             continue
         sha = source_sha(c.source)
         fields = _pack_entry(c.build, out / "builds" / sha[:16])
@@ -120,7 +126,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         nvcc = find_toolchain().version
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
         nvcc = f"unknown ({exc})"
-    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+    manifest = {"schema": SCHEMA, "deps_checked": True, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
         "shapes": [[s.M, s.N, s.K] for s in shapes], "candidates": cands, "baselines": bases,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
@@ -281,7 +287,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     from . import report
     from .costmodel import CostModel
     from .harness.db import ResultsDB
-    from .harness.evaluate import evaluate, gpu_pool  # the function: the submodule shares its name
+    from .harness.pipeline import evaluate, gpu_pool
     from .harness.types import BASELINES, EvalRequest, Shape
     from .harness.worker import WorkerPool
 
@@ -322,7 +328,8 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
                                       baselines=baselines, origin="tune",
                                       timeout_s=max(5.0, min(60.0, deadline - t0))), db=db, pool=pool,
                           build_result=pack_build_result(pack, c, run_dir / "ptx"),
-                          baseline_libs=base_libs, gpu=has_gpu)
+                          baseline_libs=base_libs, gpu=has_gpu,
+                          check_deps=not m.get("deps_checked", False))
             dt = time.monotonic() - t0
             avg = dt if avg is None else 0.8 * avg + 0.2 * dt
             done += 1

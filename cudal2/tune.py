@@ -310,7 +310,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
     from .harness.types import EvalRequest
 
     if evaluate is None:
-        from .harness.evaluate import evaluate  # the function: the submodule shares its name
+        from .harness.pipeline import evaluate
     if strategy not in ("auto", "exhaustive", "evolutionary", "model"):
         raise ValueError(f"unknown strategy {strategy!r}")
     model = model or CostModel.default()
@@ -435,7 +435,7 @@ def run_cli(args: argparse.Namespace) -> int:
     import contextlib
 
     from .harness.db import ResultsDB
-    from .harness.evaluate import gpu_pool
+    from .harness.pipeline import gpu_pool
     from .harness.provenance import gpu_visible
     db = ResultsDB(args.db)
     # our own templates are trusted: one GPU worker serves several kernels (a fresh CUDA

@@ -1,7 +1,7 @@
 """Where harness evaluations run: an in-process pool (default) or a Ray cluster.
 
 An executor turns a batch of `EvalRequest`s into `Evaluation`s, in order. Both run
-`cudal2.harness.evaluate` (build -> audit -> check -> time), which loads kernel code only in its
+`cudal2.harness.evaluate()` (build -> audit -> check -> time), which loads kernel code only in its
 killable worker processes, so the executor itself never runs hostile code.
 
 - `LocalExecutor`: `cudal2.harness.evaluate_many` in this process: parallel nvcc builds on
@@ -26,9 +26,7 @@ def visible_gpu_name() -> str:
 
 
 def _evaluate_one(request, pool=None):
-    # the function from its module: once `cudal2.harness.evaluate` (the submodule) has been
-    # imported, `from cudal2.harness import evaluate` can yield the module, not the function
-    from cudal2.harness.evaluate import evaluate
+    from cudal2.harness import evaluate
     try:
         return evaluate(request, pool=pool, gpu=pool is not None)
     except Exception as e:   # the harness's own failure: a row that yields no reward, never a crash
@@ -87,7 +85,7 @@ class LocalExecutor(Executor):
         if not requests:
             return []
         if self._gpu and self._pool is None:
-            from cudal2.harness.evaluate import gpu_pool
+            from cudal2.harness.pipeline import gpu_pool
             self._pool = gpu_pool()
         try:
             return evaluate_many(requests, db=None, pool=self._pool, jobs=self.jobs,
@@ -171,7 +169,7 @@ class _EvalActor:
 
     def evaluate(self, request):
         if self._gpu and self._pool is None:
-            from cudal2.harness.evaluate import gpu_pool
+            from cudal2.harness.pipeline import gpu_pool
             self._pool = gpu_pool()
         return _evaluate_one(request, self._pool)
 

@@ -8,7 +8,7 @@ import pytest
 
 from cudal2.harness import provenance
 from cudal2.harness.db import ResultsDB
-from cudal2.harness.evaluate import evaluate, evaluate_many
+from cudal2.harness.pipeline import evaluate, evaluate_many
 from cudal2.harness.types import EvalRequest, Shape
 
 HOSTILE = Path(__file__).parent / "data" / "hostile"
@@ -116,7 +116,7 @@ def test_gpu_measures_the_control_kernel(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.compile
 def test_gpu_hostile_kernels_and_recovery(tmp_path):
-    from cudal2.harness.evaluate import gpu_pool
+    from cudal2.harness.pipeline import gpu_pool
     db = ResultsDB(tmp_path / "r.db")
     with gpu_pool(max_tasks=10) as pool:
         spin = evaluate(_req("kernel_spins.cu", baselines=(), timeout_s=20), db=db, pool=pool)
@@ -131,7 +131,7 @@ def test_gpu_hostile_kernels_and_recovery(tmp_path):
 def _timed_row(db, req, gpu, **over):
     """A stored OK row as evaluate writes it after measuring `req` on `gpu`."""
     from cudal2.build import source_sha
-    from cudal2.harness.evaluate import settings
+    from cudal2.harness.pipeline import settings
     from cudal2.harness.types import Evaluation
 
     stats = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "n": 50}
@@ -148,7 +148,7 @@ def test_cache_key_gpu_model_and_timing_settings(tmp_path):
     """A row answers only the request it was measured for: not_measured rows (no GPU) never
     stand in for a GPU measurement; a row timed with another timer, L2 flush, arrival rate or
     fewer baselines/modes is measured again; the latest matching verdict wins."""
-    from cudal2.harness.evaluate import _cache_hit
+    from cudal2.harness.pipeline import _cache_hit
     from cudal2.harness.types import Evaluation
 
     db = ResultsDB(tmp_path / "r.db")

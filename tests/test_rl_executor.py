@@ -75,10 +75,13 @@ def test_ray_executor_local_cluster(tmp_path):
 
 
 def test_evaluate_one_calls_the_function_after_the_submodule_was_imported():
-    """Regression: with `cudal2.harness.evaluate` (the submodule) imported first, as the GPU
-    path does for gpu_pool, every fallback evaluation was a harness error ('module' object is
-    not callable). An #include escape is refused before nvcc, so this needs no compiler."""
-    import cudal2.harness.evaluate  # noqa: F401 - the import order under test
+    """Regression: the harness's evaluate() once lived in a submodule of the same name, so with
+    that submodule imported first (as the GPU path does for gpu_pool) `cudal2.harness.evaluate`
+    was the module and every evaluation a harness error ('module' object is not callable).
+    An #include escape is refused before nvcc, so this needs no compiler."""
+    import cudal2.harness.pipeline  # noqa: F401 - the import order under test
+    import cudal2.harness
+    assert callable(cudal2.harness.evaluate)
     from rl.executor import _evaluate_one
     ev = _evaluate_one(EvalRequest(source='#include "/etc/passwd"\n', shape=Shape(64, 64, 64),
                                    arch="sm_90a", origin="rl"))

@@ -5,7 +5,7 @@ from .types import (ACCS, BASELINES, LAYOUTS, MODES, STATUSES, EvalRequest, Eval
                     Shape)
 
 _LAZY = {
-    "evaluate": "evaluate", "evaluate_many": "evaluate",
+    "evaluate": "pipeline", "evaluate_many": "pipeline", "gpu_pool": "pipeline",
     "ResultsDB": "db",
     "WorkerPool": "worker", "WorkerOutcome": "worker",
     "audit_file": "audit", "audit_source": "audit", "AuditResult": "audit",
@@ -21,6 +21,5 @@ def __getattr__(name):
         raise AttributeError(f"module 'cudal2.harness' has no attribute {name!r}")
     import importlib
     value = getattr(importlib.import_module(f".{mod}", __name__), name)
-    # importing submodule `evaluate` binds the module under that name; the function wins
     globals()[name] = value
     return value

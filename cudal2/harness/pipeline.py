@@ -58,7 +58,7 @@ def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1):
     trusted kernels (our own templates) to save the ~seconds of CUDA start-up per evaluation."""
     from .worker import WorkerPool
     return WorkerPool(1, device=device, max_tasks=max_tasks,
-                      preload=("torch", "cudal2.harness.measure", "cudal2.harness.evaluate:_warm_cuda"))
+                      preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline:_warm_cuda"))
 
 
 def settings(request: EvalRequest) -> dict:
@@ -125,7 +125,7 @@ def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
 
 def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
              probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
-             probe_timeout_s: float = 30) -> Evaluation:
+             probe_timeout_s: float = 30, check_deps: bool = True) -> Evaluation:
     """Build, audit and (with a GPU) measure one request; store and return the Evaluation.
 
     db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
@@ -133,7 +133,9 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
     probe_pool: the CPU pool that reads meta (default: a fresh worker per kernel), within
     probe_timeout_s.
     baseline_libs: built baseline libraries (default: built here, cached). gpu: force GPU use
-    on/off (default: whether torch sees one)."""
+    on/off (default: whether torch sees one). check_deps: run the audit's `nvcc -M` include
+    check; only a caller that ran it where the build was made (campaign prepare) turns it off,
+    so a GPU machine without nvcc can evaluate carried builds."""
     from ..build import BuildSpec, build, source_sha
     from .audit import audit_build, check_includes
     sha = source_sha(request.source)
@@ -163,7 +165,7 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
         ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
         return done(ev)
     audit = audit_build(request.source, br, request.arch, name=request.origin or sha[:12],
-                        pool=probe_pool, probe_timeout_s=probe_timeout_s)
+                        pool=probe_pool, probe_timeout_s=probe_timeout_s, check_deps=check_deps)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
                 "mma": audit.mma, "load": audit.load}
