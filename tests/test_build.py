@@ -205,3 +205,23 @@ def test_cli_build(tmp_cache, tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text("nope")
     assert main(["build", str(bad), "--arch", "sm_90a"]) == 1
+
+
+# Kept out of tests/data/hostile/, which the GPU kit builds and benches whole.
+BOMB = (DATA / "build_bombs" / "compile_bomb.cu").read_text()
+
+
+@pytest.mark.compile
+def test_compile_that_exhausts_time_is_one_verdict(tmp_cache):
+    res = build(BuildSpec(BOMB, arch="sm_80"), timeout=3)
+    assert res.status == "timeout" and "nvcc killed after 3 s" in res.log
+    assert not list((tmp_cache / "builds").glob("*/*/build.json"))  # a busy machine may finish later
+    assert build(BuildSpec(TINY + "// after the bomb\n", arch="sm_80")).ok  # the builder lives on
+
+
+@pytest.mark.compile
+def test_compile_that_exhausts_memory_is_one_verdict(tmp_cache, monkeypatch):
+    from cudal2 import build as build_mod
+    monkeypatch.setattr(build_mod, "NVCC_MEMORY_LIMIT", 1 << 30)  # 1 GiB instead of 12 for speed
+    res = build(BuildSpec(BOMB, arch="sm_80"), timeout=300)
+    assert res.status == "compile_error" and "out of memory" in res.log
