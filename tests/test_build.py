@@ -173,11 +173,13 @@ def test_arch_detection(monkeypatch):
         toolchain.detect_arch("sm_35")
 
 
-def test_missing_cutlass_is_one_clear_error(tmp_cache, monkeypatch):
+def test_missing_cutlass_is_one_clear_error(tmp_cache, monkeypatch, request):
     """A CUTLASS kernel on a machine without nvidia-cutlass: the build says what to install, as
     data; a kernel that does not include CUTLASS never needs it."""
-    monkeypatch.setitem(sys.modules, "cutlass_library", None)   # import fails
     from cudal2.toolchain import cutlass_include_dirs
+    monkeypatch.setitem(sys.modules, "cutlass_library", None)   # import fails
+    cutlass_include_dirs.cache_clear()          # an earlier test may have found it already
+    request.addfinalizer(cutlass_include_dirs.cache_clear)
     with pytest.raises(ToolchainError, match="pip install nvidia-cutlass"):
         cutlass_include_dirs()
     res = build(BuildSpec("#include <cutlass/cutlass.h>\n" + TINY, arch="sm_90a"))
