@@ -206,3 +206,16 @@ def test_eval_request_timing_fields_are_validated():
         EvalRequest(**base, target_qps=0)
     with pytest.raises(TypeError, match="flush_l2"):
         EvalRequest(**base, flush_l2="yes")
+
+
+@pytest.mark.compile
+def test_compile_bomb_costs_one_build_timeout_then_the_db_row(tmp_path):
+    """A generated file that keeps nvcc busy ends as build_error at the request's build timeout;
+    the row is cached, so the same bomb from the policy never reaches nvcc again."""
+    bomb = (Path(__file__).parent / "data" / "build_bombs" / "compile_bomb.cu").read_text()
+    db = ResultsDB(tmp_path / "r.db")
+    req = EvalRequest(bomb, Shape(64, 64, 64), arch="sm_80", origin="bomb", build_timeout_s=3)
+    first = evaluate(req, db=db, gpu=False)
+    assert first.status == "build_error" and first.build["status"] == "timeout"
+    again = evaluate(req, db=db, gpu=False)
+    assert again.status == "build_error" and db.count() == 1

@@ -12,6 +12,7 @@ Harness errors ("error") are stored but never served from the cache.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, Iterable
 
@@ -159,7 +160,8 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
         ev.audit = {"ok": False, "verdict": "rejected", "reasons": pre}
         return done(ev)
     br = build_result or build(BuildSpec(request.source, arch=request.arch,
-                                         name=request.origin or "kernel"))
+                                         name=request.origin or "kernel"),
+                               timeout=request.build_timeout_s)
     ev.build = br.summary()
     if not br.ok:
         ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
@@ -242,10 +244,11 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
             todo.append(i)
     specs = [BuildSpec(requests[i].source, arch=requests[i].arch,
                        name=requests[i].origin or "kernel") for i in todo]
+    timeout = max((requests[i].build_timeout_s for i in todo), default=300.0)
     if executor is not None:
-        builds = list(executor.map(build, specs))
+        builds = list(executor.map(functools.partial(build, timeout=timeout), specs))
     else:
-        builds = build_many(specs, jobs=jobs)
+        builds = build_many(specs, jobs=jobs, timeout=timeout)
     libs: dict[str, dict] = {}
     if use_gpu:
         from .baselines import BaselineError, build_baselines

@@ -79,7 +79,8 @@ class EvalRequest:
     modes: tuple[str, ...] = ("offline",)
     baselines: tuple[str, ...] = BASELINES
     seeds: int = 3
-    timeout_s: float = 60
+    timeout_s: float = 60                  # measurement (worker) wall time
+    build_timeout_s: float = 300           # nvcc wall time: a compile bomb costs this once, then the DB row
     origin: str = ""                       # "rl", "tune", "bench", ...
     mem_limit_bytes: int | None = None     # host RSS limit for the worker; None = harness default
     target_qps: float | None = None        # server mode arrival rate; None = measure's default
@@ -118,6 +119,8 @@ class EvalRequest:
             raise ValueError("EvalRequest.seeds must be >= 1")
         if not self.timeout_s > 0:
             raise ValueError("EvalRequest.timeout_s must be > 0")
+        if not self.build_timeout_s > 0:
+            raise ValueError("EvalRequest.build_timeout_s must be > 0")
 
 
 def _now() -> str:
