@@ -5,6 +5,7 @@ GPU measurement in the repo yet. They test that the machinery fits and ranks, no
 is right about any GPU.
 """
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,3 +143,26 @@ def test_save_load_roundtrip(tmp_path):
     (tmp_path / "bad.json").write_text('{"schema": "other"}')
     with pytest.raises(ValueError, match="not a cost model"):
         CostModel.load(tmp_path / "bad.json")
+
+
+def _checked_in_measurement_dbs():
+    """results.db files that GPU runs committed under reports/<gpu>/ (reports/cpu holds none:
+    nothing there is measured)."""
+    root = Path(__file__).resolve().parent.parent / "reports"
+    return sorted(p for p in root.rglob("results.db") if p.relative_to(root).parts[0] != "cpu")
+
+
+def test_fits_and_predicts_on_checked_in_measurements():
+    """The cost model on REAL measurements committed by a GPU run (campaign or bench DBs):
+    fit on some shapes, rank the candidates of the others."""
+    dbs = _checked_in_measurement_dbs()
+    if not dbs:
+        pytest.skip("no checked-in GPU measurements under reports/<gpu>/ yet (awaiting a GPU run: "
+                    "scripts/gpu_session/, docs/gpu_session.md)")
+    from cudal2.harness.db import ResultsDB
+    evaluations = [ev for p in dbs for ev in ResultsDB(p).rows() if ev.status == "ok" and not ev.estimated]
+    if len(evaluations) < 10:
+        pytest.skip(f"only {len(evaluations)} measured rows in {[str(p) for p in dbs]}")
+    held = held_out_rank_correlation(evaluations, holdout=0.3, seed=0)
+    assert held["test"] > 0
+    assert np.isfinite(held["spearman"]) and held["spearman"] > 0, held
