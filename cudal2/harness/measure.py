@@ -59,8 +59,6 @@ def _poisoned(detail: str, **base) -> dict:
 
 
 def measure(so_path: str, request, *, baseline_libs: dict[str, str] | None = None) -> dict:
-    import torch
-
     base: dict = {}
     try:
         return _measure(so_path, request, baseline_libs, base)

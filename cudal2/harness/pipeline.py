@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from . import provenance
 from . import types as T
-from .types import EvalRequest, Evaluation, Shape
+from .types import EvalRequest, Evaluation
 
 log = logging.getLogger("cudal2.harness")
 
