@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from . import knobs
+from .kernels import IndexRow
 
 log = logging.getLogger("cudal2.dispatch")
 
@@ -61,40 +62,14 @@ _ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9
 # ------------------------------------------------------------------------------------------------
 # Pure decision logic
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TableEntry:
-    """One tuned kernel as the dispatcher sees it (an index.csv row plus, once loaded, its meta)."""
-    arch: str
-    acc: str
-    layout: str
-    M: int
-    N: int
-    K: int
-    file: str
-    sha256: str
-    tuned: bool = True
-    family: str = ""
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.M, self.N, self.K)
-
-    def label(self) -> str:
-        return f"{self.M}x{self.N}x{self.K} ({self.file})"
-
-
+# A table entry is the index row itself (arch, acc, layout, shape, file, sha256, family, tuned).
+TableEntry = IndexRow
 Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K) -> entry
 
 
 def table_from_index(index) -> dict[tuple, TableEntry]:
     """The serving table: tuned rows of a KernelIndex only (untuned seeds never serve)."""
-    out = {}
-    for r in index.rows:
-        if not r.tuned:
-            continue
-        out[r.key] = TableEntry(r.arch, r.acc, r.layout, r.M, r.N, r.K, r.file, r.sha256,
-                                True, r.family)
-    return out
+    return {r.key: r for r in index.rows if r.tuned}
 
 
 def meta_accepts(meta: Mapping, M: int, N: int, K: int) -> bool:
@@ -342,14 +317,10 @@ def _device_env(dev: int) -> dict:
     return env
 
 
-def _entry_source(e: TableEntry) -> str:
-    return _state.index.source(_state.index.get(e.arch, e.acc, e.layout, e.M, e.N, e.K))
-
-
 def _load(e: TableEntry):
     """Build+load a table kernel; check its meta against its row. Raises KernelLoadError."""
     # Keyed by source and arch: one source may in principle serve several arch directories.
-    lib = _state.loader.get(f"{e.sha256}:{e.arch}", lambda: _entry_source(e), e.arch, name=e.file,
+    lib = _state.loader.get(f"{e.sha256}:{e.arch}", lambda: _state.index.source(e), e.arch, name=e.file,
                             flags=family_flags(e.family))
     meta = lib.meta
     for f in ("arch", "acc", "layout"):

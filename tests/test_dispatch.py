@@ -14,7 +14,8 @@ from cudal2.kernels import KernelIndex
 
 def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True):
     sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
-    return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha, tuned)
+    return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha,
+                      tuned=tuned)
 
 
 def table(*entries):
