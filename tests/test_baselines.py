@@ -41,6 +41,20 @@ def test_autotune_cache_roundtrip_and_corruption(tmp_path):
     assert json.loads((tmp_path / "at.json").read_text())[key]["index"] == 0
 
 
+def _need_nvcc_readelf_and_cublas():
+    """Skip, naming what is missing, unless the baselines can be built and inspected here."""
+    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
+
+    if not shutil.which("readelf"):
+        pytest.skip("readelf not installed")
+    try:
+        tc = find_toolchain()
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    if not has_cublas(tc):
+        pytest.skip("cuBLAS libraries not installed (pip install nvidia-cublas)")
+
+
 def _readelf(path, flag):
     return subprocess.run(["readelf", flag, "-W", str(path)], capture_output=True,
                           text=True, check=True).stdout
@@ -49,16 +63,7 @@ def _readelf(path, flag):
 @pytest.mark.compile
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_baselines_build_link_cublas_and_export_symbols(arch):
-    if not shutil.which("readelf"):
-        pytest.skip("readelf not installed")
-    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
-
-    try:
-        tc = find_toolchain()
-    except ToolchainError as exc:
-        pytest.skip(f"no CUDA toolchain: {exc}")
-    if not has_cublas(tc):
-        pytest.skip("cuBLAS libraries not installed (pip install nvidia-cublas)")
+    _need_nvcc_readelf_and_cublas()
     libs = baselines.build_baselines(arch)
     for lib, so in libs.items():
         needed = _readelf(so, "-d")
@@ -90,14 +95,7 @@ def test_a_carried_baseline_finds_cublas_by_soname(tmp_path):
     still loads: pip's cuBLAS(Lt) and cudart are preloaded by soname."""
     import sys
 
-    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
-
-    try:
-        tc = find_toolchain()
-    except ToolchainError as exc:
-        pytest.skip(f"no CUDA toolchain: {exc}")
-    if not has_cublas(tc):
-        pytest.skip("cuBLAS libraries not installed (pip install nvidia-cublas)")
+    _need_nvcc_readelf_and_cublas()
     so = baselines.build_baselines("sm_90a")["cublas"]
     data = open(so, "rb").read()
     runpath = _readelf(so, "-d").split("Library runpath: [", 1)[1].split("]", 1)[0].encode()
