@@ -281,9 +281,16 @@ def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print)
     if name == "builtin":
         os.environ["HF_HUB_OFFLINE"] = "1"
         return str(build_builtin(recipe or BuiltinRecipe(), log=log))
-    if Path(name).expanduser().exists():
+    local = Path(name).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ValueError(f"policy {name!r}: not a Hugging Face model directory (no config.json)")
         os.environ["HF_HUB_OFFLINE"] = "1"
-        return str(Path(name).expanduser())
+        return str(local)
+    # A Hub name is 'name' or 'org/name'; anything else was meant as a path, and is missing.
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise ValueError(f"policy {name!r}: no such directory (expected 'builtin', a local model "
+                         "directory or a Hugging Face name in the local cache)")
     return name
 
 
@@ -291,12 +298,15 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print):
     """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = resolve_policy(name, recipe=recipe, log=log)
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)   # never a download
+    except OSError as exc:      # a Hub name not in the local cache
+        raise ValueError(f"policy {name!r}: cannot load a tokenizer from it: {exc}") from None
     if not tok.chat_template:
         raise ValueError(f"policy {name!r}: its tokenizer has no chat template (trl's GRPO needs one)")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     return model, tok
 
 
@@ -332,7 +342,7 @@ def build_check(policy: str = "builtin", *, samples: int = 16, shapes=None, arch
     rng = random.Random(seed)
     shapes = list(shapes) if shapes else rng.sample(grid_shapes(), samples)
     shapes = [shapes[i % len(shapes)] for i in range(samples)]
-    style_compact = is_builtin(policy) or policy == "builtin"
+    style_compact = is_builtin(policy)
     prompts = [compact_prompt(s, arch, "f32") if style_compact else full_prompt(s, arch, "f32")
                for s in shapes]
     texts = sample(model, tok, prompts, seed=seed)
@@ -370,7 +380,11 @@ def main(argv=None) -> int:
         path = build_builtin(recipe, force=args.force)
         print(f"built-in policy: {path}")
         return 0
-    rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe)
+    try:
+        rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe)
+    except ValueError as exc:
+        print(f"rl.policy: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(rep))
     return 0
 

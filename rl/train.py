@@ -288,7 +288,7 @@ def run(cfg: RLConfig) -> dict:
 
     recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
-    builtin = cfg.policy == "builtin" or is_builtin(cfg.policy)
+    builtin = is_builtin(cfg.policy)
     style = cfg.prompt_style or ("compact" if builtin else "full")
     executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None)
     db_path = Path(cfg.db) if cfg.db else out / "results.db"

@@ -66,9 +66,9 @@ def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
     assert (out / "reward_curve.png").stat().st_size > 1000
     assert (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("checkpoint-*"))
     # resume: one more step from the last checkpoint, log appended, cache reused
-    res2 = run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=3,
-                        out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
-                        kernels_dir=str(kdir), timeout=300, seed=0, resume=True))
+    run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=3,
+             out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
+             kernels_dir=str(kdir), timeout=300, seed=0, resume=True))
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r.get("type") == "step"] == [1, 2, 3]
     assert any(r.get("type") == "resume" for r in steps)
