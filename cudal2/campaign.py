@@ -20,7 +20,6 @@ import datetime as _dt
 import gzip
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -6,7 +6,6 @@ compiles real mma/ptx candidates with nvcc (marked compile).
 """
 import math
 import re
-import sys
 
 import pytest
 
