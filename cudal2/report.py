@@ -66,12 +66,14 @@ class ShapeRow:
     def shape(self) -> tuple[int, int, int]:
         return (self.M, self.N, self.K)
 
+    def overall(self) -> Best | None:
+        """The best candidate of any origin."""
+        return min(self.best.values(), key=lambda x: x.median_us) if self.best else None
+
     def baselines_us(self) -> dict[str, float]:
         """Baseline medians: from the overall best candidate's run (any origin)."""
-        if not self.best:
-            return {}
-        b = min(self.best.values(), key=lambda x: x.median_us)
-        return b.baselines_us
+        b = self.overall()
+        return b.baselines_us if b else {}
 
 
 def collect(evaluations: Iterable, *, mode: str = "offline", gpu: str | None = None) -> list[ShapeRow]:
@@ -109,8 +111,7 @@ def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | N
     for b in baselines:
         sp, cand_t, base_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
         for r in rows:
-            best = r.best.get(origin) if origin else (
-                min(r.best.values(), key=lambda x: x.median_us) if r.best else None)
+            best = r.best.get(origin) if origin else r.overall()
             s = best.speedup(b) if best else None
             if s is None:
                 continue
@@ -239,8 +240,7 @@ def plot(rows: list[ShapeRow], out: Path, *, mode: str) -> list[Path]:
         return []
     fig, ax = plt.subplots(figsize=(8, 5))
     for b in BASELINES:
-        pts = [(2.0 * r.M * r.N * r.K, s) for r in rows for best in [min(r.best.values(), key=lambda x: x.median_us)]
-               if (s := best.speedup(b))]
+        pts = [(2.0 * r.M * r.N * r.K, s) for r in rows if (best := r.overall()) and (s := best.speedup(b))]
         if pts:
             ax.scatter(*zip(*pts), s=10, label=b, alpha=0.7)
     ax.axhline(1.0, color="k", lw=0.8)
