@@ -69,7 +69,7 @@ def stratified_sample(shapes: list[Shape], n: int, seed: int = 0) -> list[Shape]
     if n >= len(shapes):
         return list(shapes)
     if n < 1:
-        raise ValueError("--sample must be >= 1")
+        raise ValueError(f"--sample must be >= 1, got {n}")
     rng = random.Random(seed)
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(shapes):

@@ -206,6 +206,9 @@ def test_eval_request_timing_fields_are_validated():
         EvalRequest(**base, target_qps=0)
     with pytest.raises(TypeError, match="flush_l2"):
         EvalRequest(**base, flush_l2="yes")
+    for field, value in (("seeds", 0), ("timeout_s", 0), ("build_timeout_s", -1)):
+        with pytest.raises(ValueError, match=f"EvalRequest.{field} must be .*, got {value}"):
+            EvalRequest(**base, **{field: value})
 
 
 @pytest.mark.compile

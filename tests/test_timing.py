@@ -343,3 +343,11 @@ def test_measure_marks_the_worker_poisoned_on_a_cuda_error(monkeypatch):
         measure.measure("k.so", req)
     assert worker._poison_reason is None
     assert not measure._cuda_error(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+
+
+@pytest.mark.parametrize("field", ["rounds_per_set", "n_sets", "graph_calls"])
+def test_config_error_names_the_field_and_value(field):
+    with pytest.raises(ValueError, match=f"TimingConfig.{field} must be >= 1, got 0"):
+        TimingConfig(**{field: 0})
+    with pytest.raises(ValueError, match="target_qps > 0, got 0"):
+        TimingConfig(mode="server", target_qps=0)

@@ -45,10 +45,11 @@ class TimingConfig:
             raise ValueError(f"timing mode {self.mode!r} not in {MODES}")
         if self.timer not in TIMERS:
             raise ValueError(f"timer {self.timer!r} not in {TIMERS}")
-        if self.rounds_per_set < 1 or self.n_sets < 1 or self.graph_calls < 1:
-            raise ValueError("rounds_per_set, n_sets and graph_calls must be >= 1")
+        for name in ("rounds_per_set", "n_sets", "graph_calls"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TimingConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.mode == "server" and not self.target_qps > 0:
-            raise ValueError("server mode needs target_qps > 0")
+            raise ValueError(f"server mode needs target_qps > 0, got {self.target_qps!r}")
 
 
 @dataclass(frozen=True)

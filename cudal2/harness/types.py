@@ -116,11 +116,11 @@ class EvalRequest:
         if self.target_qps is not None and not self.target_qps > 0:
             raise ValueError(f"EvalRequest.target_qps must be > 0, got {self.target_qps!r}")
         if self.seeds < 1:
-            raise ValueError("EvalRequest.seeds must be >= 1")
+            raise ValueError(f"EvalRequest.seeds must be >= 1, got {self.seeds!r}")
         if not self.timeout_s > 0:
-            raise ValueError("EvalRequest.timeout_s must be > 0")
+            raise ValueError(f"EvalRequest.timeout_s must be > 0, got {self.timeout_s!r}")
         if not self.build_timeout_s > 0:
-            raise ValueError("EvalRequest.build_timeout_s must be > 0")
+            raise ValueError(f"EvalRequest.build_timeout_s must be > 0, got {self.build_timeout_s!r}")
 
 
 def _now() -> str:

@@ -379,7 +379,7 @@ class WorkerPool:
                  max_tasks: int = 50, boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT,
                  rlimit_data: bool = False, preload: tuple[str, ...] = ()):
         if size < 1:
-            raise ValueError("WorkerPool size must be >= 1")
+            raise ValueError(f"WorkerPool size must be >= 1, got {size!r}")
         self.size = size
         self.mem_limit_bytes = mem_limit_bytes
         self.max_tasks = max_tasks
@@ -438,7 +438,7 @@ class WorkerPool:
         elif args or kwargs:
             raise TypeError("pass arguments inside the Task, or a function plus arguments")
         if not timeout_s > 0:
-            raise ValueError("timeout_s must be > 0")
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         mem = self.mem_limit_bytes if mem_limit_bytes is None else mem_limit_bytes
         w = self._acquire()
         keep = recycle = False
