@@ -135,11 +135,16 @@ def read_weights(path) -> dict[tuple[int, int, int], float]:
     out: dict[tuple, float] = {}
     with open(path, newline="") as f:
         r = csv.DictReader(f)
-        if "weight" not in (r.fieldnames or ()):
-            raise ValueError(f"{path}: no 'weight' column")
-        for rec in r:
-            k = (int(rec["M"]), int(rec["N"]), int(rec["K"]))
-            out[k] = out.get(k, 0.0) + float(rec["weight"])
+        missing = {"M", "N", "K", "weight"} - set(r.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: header must have columns M,N,K,weight (missing {sorted(missing)})")
+        for i, rec in enumerate(r, start=2):
+            try:
+                k = (int(rec["M"]), int(rec["N"]), int(rec["K"]))
+                w = float(rec["weight"])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{i}: bad weighted shape row {rec}: {exc}") from None
+            out[k] = out.get(k, 0.0) + w
     return out
 
 
@@ -278,7 +283,11 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"cudal2 report: no measured candidate rows in {args.db} (mode {args.mode}); "
               "rows from machines without a GPU are not_measured and make no report", file=sys.stderr)
         return 1
-    weights = read_weights(args.weights) if args.weights else None
+    try:
+        weights = read_weights(args.weights) if args.weights else None
+    except (OSError, ValueError) as exc:
+        print(f"cudal2 report: --weights: {exc}", file=sys.stderr)
+        return 2
     gpus = sorted({str((e.env or {}).get("gpu", "")) for e in evs if e.status == "ok"} - {""})
     tag = (args.gpu or (gpus[0] if len(gpus) == 1 else "mixed")).replace(" ", "_")
     out = Path(args.out) if args.out else Path("reports") / tag / (

@@ -69,6 +69,16 @@ def test_trace_weights_file():
     assert (4096, 28672, 4096) in w           # Llama-3 8B gate_up at 4096 tokens
 
 
+def test_bad_weights_file_is_named(tmp_path):
+    p = tmp_path / "w.csv"
+    p.write_text("M,N,K\n1,2,3\n")
+    with pytest.raises(ValueError, match=r"missing \['weight'\]"):
+        read_weights(p)
+    p.write_text("M,N,K,weight\n1,2,3,0.5\n4,x,6,0.5\n")
+    with pytest.raises(ValueError, match=r"w.csv:3: bad weighted shape row"):
+        read_weights(p)
+
+
 def test_report_cli_compare_from_a_test_db(tmp_path, capsys):
     from cudal2.cli import main
     from cudal2.harness.db import ResultsDB
@@ -83,3 +93,5 @@ def test_report_cli_compare_from_a_test_db(tmp_path, capsys):
     assert main(["report", "--db", str(db_path), "--out", str(out2), "--weights", "shapes/llm_trace.csv"]) == 0
     assert "geomean" in (out2 / "summary.md").read_text()
     assert (out2 / "command.txt").is_file()
+    assert main(["report", "--db", str(db_path), "--out", str(out2), "--weights", str(tmp_path / "no.csv")]) == 2
+    assert "--weights" in capsys.readouterr().err
