@@ -299,9 +299,6 @@ class CostModel:
             return prior
         return float(math.exp(float(np.dot(w, x))))
 
-    def predict_speedup(self, meta, resources, shape, baseline: str = "cublaslt_autotuned") -> float:
-        return self.predict_baseline_us(shape, baseline) / self.predict_us(meta, resources, shape)
-
     # -- fitting ------------------------------------------------------------------------
     @classmethod
     def fit(cls, data: Iterable, *, gpu: str | None = None, mode: str = "offline",
