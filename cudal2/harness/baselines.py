@@ -245,7 +245,6 @@ class BaselineRunners:
                                                 self.compute16, WORKSPACE_BYTES)
             except BaselineError as exc:
                 self.notes["cublaslt_heuristic"] = self.notes["cublaslt_autotuned"] = str(exc)
-        self._tunable_ready = False
 
     # torch.matmul under the candidate's accumulator setting (what torch allows)
     def _torch_call(self, a, b, c):
@@ -288,7 +287,6 @@ class BaselineRunners:
         finally:
             tunable.tuning_enable(False)
             tunable.enable(False)
-        self._tunable_ready = True
 
     def _tunableop(self, a, b_rr, b_rc, c):
         tunable = self.torch.cuda.tunable

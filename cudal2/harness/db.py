@@ -141,13 +141,6 @@ class ResultsDB:
         return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
 
     # -- writing
-    def add_source(self, text: str) -> str:
-        import hashlib
-        sha = hashlib.sha256(text.encode()).hexdigest()
-        with self._lock:
-            self._conn.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, datetime('now'))", (sha, text))
-        return sha
-
     def add(self, ev: Evaluation, source: str | None = None) -> int:
         """Append one evaluation (and its source, if given and new); one transaction. Returns
         the row id (also set on `ev.id`)."""

@@ -494,10 +494,6 @@ def mark_poisoned(reason: str) -> None:
     _poison_reason = reason or "poisoned"
 
 
-def in_worker() -> bool:
-    return os.environ.get("CUDAL2_IN_WORKER") == "1"
-
-
 def _looks_like_cuda_error(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return "CUDA" in text or "cuda" in type(exc).__name__.lower() or "AcceleratorError" in text
@@ -552,7 +548,6 @@ def _worker_main() -> None:
     r_fd, w_fd, rlimit_data = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
     os.set_inheritable(r_fd, False)       # a kernel that execs cannot inherit the protocol
     os.set_inheritable(w_fd, False)
-    os.environ["CUDAL2_IN_WORKER"] = "1"
     # SIGINT from the user's terminal goes to the parent; it decides when workers die.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:                                  # a crashing kernel leaves no core files around
