@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 from . import extract as _extract
@@ -143,6 +143,15 @@ class Attempt:
         d["shape"] = list(self.shape)
         d["compiled"] = self.compiled
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], **override) -> "Attempt":
+        """The inverse of to_dict (a log.jsonl record); `override` sets fields it lacks (source)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["shape"] = tuple(kw["shape"])
+        kw["build"] = kw.get("build") or {}
+        return cls(**{**kw, **override})
 
 
 def _winner_baseline(ev, mode: str) -> str:

@@ -173,8 +173,8 @@ def _dataset(shapes, cfg: RLConfig, style: str, reward):
 
 
 def _last_checkpoint(d: Path):
-    cks = sorted(d.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
-    return str(cks[-1]) if cks else None
+    from transformers.trainer_utils import get_last_checkpoint
+    return get_last_checkpoint(str(d)) if d.is_dir() else None
 
 
 def _restore(reward, out: Path):
@@ -193,9 +193,7 @@ def _restore(reward, out: Path):
                 continue
             shape = tuple(a["shape"])
             src = out / "sources" / f"{a['sha']}.cu"
-            att = Attempt(shape, a["verdict"], a["reward"], a["speedup"], a["estimated"], a["sha"],
-                          a.get("eval_id"), True, a.get("detail", ""), a.get("build") or {},
-                          a.get("winner_baseline", ""), src.read_text() if src.exists() else "")
+            att = Attempt.from_dict(a, cached=True, source=src.read_text() if src.exists() else "")
             if shape not in reward.best or att.speedup > reward.best[shape].speedup:
                 reward.best[shape] = att
                 n += 1

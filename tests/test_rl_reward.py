@@ -140,3 +140,14 @@ def test_no_gpu_reuses_a_gpu_measurement(tmp_path):
     assert ex.requests == [] and r[0] == pytest.approx(math.log(1.2))
     a = rf.attempts[-1][0]
     assert a.verdict == "ok" and not a.estimated and a.cached
+
+
+def test_attempt_round_trips_through_the_log():
+    """--resume rebuilds Attempts from log.jsonl records (to_dict, then JSON)."""
+    import json
+    from rl.reward import Attempt
+    a = Attempt((64, 128, 256), "ok", 0.5, 1.6, True, "ab" * 32, 7, False, "d", {"regs": 96},
+                "torch", "// src")
+    b = Attempt.from_dict(json.loads(json.dumps(a.to_dict())), source="// src")
+    assert b == a
+    assert Attempt.from_dict(a.to_dict(), cached=True).cached and b.shape == (64, 128, 256)
