@@ -100,11 +100,6 @@ def enumerate_space(family, *, arch: str | None = None, acc: str = "f32", layout
     return out
 
 
-def instantiate(family, config) -> str:
-    fn = getattr(family, "instantiate", None) or _templates().instantiate
-    return fn(config)
-
-
 def config_meta(config) -> dict:
     """What the cost model reads from a config before it is built."""
     d = {k: v for k, v in config.params}
@@ -160,7 +155,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
         for fam, cfg in fitting:
             src = src_of.get(cfg)
             if src is None:
-                src = src_of[cfg] = instantiate(fam, cfg)
+                src = src_of[cfg] = fam.instantiate(cfg)
             cand = by_source.get(src)
             if cand is None:
                 cand = by_source[src] = Candidate(fam.name, cfg, src)
@@ -334,7 +329,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
         if cfg in done or len(trials) >= budget_evals or time.perf_counter() - start > budget_s:
             return None
         done.add(cfg)
-        src = instantiate(fams[name], cfg)
+        src = fams[name].instantiate(cfg)
         ev = evaluate(EvalRequest(source=src, shape=shape, arch=arch, modes=modes,
                                   baselines=baselines, origin="tune"), db=db, pool=pool)
         med = ((ev.timings.get(mode) or {}).get("candidate") or {}).get("median_us")
@@ -463,9 +458,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def _family_flags(name: str) -> tuple[str, ...]:
-    from .build import BASE_FLAGS
-    fam = _templates().FAMILIES[name]
-    return tuple(f for f in getattr(fam, "flags", ()) if f not in BASE_FLAGS)
+    return _templates().FAMILIES[name].extra_flags()
 
 
 def _cache_dir():

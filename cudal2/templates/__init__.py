@@ -172,13 +172,17 @@ class Family:
         lines = [f"#define {m} {v}" for m, v in self.macros(config)]
         return "\n".join(lines + [f'#include "{self.header}"']) + "\n"
 
+    def extra_flags(self) -> tuple[str, ...]:
+        """The flags this family needs beyond the builder's base flags: what a BuildSpec carries,
+        so builds of the same source share the cache with everyone else's."""
+        from ..build import BASE_FLAGS
+        return tuple(f for f in self.flags if f not in BASE_FLAGS)
+
     def build_spec(self, config: KernelConfig, arch: str | None = None):
-        """A cudal2.build.BuildSpec for `config` (flags: those the family needs beyond the
-        builder's base flags, so builds share the cache with everyone else's)."""
-        from ..build import BASE_FLAGS, BuildSpec
-        arch = arch or self.arches[-1]
-        extra = tuple(f for f in self.flags if f not in BASE_FLAGS)
-        return BuildSpec(instantiate(config), arch=arch, flags=extra, name=config.label())
+        """A cudal2.build.BuildSpec for `config`."""
+        from ..build import BuildSpec
+        return BuildSpec(instantiate(config), arch=arch or self.arches[-1], flags=self.extra_flags(),
+                         name=config.label())
 
 
 def _check(family: Family, config: KernelConfig) -> None:
