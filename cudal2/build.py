@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import knobs
+from .kernels import sha256_text as source_sha  # noqa: F401 - one definition of a source's id
 from .toolchain import ToolchainError, cutlass_include_dirs, find_toolchain, normalise_arch
 
 ABI_VERSION = 1
@@ -167,10 +168,6 @@ def cache_key(spec: BuildSpec, nvcc_version: str) -> str:
         h.update(f"cutlass={_cutlass_version()}".encode())
     h.update(spec.source.encode())
     return h.hexdigest()
-
-
-def source_sha(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
 
 
 # --- building ------------------------------------------------------------------------------
