@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .report import medians, on_gpu, unmeasured
+
 DEFAULT_MARGIN = 0.02
 
 
@@ -44,25 +46,12 @@ class ExportResult:
         return [d for d in self.decisions if not d.exported]
 
 
-def _median(ev, mode: str, who: str):
-    rec = ((ev.timings or {}).get(mode) or {}).get(who) or {}
-    v = rec.get("median_us")
-    return float(v) if v else None
-
-
-def _measured_ok(ev, mode: str) -> str | None:
+def _exportable(ev, mode: str) -> str | None:
     """None if the row may be exported, else why not."""
-    if ev.estimated:
-        return "estimated (a cost-model number, not a measurement)"
-    if ev.status != "ok":
-        return f"status {ev.status}"
-    if (ev.correctness or {}).get("ok") is False:
-        return "failed the correctness check"
-    if _median(ev, mode, "candidate") is None:
-        return f"no candidate time in mode {mode!r}"
-    if not ev.acc or not ev.layout:
-        return "accumulator/layout unknown"
-    return None
+    why = unmeasured(ev, mode)
+    if why is None and (not ev.acc or not ev.layout):
+        why = "accumulator/layout unknown"
+    return why
 
 
 def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFAULT_MARGIN,
@@ -72,26 +61,25 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         raise ValueError(f"margin must be >= 0, got {margin}")
     groups: dict[tuple, list] = {}
     for ev in evaluations:
-        if gpu and gpu.lower() not in str((ev.env or {}).get("gpu", "")).lower():
+        if not on_gpu(ev, gpu):
             continue
         key = (ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K)
         groups.setdefault(key, []).append(ev)
     out = []
     for key in sorted(groups, key=str):
         evs = groups[key]
-        usable = [ev for ev in evs if _measured_ok(ev, mode) is None]
+        usable = [ev for ev in evs if _exportable(ev, mode) is None]
         if not usable:
-            why = sorted({_measured_ok(ev, mode) for ev in evs})
+            why = sorted({_exportable(ev, mode) for ev in evs})
             out.append(Decision(key, evs[0].source_sha, False, "nothing measured: " + "; ".join(why)))
             continue
         gpus = {(ev.env or {}).get("gpu", "") for ev in usable}
         if len(gpus) > 1:
             out.append(Decision(key, "", False, f"measured on several GPUs {sorted(gpus)}: pick one with --gpu"))
             continue
-        best = min(usable, key=lambda ev: _median(ev, mode, "candidate"))
-        cand = _median(best, mode, "candidate")
-        bases = {w: _median(best, mode, w) for w in ((best.timings or {}).get(mode) or {}) if w != "candidate"}
-        bases = {w: t for w, t in bases.items() if t}
+        best = min(usable, key=lambda ev: medians(ev, mode)["candidate"])
+        bases = medians(best, mode)
+        cand = bases.pop("candidate")
         if not bases:
             out.append(Decision(key, best.source_sha, False, "no baseline timed in the same run", cand))
             continue

@@ -76,25 +76,44 @@ class ShapeRow:
         return b.baselines_us if b else {}
 
 
+def medians(ev, mode: str) -> dict[str, float]:
+    """{who: median_us} of one evaluation in `mode`: "candidate" and each baseline timed."""
+    t = (ev.timings or {}).get(mode) or {}
+    return {who: float(r["median_us"]) for who, r in t.items() if r and r.get("median_us")}
+
+
+def unmeasured(ev, mode: str) -> str | None:
+    """None if `ev` holds a measured time of a correct candidate in `mode`, else why not. The
+    one test of "measured" that reports and export share."""
+    if ev.estimated:
+        return "estimated (a cost-model number, not a measurement)"
+    if ev.status != "ok":
+        return f"status {ev.status}"
+    if (ev.correctness or {}).get("ok") is False:
+        return "failed the correctness check"
+    if "candidate" not in medians(ev, mode):
+        return f"no candidate time in mode {mode!r}"
+    return None
+
+
+def on_gpu(ev, gpu: str | None) -> bool:
+    """Whether `ev` was measured on `gpu` (a case-insensitive substring; None = any)."""
+    return not gpu or gpu.lower() in str((ev.env or {}).get("gpu", "")).lower()
+
+
 def collect(evaluations: Iterable, *, mode: str = "offline", gpu: str | None = None) -> list[ShapeRow]:
     """Best measured (status ok, correct, not estimated) candidate per shape and origin group."""
     rows: dict[tuple, ShapeRow] = {}
     for ev in evaluations:
-        if ev.estimated or ev.status != "ok" or (ev.correctness or {}).get("ok") is False:
+        if unmeasured(ev, mode) or not on_gpu(ev, gpu):
             continue
-        if gpu and gpu.lower() not in str((ev.env or {}).get("gpu", "")).lower():
-            continue
-        t = (ev.timings or {}).get(mode) or {}
-        cand = (t.get("candidate") or {}).get("median_us")
-        if not cand:
-            continue
+        bases = medians(ev, mode)
+        cand = bases.pop("candidate")
         key = (ev.shape.M, ev.shape.N, ev.shape.K)
         row = rows.setdefault(key, ShapeRow(*key))
         g = origin_group(ev.origin)
         if g not in row.best or cand < row.best[g].median_us:
-            bases = {b: float(r["median_us"]) for b, r in t.items()
-                     if b != "candidate" and r and r.get("median_us")}
-            row.best[g] = Best(g, ev.source_sha, float(cand), bases)
+            row.best[g] = Best(g, ev.source_sha, cand, bases)
     return [rows[k] for k in sorted(rows)]
 
 
