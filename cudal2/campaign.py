@@ -81,7 +81,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
-    model = CostModel.default("A100" if arch.startswith("sm_8") else "H100")
+    model = CostModel.default(arch=arch)
     p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
              acc=acc, layout=layout)
     log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
@@ -178,7 +178,7 @@ def dry_run(pack, *, log=print) -> list[str]:
                 problems.append(f"{what}: {so} does not match its sha256 in the manifest")
                 continue
             src = pack / e["dir"] / "kernel.cu"
-            if not src.is_file() or hashlib.sha256(src.read_bytes()).hexdigest() != e["sha"]:
+            if not src.is_file() or _sha_file(src) != e["sha"]:
                 problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
                 continue
             probe = probe_library if what.startswith("candidate") else probe_baseline
@@ -306,7 +306,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     log(f"campaign run: {len(m['shapes'])} shapes, {len(m['candidates'])} candidates x {list(modes)} x "
         f"{len(baselines)} baselines on {gpu}, budget {budget_s:.0f} s; output {run_dir}")
     base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
-    model = CostModel.default(gpu if has_gpu and "A100" not in gpu else ("A100" if "A100" in gpu else "H100"))
+    model = CostModel.default(gpu if has_gpu else None, arch=m["arch"])
     order = _schedule(m, model)
     db = ResultsDB(run_dir / "results.db")
     reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing

@@ -239,6 +239,7 @@ class Sample:
     median_us: float
     gpu: str = ""
     who: str = "candidate"         # "candidate" or a baseline name
+    arch: str = ""                 # the build target: the spec to use when `gpu` is not a known name
 
 
 def samples_from_evaluations(evaluations: Iterable, mode: str = "offline",
@@ -253,13 +254,14 @@ def samples_from_evaluations(evaluations: Iterable, mode: str = "offline",
         shape = _shape(ev.shape)
         gpu = (getattr(ev, "env", None) or {}).get("gpu", "") or ""
         cand = t.get("candidate") or {}
+        arch = getattr(ev, "arch", "") or ""
         if ev.status == "ok" and cand.get("median_us"):
             out.append(Sample(dict(getattr(ev, "meta", None) or {}), dict(ev.build or {}), shape,
-                              float(cand["median_us"]), gpu, "candidate"))
+                              float(cand["median_us"]), gpu, "candidate", arch))
         if include_baselines:
             for who, rec in t.items():
                 if who != "candidate" and rec and rec.get("median_us"):
-                    out.append(Sample({}, {}, shape, float(rec["median_us"]), gpu, who))
+                    out.append(Sample({}, {}, shape, float(rec["median_us"]), gpu, who, arch))
     return out
 
 
@@ -275,9 +277,10 @@ class CostModel:
     ridge: float = 1.0
 
     @classmethod
-    def default(cls, gpu: str = "H100") -> "CostModel":
-        """The prior alone (no measurements yet)."""
-        return cls(gpu=gpu_for(gpu=gpu).name)
+    def default(cls, gpu: str | None = None, arch: str | None = None) -> "CostModel":
+        """The prior alone (no measurements yet), for a GPU name or, failing that, an arch
+        (cudal2.costmodel.gpu_for; neither = H100)."""
+        return cls(gpu=gpu_for(arch=arch, gpu=gpu).name)
 
     @property
     def spec(self) -> GpuSpec:
@@ -304,7 +307,8 @@ class CostModel:
     def fit(cls, data: Iterable, *, gpu: str | None = None, mode: str = "offline",
             ridge: float = 1.0, synthetic: bool = False, min_samples: int = 8) -> "CostModel":
         """Fit the correction to measurements: Evaluations (harness rows) or Samples.
-        With fewer than `min_samples` candidate rows the candidate correction stays at the prior."""
+        With fewer than `min_samples` candidate rows the candidate correction stays at the prior.
+        A GPU without a spec of its own (an L4, say) takes the spec of the samples' arch."""
         data = list(data)
         samples = [d for d in data if isinstance(d, Sample)]
         evs = [d for d in data if not isinstance(d, Sample)]
@@ -312,7 +316,9 @@ class CostModel:
         if gpu is None:
             gpus = {s.gpu for s in samples if s.gpu}
             gpu = next(iter(gpus)) if len(gpus) == 1 else "H100"
-        model = cls(gpu=gpu_for(gpu=gpu).name, synthetic=synthetic, ridge=ridge)
+        arches = {s.arch for s in samples if s.arch}
+        arch = next(iter(arches)) if len(arches) == 1 else None
+        model = cls(gpu=gpu_for(arch=arch, gpu=gpu).name, synthetic=synthetic, ridge=ridge)
         spec = model.spec
         cand = [s for s in samples if s.who == "candidate"]
         if len(cand) >= min_samples:

@@ -133,6 +133,19 @@ def test_fit_from_evaluations_skips_estimated_and_failed_rows():
         (1024, 1024, 1024), "torch")
 
 
+def test_gpu_without_a_spec_takes_the_arch_spec():
+    """A campaign on a GPU the model has no spec for (SYNTHETIC rows labelled an L4) falls back to
+    the build arch's spec instead of failing after the timing is done."""
+    import dataclasses
+    evs = [dataclasses.replace(_ev("ok", 30.0 + i, base=25.0 + i), arch="sm_80",
+                               env={"gpu": "NVIDIA L4 (synthetic)"}) for i in range(10)]
+    assert CostModel.fit(evs, synthetic=True).gpu == "A100"
+    assert CostModel.default("NVIDIA L4", arch="sm_90a").gpu == "H100"
+    assert CostModel.default("NVIDIA H200", arch="sm_80").gpu == "H200"     # a known name wins
+    with pytest.raises(ValueError, match="no GPU spec"):
+        CostModel.default("NVIDIA L4")
+
+
 def test_save_load_roundtrip(tmp_path):
     m = CostModel.fit(synthetic_samples(), synthetic=True)
     p = m.save(tmp_path / "cm.json")
