@@ -66,6 +66,11 @@ def _baselines() -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
     return {lib: (hb.source(lib), tuple(hb.LIBRARIES), tuple(hb.EXPORTS[lib])) for lib in hb.SOURCES}
 
 
+def _meta(c: dict) -> dict:
+    """A packed candidate's meta: what its .so reported at the dry run, else its config."""
+    return c.get("meta") or dict(c["params"], style=c["family"])
+
+
 def _dir_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
@@ -268,8 +273,7 @@ def _schedule(m: dict, model) -> list[tuple[tuple, dict]]:
         for s in c["shapes"]:
             per_shape.setdefault(tuple(s), []).append(c)
     for s, cs in per_shape.items():
-        cs.sort(key=lambda c: model.predict_us(c.get("meta") or dict(c["params"], style=c["family"]),
-                                               c["resources"], s))
+        cs.sort(key=lambda c: model.predict_us(_meta(c), c["resources"], s))
     order, rnd = [], 0
     while True:
         batch = [(s, cs[rnd]) for s, cs in per_shape.items() if rnd < len(cs)]
@@ -339,7 +343,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
                "statuses": statuses, "exported": 0, "reports": []}
     src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
     by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
-    metas = {c["sha"]: c.get("meta") or dict(c["params"], style=c["family"]) for c in m["candidates"]}
+    metas = {c["sha"]: _meta(c) for c in m["candidates"]}
 
     def source_for(sha):
         p = by_sha.get(sha)
