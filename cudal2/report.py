@@ -122,30 +122,45 @@ def geomean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def speedup_stats(pairs: Iterable[tuple[tuple[int, int, int], float, float]],
+                  weights: dict | None = None) -> dict:
+    """Aggregates over (shape, candidate_us, baseline_us) pairs: n, geomean, mean, min, below_1,
+    flop_weighted (total baseline time / total candidate time: where the time goes),
+    time_weighted (1 / sum(w_i / s_i) over the shapes in `weights`), weight_covered, and the
+    geomean per size bucket. Speedup s = baseline / candidate."""
+    sp, cand_t, base_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
+    buckets: dict[str, list[float]] = {}
+    for shape, cand, base in pairs:
+        s = base / cand
+        sp.append(s)
+        cand_t += cand
+        base_t += base
+        buckets.setdefault(size_bucket(*shape), []).append(s)
+        if weights and shape in weights:
+            wsum += weights[shape]
+            wdiv += weights[shape] / s
+    return {"n": len(sp), "geomean": geomean(sp),
+            "mean": sum(sp) / len(sp) if sp else float("nan"),
+            "min": min(sp) if sp else float("nan"),
+            "below_1": sum(s < 1.0 for s in sp),
+            "flop_weighted": base_t / cand_t if cand_t else float("nan"),
+            "time_weighted": wsum / wdiv if wdiv else float("nan"),
+            "weight_covered": wsum,
+            "buckets": {k: {"n": len(v), "geomean": geomean(v)} for k, v in buckets.items()}}
+
+
 def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | None = None,
               baselines=BASELINES) -> dict[str, dict]:
-    """Per baseline: n, geomean, mean, below_1, flop_weighted and (with weights) time_weighted.
-    `origin=None` takes the best candidate of any origin for each shape."""
+    """speedup_stats per baseline over the best candidate of `origin` for each shape
+    (`origin=None`: the best candidate of any origin)."""
     out = {}
     for b in baselines:
-        sp, cand_t, base_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
+        pairs = []
         for r in rows:
             best = r.best.get(origin) if origin else r.overall()
-            s = best.speedup(b) if best else None
-            if s is None:
-                continue
-            sp.append(s)
-            cand_t += best.median_us
-            base_t += best.baselines_us[b]
-            if weights is not None and r.shape in weights:
-                wsum += weights[r.shape]
-                wdiv += weights[r.shape] / s
-        out[b] = {"n": len(sp), "geomean": geomean(sp),
-                  "mean": sum(sp) / len(sp) if sp else float("nan"),
-                  "below_1": sum(s < 1.0 for s in sp),
-                  "flop_weighted": base_t / cand_t if cand_t else float("nan"),
-                  "time_weighted": (wsum / wdiv) if wdiv else float("nan"),
-                  "weight_covered": wsum}
+            if best and best.speedup(b) is not None:
+                pairs.append((r.shape, best.median_us, best.baselines_us[b]))
+        out[b] = speedup_stats(pairs, weights)
     return out
 
 

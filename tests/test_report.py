@@ -45,6 +45,9 @@ def test_collect_and_aggregate():
     assert a["n"] == 2 and a["below_1"] == 1
     assert a["geomean"] == pytest.approx(math.sqrt(2.0 * 0.5))
     assert a["flop_weighted"] == pytest.approx((10 + 1000) / (5 + 2000))
+    assert a["min"] == pytest.approx(0.5)
+    assert a["buckets"] == {"<1e9": {"n": 1, "geomean": pytest.approx(2.0)},
+                            ">=1e12": {"n": 1, "geomean": pytest.approx(0.5)}}
     w = {(64, 64, 64): 0.75, (8192, 8192, 8192): 0.25}
     a = aggregate(rows, None, w)["torch"]         # best of any origin: 2.5x and 0.5x
     assert a["time_weighted"] == pytest.approx(1 / (0.75 / 2.5 + 0.25 / 0.5))
