@@ -185,9 +185,8 @@ def family_flags(family: str) -> tuple[str, ...]:
     """Extra nvcc flags a template family needs (beyond the builder's base flags), so a table
     kernel builds exactly as the tuner built it and shares its cache entry."""
     from .templates import FAMILIES
-    from .build import BASE_FLAGS
     fam = FAMILIES.get(family)
-    return tuple(f for f in fam.flags if f not in BASE_FLAGS) if fam is not None else ()
+    return fam.extra_flags() if fam is not None else ()
 
 
 def _default_build_and_load(source: str, arch: str, name: str, flags: tuple[str, ...] = ()):
