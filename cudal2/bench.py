@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .harness.types import BASELINES, MODES, EvalRequest, Shape
 # Size buckets, geomean and trace weights are shared with `cudal2 report`.
-from .report import BUCKETS, read_weights, size_bucket
+from .report import BUCKETS, medians, read_weights, size_bucket, unmeasured
 from .report import geomean as _geomean
 
 LARGE_FLOPS = 1e12
@@ -124,13 +124,9 @@ def _fmt(x, nd: int = 3) -> str:
 
 
 def measured(ev, mode: str) -> dict | None:
-    """{who: median_us} of an ok, correct, measured evaluation in `mode`, else None."""
-    if ev.status != "ok" or ev.estimated or (ev.correctness or {}).get("ok") is False:
-        return None
-    t = (ev.timings or {}).get(mode) or {}
-    if not (t.get("candidate") or {}).get("median_us"):
-        return None
-    return {who: float(r["median_us"]) for who, r in t.items() if r and r.get("median_us")}
+    """{who: median_us} of an ok, correct, measured evaluation in `mode`, else None (the test of
+    "measured" is report.unmeasured, shared with report and export)."""
+    return None if unmeasured(ev, mode) is not None else medians(ev, mode)
 
 
 def summarize(evaluations, mode: str, baselines=BASELINES, weights: dict | None = None,
