@@ -31,7 +31,7 @@ def _evaluate_one(request, pool=None):
         return evaluate(request, pool=pool, gpu=pool is not None)
     except Exception as e:   # the harness's own failure: a row that yields no reward, never a crash
         from cudal2.harness.types import Evaluation
-        from .reward import source_sha
+        from cudal2.build import source_sha
         return Evaluation(status="error", source_sha=source_sha(request.source), shape=request.shape,
                           arch=request.arch, origin=request.origin,
                           detail=f"harness error: {type(e).__name__}: {e}"[:500])

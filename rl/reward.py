@@ -33,12 +33,12 @@ row behind it; extraction failures (no code at all) are logged in the run's log.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
+from cudal2.build import source_sha      # the DB's key for a kernel text: one definition
 from . import extract as _extract
 
 DEFAULT_BASELINE = "cublaslt_autotuned"
@@ -62,11 +62,6 @@ PENALTIES: dict[str, float] = {
 
 # Harness statuses reached only after a successful build.
 COMPILED = ("ok", "not_measured", "audit_rejected", "wrong", "crashed", "timeout", "oom", "too_fast")
-
-
-def source_sha(source: str) -> str:
-    """sha256 of the kernel text: the DB's cache key component (same as cudal2.build's)."""
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
 def speedup_reward(speedup: float) -> float:
