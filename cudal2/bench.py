@@ -32,8 +32,8 @@ from pathlib import Path
 
 from .harness.types import BASELINES, MODES, EvalRequest, Shape
 # Size buckets, geomean and trace weights are shared with `cudal2 report`.
-from .report import BUCKETS, medians, read_weights, size_bucket, unmeasured
-from .report import geomean as _geomean
+from .report import (BUCKETS, fmt, medians, read_weights, size_bucket, speedup_stats,
+                     unmeasured)
 
 LARGE_FLOPS = 1e12
 
@@ -119,10 +119,6 @@ def collect_jobs(kernels: list[str], shapes: list[Shape] | None, arch: str) -> l
 
 # ---- the report (pure Python: unit-tested on synthetic rows) -----------------------------------------
 
-def _fmt(x, nd: int = 3) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
 def measured(ev, mode: str) -> dict | None:
     """{who: median_us} of an ok, correct, measured evaluation in `mode`, else None (the test of
     "measured" is report.unmeasured, shared with report and export)."""
@@ -136,31 +132,8 @@ def summarize(evaluations, mode: str, baselines=BASELINES, weights: dict | None 
     rows = [(ev, m) for ev in evaluations if (m := measured(ev, mode))]
     out: dict = {"mode": mode, "n_shapes": len(rows), "baselines": {}}
     for b in baselines:
-        sp, base_t, cand_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
-        buckets: dict[str, list[float]] = {}
-        for ev, m in rows:
-            if b not in m:
-                continue
-            s = m[b] / m["candidate"]
-            sp.append(s)
-            base_t += m[b]
-            cand_t += m["candidate"]
-            buckets.setdefault(size_bucket(ev.shape.M, ev.shape.N, ev.shape.K), []).append(s)
-            key = (ev.shape.M, ev.shape.N, ev.shape.K)
-            if weights and key in weights:
-                wsum += weights[key]
-                wdiv += weights[key] / s
-        out["baselines"][b] = {
-            "n": len(sp), "geomean": _geomean(sp),
-            "mean": sum(sp) / len(sp) if sp else math.nan,
-            "min": min(sp) if sp else math.nan,
-            "below_1": sum(s < 1.0 for s in sp),
-            # total baseline time / total candidate time: flop-weighted (~ where time goes)
-            "flop_weighted": base_t / cand_t if cand_t else math.nan,
-            "time_weighted": wsum / wdiv if wdiv else math.nan,
-            "weight_covered": wsum,
-            "buckets": {k: {"n": len(v), "geomean": _geomean(v)} for k, v in buckets.items()},
-        }
+        pairs = [((ev.shape.M, ev.shape.N, ev.shape.K), m["candidate"], m[b]) for ev, m in rows if b in m]
+        out["baselines"][b] = speedup_stats(pairs, weights)
     if peak_tflops:
         fr = [2.0 * ev.shape.M * ev.shape.N * ev.shape.K / (m["candidate"] * 1e-6) / (peak_tflops * 1e12)
               for ev, m in rows if 2.0 * ev.shape.M * ev.shape.N * ev.shape.K >= LARGE_FLOPS]
@@ -188,9 +161,9 @@ def write_results_csv(evaluations, path: Path, modes, baselines) -> Path:
             t, sp = ev.timings or {}, ev.speedups or {}
             w.writerow([ev.origin, ev.source_sha[:16], ev.shape.M, ev.shape.N, ev.shape.K,
                         ev.acc, ev.layout, ev.status, (ev.detail or "")[:300],
-                        *[_fmt(((t.get(m) or {}).get(who) or {}).get("median_us"), 3)
+                        *[fmt(((t.get(m) or {}).get(who) or {}).get("median_us"), 3)
                           for m in modes for who in whos],
-                        *[_fmt((sp.get(m) or {}).get(b), 4) for m in modes for b in baselines]])
+                        *[fmt((sp.get(m) or {}).get(b), 4) for m in modes for b in baselines]])
     return path
 
 
@@ -206,9 +179,9 @@ def write_eval_results(evaluations, out: Path, mode: str, baselines) -> Path:
             if not m:
                 continue
             w.writerow([f"{ev.shape.M}_{ev.shape.N}_{ev.shape.K}", ev.shape.M, ev.shape.N,
-                        ev.shape.K, *[_fmt(m[b] / m["candidate"], 4) if b in m else ""
+                        ev.shape.K, *[fmt(m[b] / m["candidate"], 4) if b in m else ""
                                       for b in baselines],
-                        _fmt(m["candidate"], 3), *[_fmt(m.get(b), 3) for b in baselines]])
+                        fmt(m["candidate"], 3), *[fmt(m.get(b), 3) for b in baselines]])
     return path
 
 
@@ -235,9 +208,9 @@ def summary_markdown(evaluations, modes, baselines, *, title: str, weights=None,
                "|---|---|---|---|---|---|---" + ("|---" if weights else "") + "|"]
         for b in baselines:
             a = s["baselines"][b]
-            md.append(f"| {b} | {a['n']} | {_fmt(a['geomean'])} | {_fmt(a['mean'])} | "
-                      f"{_fmt(a['min'])} | {a['below_1']} | {_fmt(a['flop_weighted'])}"
-                      + (f" | {_fmt(a['time_weighted'])}" if weights else "") + " |")
+            md.append(f"| {b} | {a['n']} | {fmt(a['geomean'])} | {fmt(a['mean'])} | "
+                      f"{fmt(a['min'])} | {a['below_1']} | {fmt(a['flop_weighted'])}"
+                      + (f" | {fmt(a['time_weighted'])}" if weights else "") + " |")
         md += ["", "Geomean by problem size (2*M*N*K flop):", "",
                "| bucket | " + " | ".join(baselines) + " |",
                "|---|" + "---|" * len(baselines)]
@@ -245,12 +218,12 @@ def summary_markdown(evaluations, modes, baselines, *, title: str, weights=None,
             cells = [s["baselines"][b]["buckets"].get(name) for b in baselines]
             if any(cells):
                 md.append(f"| {name} (n={max(c['n'] for c in cells if c)}) | "
-                          + " | ".join(_fmt(c["geomean"]) if c else "" for c in cells) + " |")
+                          + " | ".join(fmt(c["geomean"]) if c else "" for c in cells) + " |")
         lf = s.get("large_fraction_of_peak")
         if lf and lf["n"]:
             md += ["", f"Candidate fraction of dense fp16 peak ({peak_tflops:g} TFLOP/s) on the "
-                       f"{lf['n']} shapes >= 1e12 flop: median {_fmt(lf['median'])}, max "
-                       f"{_fmt(lf['max'])}."]
+                       f"{lf['n']} shapes >= 1e12 flop: median {fmt(lf['median'])}, max "
+                       f"{fmt(lf['max'])}."]
         md.append("")
     if pngs:
         md += [f"![{Path(p).stem}]({Path(p).name})" for p in pngs] + [""]

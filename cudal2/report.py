@@ -182,7 +182,7 @@ def read_weights(path) -> dict[tuple[int, int, int], float]:
     return out
 
 
-def _fmt(x, nd=3) -> str:
+def fmt(x, nd=3) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
@@ -198,11 +198,11 @@ def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
                                                     *[f"{g}_vs_{b}" for b in BASELINES])]])
         for r in rows:
             bases = r.baselines_us()
-            line = [r.M, r.N, r.K, r.bucket, *[_fmt(bases.get(b), 2) for b in BASELINES]]
+            line = [r.M, r.N, r.K, r.bucket, *[fmt(bases.get(b), 2) for b in BASELINES]]
             for g in origins:
                 best = r.best.get(g)
-                line += [_fmt(best.median_us, 2) if best else "", best.source_sha[:12] if best else "",
-                         *[_fmt(best.speedup(b)) if best else "" for b in BASELINES]]
+                line += [fmt(best.median_us, 2) if best else "", best.source_sha[:12] if best else "",
+                         *[fmt(best.speedup(b)) if best else "" for b in BASELINES]]
             w.writerow(line)
     md = [f"# {title or 'Search vs RL vs baselines'} ({mode})", "",
           f"{len(rows)} shapes with a measured candidate. Speedup = baseline median / candidate "
@@ -216,15 +216,15 @@ def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
             if not sub:
                 continue
             agg = aggregate(sub, g)
-            md.append(f"| {bname} | {len(sub)} | " + " | ".join(_fmt(agg[b]['geomean']) for b in BASELINES)
+            md.append(f"| {bname} | {len(sub)} | " + " | ".join(fmt(agg[b]['geomean']) for b in BASELINES)
                       + f" | {agg[BASELINES[-1]]['below_1']} |")
         agg = aggregate([r for r in rows if g in r.best], g, weights)
         md += ["", "flop-weighted (total baseline time / total candidate time): "
-               + ", ".join(f"{b} {_fmt(agg[b]['flop_weighted'])}" for b in BASELINES)]
+               + ", ".join(f"{b} {fmt(agg[b]['flop_weighted'])}" for b in BASELINES)]
         if weights:
             md += ["", f"time-weighted on the trace (1/sum(w/s), weight covered "
-                       f"{_fmt(agg[BASELINES[-1]]['weight_covered'])}): "
-                   + ", ".join(f"{b} {_fmt(agg[b]['time_weighted'])}" for b in BASELINES)]
+                       f"{fmt(agg[BASELINES[-1]]['weight_covered'])}): "
+                   + ", ".join(f"{b} {fmt(agg[b]['time_weighted'])}" for b in BASELINES)]
         md.append("")
     both = [r for r in rows if "search" in r.best and "rl" in r.best]
     if both:
@@ -232,7 +232,7 @@ def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
         ratio = geomean([r.best["search"].median_us / r.best["rl"].median_us for r in both])
         md += ["## RL vs search, head to head", "",
                f"{len(both)} shapes with both: RL faster on {rl_wins}, search faster on "
-               f"{len(both) - rl_wins}; geomean search time / RL time = {_fmt(ratio)}.", ""]
+               f"{len(both) - rl_wins}; geomean search time / RL time = {fmt(ratio)}.", ""]
     md_path = out / "compare.md"
     md_path.write_text("\n".join(md) + "\n")
     return {"csv": csv_path, "md": md_path}
@@ -250,15 +250,15 @@ def write_summary(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
           "|---|---|---|---|---|---|---|"]
     for b in BASELINES:
         a = agg[b]
-        md.append(f"| {b} | {a['n']} | {_fmt(a['geomean'])} | {_fmt(a['mean'])} | {a['below_1']} | "
-                  f"{_fmt(a['flop_weighted'])} | {_fmt(a['time_weighted'])} |")
+        md.append(f"| {b} | {a['n']} | {fmt(a['geomean'])} | {fmt(a['mean'])} | {a['below_1']} | "
+                  f"{fmt(a['flop_weighted'])} | {fmt(a['time_weighted'])} |")
     md += ["", "Per size bucket (geomean):", "", "| bucket | shapes | " + " | ".join(BASELINES) + " |",
            "|---|---|" + "---|" * len(BASELINES)]
     for _, bname in BUCKETS:
         sub = [r for r in rows if r.bucket == bname]
         if sub:
             a = aggregate(sub)
-            md.append(f"| {bname} | {len(sub)} | " + " | ".join(_fmt(a[b]['geomean']) for b in BASELINES) + " |")
+            md.append(f"| {bname} | {len(sub)} | " + " | ".join(fmt(a[b]['geomean']) for b in BASELINES) + " |")
     pngs = plot(rows, out, mode=mode)
     if pngs:
         md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
