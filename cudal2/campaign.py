@@ -410,7 +410,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
     r.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for the whole run")
     r.add_argument("--out", default="reports", help="reports root: <out>/<gpu>/<date>-campaign/")
-    r.add_argument("--modes", nargs="+", default=["offline", "server"])
+    r.add_argument("--modes", nargs="+", default=["offline", "server"], choices=("offline", "server", "wall"),
+                   help="timing modes (default: offline server)")
     r.add_argument("--margin", type=float, default=0.02)
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
