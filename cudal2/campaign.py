@@ -283,15 +283,29 @@ def _schedule(m: dict, model) -> list[tuple[tuple, dict]]:
         rnd += 1
 
 
+def _copy_db(src: Path, dest: Path) -> None:
+    """A consistent copy of a results DB (sqlite's backup API: WAL contents included)."""
+    import sqlite3
+    if not src.is_file():
+        raise ValueError(f"--resume-db {src}: no such file")
+    if dest.exists():
+        raise ValueError(f"--resume-db: {dest} already exists (a run folder is never overwritten)")
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as a, sqlite3.connect(dest) as b:
+        a.backup(b)
+
+
 def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), baselines=None,
-        kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, log=print) -> dict:
-    """The GPU half. Returns a summary dict (counts, paths)."""
+        kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
+        log=print) -> dict:
+    """The GPU half. Returns a summary dict (counts, paths). resume_db: the results.db of an
+    earlier run of this pack (a run cut by its budget, or another lease): its rows are copied
+    into this run and the pairs it already recorded are not timed again."""
     from . import export as export_mod
     from . import report
     from .costmodel import CostModel
     from .harness.db import ResultsDB
     from .harness.pipeline import evaluate, gpu_pool
-    from .harness.types import BASELINES, EvalRequest, Shape
+    from .harness.types import BASELINES, FINAL_STATUSES, EvalRequest, Shape
     from .harness.worker import WorkerPool
 
     start = time.monotonic()
@@ -312,7 +326,15 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
     model = CostModel.default(gpu if has_gpu else None, arch=m["arch"])
     order = _schedule(m, model)
+    if resume_db:
+        _copy_db(Path(resume_db), run_dir / "results.db")
     db = ResultsDB(run_dir / "results.db")
+    # (sha, shape) pairs with a final verdict on this GPU model: the earlier run's work, kept
+    recorded = {(ev.source_sha, (ev.shape.M, ev.shape.N, ev.shape.K))
+                for ev in db.rows(arch=m["arch"], gpu=gpu if has_gpu else "", status=list(FINAL_STATUSES))}
+    if resume_db:
+        log(f"resumed from {resume_db}: {len(recorded)} pairs already recorded, not timed again")
+        order = [(shape, c) for shape, c in order if (c["sha"], tuple(shape)) not in recorded]
     reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing
     deadline = start + budget_s - reserve
     done, statuses, avg = 0, {}, None
@@ -340,6 +362,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
             log(f"  [{done}/{len(order)}] {Shape(*shape)} {c['label']}: {ev.status} ({dt:.1f} s)")
     rows = db.rows()
     summary = {"gpu": gpu, "run_dir": str(run_dir), "evaluations": done, "planned": len(order),
+               "resumed_pairs": len(recorded) if resume_db else 0,
                "statuses": statuses, "exported": 0, "reports": []}
     src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
     by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
@@ -413,6 +436,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--modes", nargs="+", default=["offline", "server"], choices=("offline", "server", "wall"),
                    help="timing modes (default: offline server)")
     r.add_argument("--margin", type=float, default=0.02)
+    r.add_argument("--resume-db", default=None,
+                   help="results.db of an earlier run of this pack: copied in, its recorded pairs skipped")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
     d = sub.add_parser("check", help="dry-run an existing pack (loads every .so in a worker)")
@@ -427,7 +452,8 @@ def run_cli(args: argparse.Namespace) -> int:
                     acc=args.acc, layout=args.layout)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
-                kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu)
+                kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
+                resume_db=args.resume_db)
         else:
             problems = dry_run(args.pack)
             for p in problems:

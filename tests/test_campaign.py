@@ -95,6 +95,17 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
     # a zero budget stops before the first evaluation, cleanly
     s0 = campaign.run(out, tmp_path / "r1", budget_s=0.001, allow_no_gpu=True, log=lambda *a: None)
     assert s0["evaluations"] == 0
+    # resuming from the first run's DB (another lease): its rows come along, its pairs are not redone
+    s1 = campaign.run(out, tmp_path / "r2", budget_s=120, allow_no_gpu=True,
+                      resume_db=d / "results.db", log=lambda *a: None)
+    assert s1["resumed_pairs"] == planned and s1["evaluations"] == 0 and s1["planned"] == 0
+    from cudal2.harness.db import ResultsDB
+    (d2,) = list((tmp_path / "r2" / "no-gpu").iterdir())
+    with ResultsDB(d2 / "results.db") as db2, ResultsDB(d / "results.db") as db1:
+        assert db2.count() == db1.count() == planned
+    with pytest.raises(ValueError, match="no such file"):
+        campaign.run(out, tmp_path / "r3", budget_s=60, allow_no_gpu=True,
+                     resume_db=tmp_path / "missing.db", log=lambda *a: None)
 
 
 # What the GPU image lacks (it has torch, numpy, pandas, matplotlib; pandas is blocked too, as
