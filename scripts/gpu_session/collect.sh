@@ -43,7 +43,11 @@ for tgz in "$SRC"/*.tar.gz; do
   cp -r "$tmp/$stage/." "$dest/"
   cp "$SRC/provenance.txt" "$dest/provenance.txt"
   [ -f "$SRC/session.log" ] && cp "$SRC/session.log" "$dest/session.log"
-  echo "collect.sh $SRC (local HEAD $(git rev-parse HEAD), $(date -u +%FT%TZ))" > "$dest/collected.txt"
+  ran=$(sed -n 's/^tree_hash: //p' "$SRC/provenance.txt")
+  here=$(bash scripts/gpu_session/tree_hash.sh .)
+  { echo "collect.sh $SRC (local HEAD $(git rev-parse HEAD), $(date -u +%FT%TZ))"
+    echo "tree_hash ran ${ran:-unrecorded}, local $here: $([ "$ran" = "$here" ] && echo same code || echo 'DIFFERENT code: find the commit whose tree_hash.sh matches')"
+  } > "$dest/collected.txt"
   echo "== $stage -> $dest (rc $(cat "$dest/rc" 2>/dev/null || echo ?))"
   done_any=1
   case $stage in
