@@ -1,0 +1,12 @@
+#define ACC_F16 0
+#define BK 64
+#define BM 128
+#define BN 256
+#define LAYOUT_RC 0
+#define SPLITK 1
+#define SPLITK_MAX_MN 2097152
+#define STAGES 2
+#define SWIZZLE 1
+#define WM 64
+#define WN 64
+#include "ptx_hgemm.cuh"

@@ -1,0 +1,13 @@
+#define ACC_F16 0
+#define BK 32
+#define BM 256
+#define BN 128
+#define LAYOUT_RC 0
+#define SPLITK 1
+#define SPLITK_MAX_MN 2097152
+#define STAGES 5
+#define SWIZZLE 8
+#define WM 64
+#define WN 64
+#include "_hgemm.cuh"
+#include "mma_hgemm.cuh"
