@@ -1,7 +1,7 @@
 """Search over the reference kernel families, per shape (`cudal2 tune`).
 
 The space of a family is the product of its `space()` filtered by `valid()`. A config is built
-once and serves every shape it `accepts()` (kernels take M, N, K at run time), so the build farm
+once and serves every shape it `serves()` (kernels take M, N, K at run time), so the build farm
 works on the *union* of candidates over a shape list, deduplicated by source, never once per
 shape. Per shape the search is exhaustive when the accepted space fits the evaluation budget,
 otherwise evolutionary (population seeded by the cost model's ranking, mutate the best one
@@ -142,7 +142,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
     for shape in shapes:
-        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.accepts(c, shape.M, shape.N, shape.K)]
+        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.serves(c, shape.M, shape.N, shape.K)]
         if limit_per_shape:
             # best predicted first; among near-ties (within 2%) prefer a config another shape
             # already chose, so one build serves more shapes
@@ -312,11 +312,11 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
     rng = random.Random(seed)
     fams = {f.name: f for f in families_for(arch, families)}
     space = {name: [c for c in enumerate_space(f, arch=arch, acc=acc, layout=layout)
-                    if f.accepts(c, shape.M, shape.N, shape.K)]
+                    if f.serves(c, shape.M, shape.N, shape.K)]
              for name, f in fams.items()}
     everything = [(n, c) for n, cs in space.items() for c in cs]
     if not everything:
-        raise ValueError(f"no candidate of {sorted(fams)} accepts shape {shape} on {arch}")
+        raise ValueError(f"no candidate of {sorted(fams)} serves shape {shape} on {arch}")
     if strategy == "auto":
         strategy = "exhaustive" if len(everything) <= budget_evals else "evolutionary"
     ranked = sorted(everything, key=lambda nc: model.predict_us(config_meta(nc[1]), None, shape))
@@ -365,7 +365,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
             parent = pop[min(int(rng.expovariate(1.0)), len(pop) - 1)]   # bias toward the best
             fam = fams[parent.family]
             child = _mutate(parent.config, fam, fam.space(), rng, arch=arch)
-            if child is None or child in done or not fam.accepts(child, shape.M, shape.N, shape.K):
+            if child is None or child in done or not fam.serves(child, shape.M, shape.N, shape.K):
                 stale += 1
                 continue
             stale = 0

@@ -121,7 +121,7 @@ def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int
                 cands = rng.sample(pools[f.name], min(recipe.candidates_per_shape, len(pools[f.name])))
                 for cfg in cands:
                     cfg = _with_acc(cfg, acc)
-                    if cfg is None or not f.valid(cfg, recipe.arch) or not f.accepts(cfg, *shape):
+                    if cfg is None or not f.valid(cfg, recipe.arch) or not f.serves(cfg, *shape):
                         continue
                     ranked.append((model.predict_us(cfg, None, shape), cfg.label(), cfg))
             ranked.sort(key=lambda t: (t[0], t[1]))

@@ -61,7 +61,7 @@ def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit:
         if arch not in getattr(fam, "arches", (arch,)):
             continue
         cfg = _with_acc(fam.default(), acc)
-        if cfg is None or not fam.valid(cfg, arch) or not fam.accepts(cfg, M, N, K):
+        if cfg is None or not fam.valid(cfg, arch) or not fam.serves(cfg, M, N, K):
             continue
         t = model.predict_us(cfg, None, (M, N, K))
         refs.append((t, f"template family `{fam.name}` ({fam.header}), config {cfg.label()}",

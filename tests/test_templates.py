@@ -127,6 +127,12 @@ def test_accepts():
     assert cut.accepts(cc, 1, 8, 8) and cut.accepts(cc, 4097, 64, 8192)
     assert not cut.accepts(cc, 64, 129, 256) and not cut.accepts(cc, 64, 128, 257)
     assert not mma.accepts(c.with_(WM=48), 128, 128, 128)   # invalid configs accept nothing
+    # serves = accepts + the ABI's tile rule for kernels that do not claim any_shape: the H100
+    # campaign planned a 128x192 CUTLASS tile for N = 8192 and the harness called it wrong
+    assert mma.serves(c, 63, 129, 257) and cut.serves(cc, 4096, 4096, 4096)
+    wide = cc.with_(BN=192)
+    assert cut.accepts(wide, 4096, 16384, 8192) and not cut.serves(wide, 4096, 16384, 8192)
+    assert not cut.serves(cc, 4097, 64, 8192) and cut.serves(wide, 128, 12288, 64)
 
 
 def test_space_values_are_reachable():

@@ -95,6 +95,7 @@ class Family:
     _defaults: tuple[dict[str, Value], ...] = field(repr=False, default=())
     _problems: Callable[["Family", dict, str | None], list[str]] = field(repr=False, default=None)
     _accepts: Callable[[dict, int, int, int], bool] = field(repr=False, default=None)
+    any_shape: bool = True                      # the meta's any_shape (False: tile multiples only)
 
     # -- the tuner's view
     def space(self) -> dict[str, list[Value]]:
@@ -149,6 +150,18 @@ class Family:
         if min(M, N, K) < 0 or not self.valid(config):
             return False
         return self._accepts(config.as_dict(), M, N, K)
+
+    def serves(self, config: KernelConfig, M: int, N: int, K: int) -> bool:
+        """Whether the harness and the dispatcher will let this config serve the shape: it
+        accepts it, and (the ABI, DESIGN.md) a kernel that does not claim any_shape is served
+        only multiples of its tile. CUTLASS's kernels compute residue shapes correctly (GPU
+        tests) but declare any_shape false, so the planner must not give them one."""
+        if not self.accepts(config, M, N, K):
+            return False
+        if self.any_shape:
+            return True
+        p = config.as_dict()
+        return M % p["BM"] == 0 and N % p["BN"] == 0 and K % p["BK"] == 0
 
     # -- source
     def macros(self, config: KernelConfig) -> list[tuple[str, int]]:
@@ -279,11 +292,7 @@ def _cutlass_problems(family: Family, p: dict, arch: str | None) -> list[str]:
 
 
 def _cutlass_accepts(p: dict, M: int, N: int, K: int) -> bool:
-    # The ABI (DESIGN.md): a kernel that does not claim any_shape serves only multiples of its
-    # tile; the harness refuses other shapes as wrong and the dispatcher never routes them.
-    # (CUTLASS's TMA would cope with residues, but the contract is what the meta declares.)
-    return (M % p["BM"] == 0 and N % p["BN"] == 0 and K % p["BK"] == 0
-            and N % 8 == 0 and K % 8 == 0)
+    return N % 8 == 0 and K % 8 == 0
 
 
 FAMILIES: dict[str, Family] = {}
@@ -316,12 +325,12 @@ _register(Family(
     name="cutlass_sm90", arches=("sm_90a",), header="cutlass_sm90.cuh", style="cutlass",
     flags=_CUTLASS_FLAGS,
     description="CUTLASS 3.x SM90 TMA warp-specialised GEMM (cooperative or pingpong) from the "
-                "CollectiveBuilders; serves multiples of its tile (any_shape false), 16-byte aligned operands",
+                "CollectiveBuilders; needs N % 8 == 0 and K % 8 == 0, 16-byte aligned operands",
     _space={"BM": (64, 128, 256), "BN": (64, 128, 192, 256), "BK": (64, 128),
             "CLUSTER_M": (1, 2), "CLUSTER_N": (1, 2), "SCHEDULE": ("cooperative", "pingpong"),
             "SWIZZLE": (1, 2, 4, 8)},
     _fixed=_ACC_LAYOUT, _defaults=(_COOP, _PING),
-    _problems=_cutlass_problems, _accepts=_cutlass_accepts))
+    _problems=_cutlass_problems, _accepts=_cutlass_accepts, any_shape=False))
 
 
 def default_configs(families: Iterable[str] | None = None) -> list[KernelConfig]:
