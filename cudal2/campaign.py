@@ -306,7 +306,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     from . import report
     from .costmodel import CostModel
     from .harness.db import ResultsDB
-    from .harness.pipeline import evaluate, gpu_pool
+    from .harness.pipeline import _same_timing, evaluate, gpu_pool
     from .harness.types import BASELINES, FINAL_STATUSES, EvalRequest, Shape
     from .harness.worker import WorkerPool
 
@@ -331,9 +331,14 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     if resume_db:
         _copy_db(Path(resume_db), run_dir / "results.db")
     db = ResultsDB(run_dir / "results.db")
-    # (sha, shape) pairs with a final verdict on this GPU model: the earlier run's work, kept
+    # (sha, shape) pairs with a final verdict on this GPU model: the earlier run's work, kept.
+    # A measured row counts only if it was timed as this run would time it (modes, baselines,
+    # timer, server QPS: the harness cache's own rule); a failed verdict counts as it stands.
+    probe = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], modes=tuple(modes),
+                        baselines=baselines, target_qps=target_qps)
     recorded = {(ev.source_sha, (ev.shape.M, ev.shape.N, ev.shape.K))
-                for ev in db.rows(arch=m["arch"], gpu=gpu if has_gpu else "", status=list(FINAL_STATUSES))}
+                for ev in db.rows(arch=m["arch"], gpu=gpu if has_gpu else "", status=list(FINAL_STATUSES))
+                if ev.status != "ok" or _same_timing(ev, probe)}
     if resume_db:
         log(f"resumed from {resume_db}: {len(recorded)} pairs already recorded, not timed again")
         order = [(shape, c) for shape, c in order if (c["sha"], tuple(shape)) not in recorded]

@@ -103,6 +103,25 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
     (d2,) = list((tmp_path / "r2" / "no-gpu").iterdir())
     with ResultsDB(d2 / "results.db") as db2, ResultsDB(d / "results.db") as db1:
         assert db2.count() == db1.count() == planned
+    # a measured row counts as done only for a run that would time it the same way (server QPS)
+    from cudal2.harness.pipeline import settings
+    from cudal2.harness.types import BASELINES, EvalRequest, Evaluation, Shape
+    c0 = m["candidates"][0]
+    shape = Shape(*c0["shapes"][0])
+    req = EvalRequest(source="", shape=shape, arch=m["arch"], modes=("offline", "server"))
+    t = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "n": 50}
+    seeded = tmp_path / "seeded.db"
+    with ResultsDB(seeded) as db0:
+        db0.add(Evaluation(status="ok", source_sha=c0["sha"], shape=shape, arch=m["arch"],
+                           timings={md: {w: t for w in ("candidate", *BASELINES)} for md in req.modes},
+                           env={"gpu": "", "settings": settings(req)}),
+                source=(out / c0["dir"] / "kernel.cu").read_text())
+    same = campaign.run(out, tmp_path / "r4", budget_s=0.001, allow_no_gpu=True, resume_db=seeded,
+                        log=lambda *a: None)
+    other = campaign.run(out, tmp_path / "r5", budget_s=0.001, allow_no_gpu=True, resume_db=seeded,
+                         target_qps=400.0, log=lambda *a: None)
+    assert (same["resumed_pairs"], same["planned"]) == (1, planned - 1)
+    assert (other["resumed_pairs"], other["planned"]) == (0, planned)
     with pytest.raises(ValueError, match="no such file"):
         campaign.run(out, tmp_path / "r3", budget_s=60, allow_no_gpu=True,
                      resume_db=tmp_path / "missing.db", log=lambda *a: None)
