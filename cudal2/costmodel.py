@@ -31,19 +31,21 @@ class GpuSpec:
     max_threads_per_sm: int = 2048
     max_ctas_per_sm: int = 32
     launch_us: float = 4.0   # launch + tail cost seen by a stream-timed call
+    l2_bytes: int = 50 * 2**20
 
 
 # Datasheet peaks (../shared/ANCHORS.md "Physical limits").
 GPUS = {
     "H100": GpuSpec("H100", 989.4, 3.35, 132, 227 * 1024),
-    "H200": GpuSpec("H200", 989.4, 4.8, 132, 227 * 1024),
-    "A100": GpuSpec("A100", 312.0, 2.039, 108, 163 * 1024, max_ctas_per_sm=32),
+    "H200": GpuSpec("H200", 989.4, 4.8, 132, 227 * 1024, l2_bytes=60 * 2**20),
+    "A100": GpuSpec("A100", 312.0, 2.039, 108, 163 * 1024, max_ctas_per_sm=32, l2_bytes=40 * 2**20),
 }
 ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100", "sm_89": "A100"}
 
 # Fraction of tensor peak a family's main loop reaches at full occupancy (the prior only; the
 # fitted correction learns the rest). wgmma-based CUTLASS ~ cuBLAS; mma.sync tops out lower.
 STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
+MEM_EXPOSED = 0.6            # fraction of min(compute, memory) not hidden by the other (H100 campaign: see dram_bytes)
 BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (ANCHORS: 792-795 of 989 TFLOP/s)
 
 FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
@@ -85,6 +87,7 @@ class KernelFacts:
     registers: int       # per thread; 0 = unknown
     shared_bytes: int    # per CTA; 0 = unknown
     spills: int          # bytes
+    swizzle: int = 1     # raster band width in tiles (mma/ptx grouped raster, CUTLASS max_swizzle_size)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -135,18 +138,55 @@ def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
             spills = sum(r.spill_stores + r.spill_loads for r in rs)
     # dynamic shared memory is invisible to ptxas; the meta declares it
     smem = max(int(smem or 0), int(_meta_get(meta, "smem_bytes", default=0) or 0))
+    swizzle = _meta_get(meta, "SWIZZLE", "swizzle")
+    if swizzle is None and isinstance(meta.get("params"), dict):     # cudal2_meta nests the config
+        swizzle = meta["params"].get("SWIZZLE")
     return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
-                       max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0))
+                       max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0),
+                       max(int(swizzle or 1), 1))
 
 
 def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
-    """CTAs resident per SM (>= 1): the tightest of registers, shared memory and threads."""
+    """CTAs resident per SM (>= 1): the tightest of registers, shared memory and threads.
+    Our CUTLASS SM90 kernels are persistent (one CTA per SM) with StageCountAutoCarveout, which
+    fills shared memory with stages: one."""
+    if f.style.startswith("cutlass"):
+        return 1
     limits = [gpu.max_ctas_per_sm, gpu.max_threads_per_sm // f.threads]
     if f.registers:
         limits.append(gpu.regs_per_sm // (max(f.registers, 1) * f.threads))
     smem = f.shared_bytes or f.stages * (f.BM + f.BN) * f.BK * 2   # estimate when ptxas is silent
     limits.append(gpu.smem_per_sm // max(smem, 1))
     return max(1, min(limits))
+
+
+def dram_bytes(f: KernelFacts, shape, gpu: GpuSpec, slots: int) -> tuple[float, float]:
+    """(bytes the kernel moves through DRAM, the ideal: each operand read once, C written once).
+    The CTAs resident at once (one wave) read the A strips of the tile rows and the B strips of
+    the tile columns they cover; the next wave covers other tiles and, unless an operand fits
+    in half the L2, reads its strips again. Which tiles a wave covers follows the raster: a
+    band of `swizzle` tiles in the minor dimension swept along the major one (mma/ptx: along N;
+    CUTLASS's heuristic: along the dimension with fewer tiles). On the first H100 campaign a
+    128x128 CUTLASS tile without swizzle fell from 620 to 320 TFLOP/s as shapes grew; this is
+    the term that predicts it."""
+    M, N, K = _shape(shape)
+    tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
+    partials = 8.0 * M * N * f.splitk if f.splitk > 1 else 0.0
+    ideal = 2.0 * (M * K + K * N + M * N) + partials
+    wave = max(1, min(tm * tn, slots // f.splitk))            # output tiles in flight at once
+    along_m = f.style.startswith("cutlass") and tn > tm
+    t_major, t_minor = (tm, tn) if along_m else (tn, tm)
+    band = min(f.swizzle, t_minor)
+    if band * t_major >= wave:
+        minor, major = band, min(t_major, math.ceil(wave / band))
+    else:                                                     # a wave spans several bands
+        minor, major = min(t_minor, math.ceil(wave / t_major)), t_major
+    rows, cols = (major, minor) if along_m else (minor, major)
+    waves = math.ceil(tm * tn / wave)
+    half_l2 = gpu.l2_bytes / 2
+    a_bytes = 2.0 * M * K if 2.0 * M * K <= half_l2 else waves * 2.0 * K * min(M, rows * f.BM)
+    b_bytes = 2.0 * K * N if 2.0 * K * N <= half_l2 else waves * 2.0 * K * min(N, cols * f.BN)
+    return max(ideal, a_bytes + b_bytes + 2.0 * M * N + partials), ideal
 
 
 def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
@@ -172,12 +212,14 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     full, rem = divmod(ctas, slots)
     # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
     compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
-    # Memory: operands once from DRAM (L2 catches re-reads), output once, split-K partials twice.
-    bytes_moved = 2.0 * (M * K + K * N + M * N) + (8.0 * M * N * f.splitk if f.splitk > 1 else 0.0)
-    mem_us = bytes_moved / (gpu.tbps * 0.9 * 1e6)     # ~90% of DRAM peak is reachable
+    # Memory: what the raster makes the waves read (dram_bytes), output once, split-K partials twice.
+    moved, bytes_moved = dram_bytes(f, shape, gpu, slots)
+    mem_us = moved / (gpu.tbps * 0.9 * 1e6)           # ~90% of DRAM peak is reachable
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
     # split-K adds a second (reduction) kernel on the stream
-    prior = gpu.launch_us * (1.5 if f.splitk > 1 else 1.0) + max(compute_us, mem_us) + spill_us
+    # Main loop and DRAM traffic overlap only partly: MEM_OVERLAP of the shorter one stays exposed.
+    prior = (gpu.launch_us * (1.5 if f.splitk > 1 else 1.0) + max(compute_us, mem_us)
+             + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
     intensity = 2.0 * M * N * K / bytes_moved
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([

@@ -194,3 +194,28 @@ def test_cv_ridge_keeps_the_prior_when_there_is_nothing_to_learn():
                    CostModel.default().predict_us(s.meta, s.resources, s.shape) * math.exp(rng.normal(0, 0.3)),
                    s.gpu) for s in synthetic_samples()]
     assert CostModel.fit(pure, synthetic=True).ridge == RIDGE_GRID[-1]
+
+
+def test_prior_explains_large_shapes_on_checked_in_measurements():
+    """The raster/L2 traffic term (dram_bytes) on REAL data: on the checked-in GPU campaigns'
+    >= 1e12-FLOP rows the analytic prior is within 30% on (geometric) average, and it prefers a
+    swizzled raster for a large CUTLASS GEMM (the H100 campaign measured 0.45x of cuBLAS for the
+    unswizzled 128x128 tile on 12288x16384x16384)."""
+    from cudal2.costmodel import samples_from_evaluations
+    from cudal2.harness.db import ResultsDB
+    from cudal2.templates import FAMILIES
+    dbs = _checked_in_measurement_dbs()
+    if not dbs:
+        pytest.skip("no checked-in GPU measurements under reports/<gpu>/ yet")
+    rows = [ev for p in dbs for ev in ResultsDB(p).rows() if ev.status == "ok" and not ev.estimated]
+    big = [s for s in samples_from_evaluations(rows, mode="offline")
+           if s.who == "candidate" and 2 * math.prod(s.shape) >= 1e12]
+    if len(big) < 5:
+        pytest.skip(f"only {len(big)} measured rows of >= 1e12 FLOP")
+    gpus = {s.gpu for s in big}
+    ratios = [math.log(CostModel.default(s.gpu).predict_us(s.meta, s.resources, s.shape) / s.median_us)
+              for s in big]
+    assert abs(np.mean(ratios)) < math.log(1.3), (gpus, math.exp(np.mean(ratios)))
+    cfg = FAMILIES["cutlass_sm90"].default().with_(BM=128, BN=128, BK=64, CLUSTER_M=1, CLUSTER_N=1)
+    m, shape = CostModel.default("H100"), (12288, 16384, 16384)
+    assert m.predict_us(cfg.with_(SWIZZLE=8), None, shape) < 0.8 * m.predict_us(cfg.with_(SWIZZLE=1), None, shape)
