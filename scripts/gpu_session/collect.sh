@@ -68,6 +68,9 @@ EOF
           $PY -m cudal2 export --db "$db" --report "${run#"$REPO"/}" --sources "$srcs" --out "$KERNELS" || true
         fi
       done
+      # the GPU side's own export is the same rows from the same DB: with the export redone into
+      # the repo's table above, a second copy of the sources under reports/ is only a duplicate
+      if [ $EXPORT = 1 ]; then rm -rf "$dest/generated_kernels"; fi
       ;;
     hostile)
       [ -f "$dest/results.db" ] && { $PY -m cudal2 report --db "$dest/results.db" --out "$dest/report-db" || true; }
