@@ -144,13 +144,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.serves(c, shape.M, shape.N, shape.K)]
         if limit_per_shape:
-            # best predicted first; among near-ties (within 2%) prefer a config another shape
-            # already chose, so one build serves more shapes
-            def rank(fc):
-                t = model.predict_us(config_meta(fc[1]), None, shape)
-                return (round(math.log(t) / math.log(1.02)), fc[1] not in src_of)
-            fitting.sort(key=rank)
-            fitting = fitting[:limit_per_shape]
+            fitting = _pick(fitting, shape, model, limit_per_shape, src_of)
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -165,6 +159,25 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
         per_shape[shape] = cands
         pairs += len(cands)
     return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs)
+
+
+def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_elsewhere,
+          per_tie: int = 2) -> list:
+    """A shape's `limit` candidates: best predicted first, among near-ties (within 2%) a config
+    another shape already chose (one build serves more shapes), and at most `per_tie` from one
+    near-tie group before the next group gets a turn: configs the model cannot tell apart (on
+    the H100 plan, four cluster shapes of one tile) would otherwise fill every slot."""
+    ranked = []
+    for fc in fitting:
+        t = model.predict_us(config_meta(fc[1]), None, shape)
+        ranked.append(((round(math.log(t) / math.log(1.02)), fc[1] not in chosen_elsewhere), fc))
+    ranked.sort(key=lambda r: r[0])
+    first, rest, per_group = [], [], {}
+    for (group, _), fc in ranked:
+        n = per_group.get(group, 0)
+        (first if n < per_tie else rest).append(fc)
+        per_group[group] = n + 1
+    return (first + rest)[:limit]
 
 
 # --- the build farm ------------------------------------------------------------------------------

@@ -141,3 +141,14 @@ def test_tune_cli_without_gpu_builds_audits_and_estimates(tmp_path, tmp_cache, c
     rows = ResultsDB(db).rows()
     assert len(rows) == 2 and {r.status for r in rows} == {"not_measured"}
     assert all(r.origin == "tune" and not r.estimated for r in rows)
+
+
+def test_plan_spreads_a_shapes_slots_over_configs_the_model_can_tell_apart():
+    """At most two near-tied configs per shape before the next group: on the H100 plan the four
+    slots of a large shape were four cluster shapes of one tile (the model prices them alike)."""
+    shape = Shape(12288, 16384, 16384)
+    p = tune.plan([shape], "sm_90a", families=["cutlass_sm90"], limit_per_shape=4)
+    cfgs = [c.config.as_dict() for c in p.per_shape[shape]]
+    assert len(cfgs) == 4
+    assert len({(c["BM"], c["BN"], c["SCHEDULE"]) for c in cfgs}) >= 2, cfgs
+    assert cfgs[0]["SWIZZLE"] == 8       # the raster term: a large GEMM wants a swizzled raster
