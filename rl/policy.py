@@ -102,11 +102,11 @@ def _sample_configs(family, rng: random.Random, n: int, arch: str | None = None,
 
 def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int]]]:
     """(prompt, completion, shape) pairs: per shape, the cost model's top configs."""
-    from cudal2.costmodel import ARCH_GPU, CostModel
+    from cudal2.costmodel import CostModel
     from cudal2.templates import FAMILIES
     from .prompts import compact_prompt, template_file
     rng = random.Random(recipe.seed)
-    model = CostModel.default(ARCH_GPU.get(recipe.arch, "H100"))
+    model = CostModel.default(arch=recipe.arch)
     fams = [FAMILIES[f] for f in recipe.families if f in FAMILIES]
     if not fams:
         raise RuntimeError(f"none of the recipe's families {recipe.families} exist in "

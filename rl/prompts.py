@@ -51,11 +51,11 @@ def template_file(config) -> str:
 def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 2) -> list[tuple[str, str]]:
     """(title, kernel file) for each template family on `arch` whose default config (with the
     accumulator set) accepts the shape; the cost model's favourite first."""
-    from cudal2.costmodel import ARCH_GPU, CostModel
+    from cudal2.costmodel import CostModel
     from cudal2.templates import FAMILIES
     from .policy import _with_acc
     M, N, K = _shape(shape)
-    model = CostModel.default(ARCH_GPU.get(arch, "H100"))
+    model = CostModel.default(arch=arch)
     refs = []
     for fam in FAMILIES.values():
         if arch not in getattr(fam, "arches", (arch,)):

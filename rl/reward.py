@@ -206,10 +206,10 @@ class KernelReward:
     def cost_model(self):
         """The cost model fitted to this DB's measured rows for our arch (the prior without)."""
         if self._cost_model is None:
-            from cudal2.costmodel import ARCH_GPU, CostModel
+            from cudal2.costmodel import CostModel
             measured = [e for e in self.db.rows(arch=self.arch) if not e.estimated and e.status == "ok"]
-            gpu = ARCH_GPU.get(self.arch, "H100")
-            self._cost_model = CostModel.fit(measured, gpu=gpu) if measured else CostModel.default(gpu)
+            # the measured rows name their GPU (an H200 is not priced as an H100); none: the arch's
+            self._cost_model = CostModel.fit(measured) if measured else CostModel.default(arch=self.arch)
             self.n_measurements = len(measured)
         return self._cost_model
 
