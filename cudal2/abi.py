@@ -19,6 +19,23 @@ from pathlib import Path
 
 ABI_SYMBOLS = ("cudal2_hgemm", "cudal2_meta")
 META_KEYS = ("style", "arch", "acc", "layout", "tile", "any_shape", "workspace_bytes")
+
+
+def meta_accepts(meta, M: int, N: int, K: int) -> bool:
+    """Does a kernel (by its cudal2_meta) handle this shape? any_shape, or divisible by its tile;
+    split-K kernels also declare the largest M*N their workspace covers (splitk_max_mn)."""
+    limit = meta.get("splitk_max_mn")
+    if limit and M * N > int(limit):
+        return False
+    if meta.get("any_shape"):
+        return True
+    tile = meta.get("tile")
+    if not isinstance(tile, (list, tuple)) or len(tile) != 3:
+        return False
+    bm, bn, bk = (int(t) for t in tile)
+    return bm > 0 and bn > 0 and bk > 0 and M % bm == 0 and N % bn == 0 and K % bk == 0
+
+
 _HGEMM_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int,

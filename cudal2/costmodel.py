@@ -217,7 +217,7 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     mem_us = moved / (gpu.tbps * 0.9 * 1e6)           # ~90% of DRAM peak is reachable
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
     # split-K adds a second (reduction) kernel on the stream
-    # Main loop and DRAM traffic overlap only partly: MEM_OVERLAP of the shorter one stays exposed.
+    # Main loop and DRAM traffic overlap only partly: MEM_EXPOSED of the shorter one stays exposed.
     prior = (gpu.launch_us * (1.5 if f.splitk > 1 else 1.0) + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
     intensity = 2.0 * M * N * K / bytes_moved

@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from . import knobs
+from .abi import meta_accepts  # the ABI's shape rule (also what the planner follows)
 from .kernels import IndexRow
 
 log = logging.getLogger("cudal2.dispatch")
@@ -70,21 +71,6 @@ Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K) -> entry
 def table_from_index(index) -> dict[tuple, TableEntry]:
     """The serving table: tuned rows of a KernelIndex only (untuned seeds never serve)."""
     return {r.key: r for r in index.rows if r.tuned}
-
-
-def meta_accepts(meta: Mapping, M: int, N: int, K: int) -> bool:
-    """Does a kernel (by its cudal2_meta) handle this shape? any_shape, or divisible by its tile;
-    split-K kernels also declare the largest M*N their workspace covers (splitk_max_mn)."""
-    limit = meta.get("splitk_max_mn")
-    if limit and M * N > int(limit):
-        return False
-    if meta.get("any_shape"):
-        return True
-    tile = meta.get("tile")
-    if not isinstance(tile, (list, tuple)) or len(tile) != 3:
-        return False
-    bm, bn, bk = (int(t) for t in tile)
-    return bm > 0 and bn > 0 and bk > 0 and M % bm == 0 and N % bn == 0 and K % bk == 0
 
 
 def log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:

@@ -156,12 +156,10 @@ class Family:
         accepts it, and (the ABI, DESIGN.md) a kernel that does not claim any_shape is served
         only multiples of its tile. CUTLASS's kernels compute residue shapes correctly (GPU
         tests) but declare any_shape false, so the planner must not give them one."""
-        if not self.accepts(config, M, N, K):
-            return False
-        if self.any_shape:
-            return True
+        from ..abi import meta_accepts
         p = config.as_dict()
-        return M % p["BM"] == 0 and N % p["BN"] == 0 and K % p["BK"] == 0
+        return self.accepts(config, M, N, K) and meta_accepts(
+            {"any_shape": self.any_shape, "tile": [p["BM"], p["BN"], p["BK"]]}, M, N, K)
 
     # -- source
     def macros(self, config: KernelConfig) -> list[tuple[str, int]]:
