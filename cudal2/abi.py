@@ -1,8 +1,9 @@
-"""The kernel ABI of DESIGN.md, loaded with ctypes.
+"""The kernel ABI (docs/abi.md, the text of record), loaded with ctypes.
 
     int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K,
                      int lda, int ldb, int ldc, void* workspace, size_t workspace_bytes,
-                     void* stream);
+                     void* stream [, const int* options]);      // options: ABI 2 only
+    size_t cudal2_workspace(int M, int N, int K, const int* options);   // ABI 2 only
     const char* cudal2_meta(void);
 
 One .so per kernel, loaded once per process (RTLD_LOCAL, so identical symbol names in different
@@ -18,14 +19,51 @@ import threading
 from pathlib import Path
 
 ABI_SYMBOLS = ("cudal2_hgemm", "cudal2_meta")
+ABI2_SYMBOLS = ABI_SYMBOLS + ("cudal2_workspace",)
+ABI_VERSIONS = (1, 2)
 META_KEYS = ("style", "arch", "acc", "layout", "tile", "any_shape", "workspace_bytes")
 
 
+def abi_version(meta) -> int:
+    """1 unless the meta says "abi": 2 (the runtime-options ABI)."""
+    return int(meta.get("abi", 1) or 1)
+
+
+def meta_options(meta) -> list[dict]:
+    """The runtime options an ABI 2 kernel declares: [{"name", "values", "default"}] in call
+    order ([] for ABI 1)."""
+    return list(meta.get("options") or []) if abi_version(meta) == 2 else []
+
+
+def option_values(meta, chosen=None) -> list[int]:
+    """The options array for one call: each declared option's chosen value (`chosen` maps name ->
+    int; missing names take the default). Raises AbiError naming an unknown name or a value the
+    kernel does not list."""
+    decl = meta_options(meta)
+    chosen = dict(chosen or {})
+    names = [o["name"] for o in decl]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        raise AbiError(f"option(s) {unknown} not declared by the kernel (it takes {names})")
+    out = []
+    for o in decl:
+        v = chosen.get(o["name"], o["default"])
+        if v not in o["values"]:
+            raise AbiError(f"option {o['name']}={v!r} is not one of {o['values']}")
+        out.append(int(v))
+    return out
+
+
 def meta_accepts(meta, M: int, N: int, K: int) -> bool:
-    """Does a kernel (by its cudal2_meta) handle this shape? any_shape, or divisible by its tile;
-    split-K kernels also declare the largest M*N their workspace covers (splitk_max_mn)."""
+    """Does a kernel (by its cudal2_meta) handle this shape? M, N, K multiples of `divisible`,
+    then any_shape or multiples of its tile; ABI 1 split-K kernels also declare the largest M*N
+    their workspace covers (splitk_max_mn)."""
     limit = meta.get("splitk_max_mn")
     if limit and M * N > int(limit):
+        return False
+    div = meta.get("divisible")
+    if isinstance(div, (list, tuple)) and len(div) == 3 and any(
+            int(d) > 1 and x % int(d) for x, d in zip((M, N, K), div)):
         return False
     if meta.get("any_shape"):
         return True
@@ -40,6 +78,7 @@ _HGEMM_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int,
                    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_HGEMM2_ARGTYPES = _HGEMM_ARGTYPES + [ctypes.c_void_p]
 
 
 class AbiError(RuntimeError):
@@ -60,6 +99,26 @@ def parse_meta(text: str, where: str = "cudal2_meta") -> dict:
         raise AbiError(f"{where}: meta acc must be 'f32' or 'f16', got {meta['acc']!r}")
     if meta["layout"] not in ("RR", "RC"):
         raise AbiError(f"{where}: meta layout must be 'RR' or 'RC', got {meta['layout']!r}")
+    abi = meta.get("abi", 1)
+    if abi not in ABI_VERSIONS:
+        raise AbiError(f"{where}: meta abi must be one of {ABI_VERSIONS}, got {abi!r}")
+    opts = meta.get("options", [])
+    if abi == 1 and opts:
+        raise AbiError(f"{where}: meta declares options but not \"abi\": 2")
+    if not isinstance(opts, list):
+        raise AbiError(f"{where}: meta options must be a list, got {type(opts).__name__}")
+    seen = set()
+    for o in opts:
+        ok = (isinstance(o, dict) and isinstance(o.get("name"), str) and o["name"]
+              and isinstance(o.get("values"), list) and o["values"]
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in o["values"])
+              and o.get("default") in o["values"])
+        if not ok:
+            raise AbiError(f"{where}: meta option {o!r} must be {{\"name\": str, \"values\": "
+                           "[int, ...], \"default\": one of the values}")
+        if o["name"] in seen:
+            raise AbiError(f"{where}: meta option {o['name']!r} declared twice")
+        seen.add(o["name"])
     return meta
 
 
@@ -113,6 +172,47 @@ class KernelLibrary:
         self._hgemm_raw = self._lib["cudal2_hgemm"]
         self._hgemm_raw.restype = ctypes.c_int
         self._meta: dict | None = None
+        self._workspace_fn = None
+        self._option_arrays: dict[tuple, object] = {}
+
+    @property
+    def abi(self) -> int:
+        return abi_version(self.meta)
+
+    def _check_abi2(self) -> None:
+        """ABI 2 kernels take the options pointer and export cudal2_workspace: set both up."""
+        if self._workspace_fn is not None or self.abi != 2:
+            return
+        if not hasattr(self._lib, "cudal2_workspace"):
+            raise AbiError(f"{self.path}: meta says abi 2 but cudal2_workspace is not exported")
+        fn = self._lib.cudal2_workspace
+        fn.restype = ctypes.c_size_t
+        fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        self._workspace_fn = fn
+        self._hgemm.argtypes = _HGEMM2_ARGTYPES
+
+    def options(self, chosen=None):
+        """The options argument for `chosen` ({name: int}; missing names take their default):
+        None for an ABI 1 kernel (which takes none; naming one raises AbiError), else a ctypes
+        int array, cached, so the pointer stays valid for the library's lifetime."""
+        if self.abi != 2:
+            if chosen:
+                raise AbiError(f"{self.path}: options {dict(chosen)} given to an ABI 1 kernel")
+            return None
+        self._check_abi2()
+        values = tuple(option_values(self.meta, chosen))
+        arr = self._option_arrays.get(values)
+        if arr is None:
+            arr = self._option_arrays[values] = (ctypes.c_int * max(len(values), 1))(*values)
+        return arr
+
+    def workspace_bytes(self, M: int, N: int, K: int, options=None) -> int:
+        """Bytes of workspace a call needs: ABI 1, the meta's workspace_bytes; ABI 2, what
+        cudal2_workspace answers for this shape and options array (from `options()`)."""
+        if self.abi != 2:
+            return int(self.meta.get("workspace_bytes") or 0)
+        self._check_abi2()
+        return int(self._workspace_fn(M, N, K, options))
 
     @property
     def meta(self) -> dict:
@@ -124,8 +224,16 @@ class KernelLibrary:
         return self._meta
 
     def launch(self, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int,
-               lda: int, ldb: int, ldc: int, ws_ptr: int, ws_bytes: int, stream_ptr: int) -> int:
-        """Launch on `stream_ptr`; returns the kernel's cudaError_t value (0 = success)."""
+               lda: int, ldb: int, ldc: int, ws_ptr: int, ws_bytes: int, stream_ptr: int,
+               options=None) -> int:
+        """Launch on `stream_ptr`; returns the kernel's cudaError_t value (0 = success).
+        `options`: the array `options()` made (None: every option at its default)."""
+        if self.abi == 2:
+            self._check_abi2()
+            return self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes,
+                               stream_ptr, options)
+        if options is not None:
+            raise AbiError(f"{self.path}: options given to an ABI 1 kernel")
         return self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes, stream_ptr)
 
     @property
@@ -133,7 +241,8 @@ class KernelLibrary:
         """The ctypes function without argtypes, for the dispatch hot path (no wrapper frame, no
         argument converters). The caller passes typed values: pointers as ctypes.c_void_p,
         workspace_bytes as ctypes.c_size_t, the six ints as Python ints (ctypes passes them as C
-        int and raises ctypes.ArgumentError beyond 32 bits)."""
+        int and raises ctypes.ArgumentError beyond 32 bits); ABI 2 kernels take the options
+        array (or None) as a 13th argument."""
         return self._hgemm_raw
 
 

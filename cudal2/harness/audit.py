@@ -511,6 +511,9 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
             meta = out.value["meta"]
             if not out.value["symbols"].get("cudal2_hgemm"):
                 res.reasons.append("does not export cudal2_hgemm (extern \"C\" required)")
+            if meta.get("abi") == 2 and not out.value["symbols"].get("cudal2_workspace"):
+                res.reasons.append("meta says abi 2 but cudal2_workspace is not exported "
+                                   "(extern \"C\" required)")
         elif out.status == "error":
             res.reasons.append(f"meta unreadable: {out.detail}")
         else:

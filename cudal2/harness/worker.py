@@ -619,7 +619,7 @@ def probe_library(so_path: str) -> dict:
     is not a UTF-8 JSON object; a meta that crashes or hangs is the pool's verdict."""
     import ctypes
     lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_LOCAL)
-    symbols = {s: hasattr(lib, s) for s in ("cudal2_hgemm", "cudal2_meta")}
+    symbols = {s: hasattr(lib, s) for s in ("cudal2_hgemm", "cudal2_meta", "cudal2_workspace")}
     if not symbols["cudal2_meta"]:
         raise LookupError(f"{so_path} does not export cudal2_meta")
     fn = lib.cudal2_meta
