@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         # (-1), the current stream is 0, and the shape is served by the stub.
         dispatch._cur_device = lambda: -1
         dispatch._raw_stream = lambda dev: 0
-        dispatch._serving[(-1, M, N, K, "RR")] = served = dispatch._launcher(lib)
+        dispatch._serving[(-1, M, N, K, "RR")] = served = dispatch._launcher(lib, M, N, K)
         plain, cuda_matmul = dispatch._PLAIN, dispatch._cuda_matmul
 
         def path(a, b):  # cudal2.matmul's first line with is_cuda -> is_cpu, then its body
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
 
         assert path(a, b) is not None and path(a, b).shape == (M, N), "stub path not taken"
         pa, pb, pc = a.data_ptr(), b.data_ptr(), a.data_ptr()
-        raw, _, ws_c = served
+        raw, _, ws_c, _ = served
         vp, null = ctypes.c_void_p, dispatch._NULL
         mm = torch.matmul
         with torch.no_grad():

@@ -132,7 +132,8 @@ def summarize(evaluations, mode: str, baselines=BASELINES, weights: dict | None 
     rows = [(ev, m) for ev in evaluations if (m := measured(ev, mode))]
     out: dict = {"mode": mode, "n_shapes": len(rows), "baselines": {}}
     for b in baselines:
-        pairs = [((ev.shape.M, ev.shape.N, ev.shape.K), m["candidate"], m[b]) for ev, m in rows if b in m]
+        pairs = [((ev.shape.M, ev.shape.N, ev.shape.K), m["candidate"], m[b],
+                  ((ev.speedups or {}).get(mode) or {}).get(b)) for ev, m in rows if b in m]
         out["baselines"][b] = speedup_stats(pairs, weights)
     if peak_tflops:
         fr = [2.0 * ev.shape.M * ev.shape.N * ev.shape.K / (m["candidate"] * 1e-6) / (peak_tflops * 1e12)
@@ -196,7 +197,9 @@ def summary_markdown(evaluations, modes, baselines, *, title: str, weights=None,
     if synthetic:
         md += ["**SYNTHETIC DATA (tests only): these numbers were not measured.**", ""]
     md += [f"{len(evs)} evaluations; verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-           "", "Speedup = baseline median / candidate median, both from the same interleaved run. "
+           "", "Speedup = median over interleaved rounds of baseline time / candidate time "
+           "(offline: kernel time; e2e_*: the end-to-end call vs torch.matmul, host clock; wall: "
+           "CUDA-L2's host clock). "
            "Flop-weighted = total baseline time / total candidate time over the shapes (where the "
            "time goes). A candidate below a physical lower bound is a `too_fast` verdict, never a "
            "speedup.", ""]
@@ -322,19 +325,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", type=int, default=None,
                         help="evaluate a sample of this many shapes, stratified by size bucket")
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
-    parser.add_argument("--mode", default="offline", choices=("offline", "server", "wall", "both", "all"),
-                        help="offline: back to back; server: Poisson arrivals at --target-qps; "
-                             "wall: CUDA-L2's host-clock timer; both: offline+server; all: the three")
-    parser.add_argument("--target-qps", type=float, default=None,
-                        help="server mode mean arrival rate (default: measure's, 100/s)")
+    parser.add_argument("--mode", default="offline",
+                        choices=("offline", "server", "e2e", "wall", "both", "all"),
+                        help="offline: kernel time (spin + back-to-back calls on cold operands); "
+                             "server: single calls after --server-gaps-ms idle gaps; e2e: the "
+                             "end-to-end cudal2.matmul call vs torch.matmul; wall: CUDA-L2's "
+                             "host-clock timer; both: offline+e2e+server; all: the four")
+    parser.add_argument("--server-gaps-ms", type=float, nargs="+", default=None,
+                        help="server mode's idle gaps (default 1 10)")
     parser.add_argument("--baselines", default=",".join(BASELINES),
                         help=f"comma-separated subset of {','.join(BASELINES)}")
     parser.add_argument("--extra-baselines", default="",
                         help=f"PyTorch switches as extra baselines: {','.join(EXTRA_BASELINES)}")
-    parser.add_argument("--timer", default="events", choices=("events", "graph", "wall"),
-                        help="events: CUDA events per call; graph: CUDA graph of 10 calls "
-                             "(no launch cost); wall: host clock around sync (same as --mode wall)")
-    parser.add_argument("--flush-l2", action="store_true", help="write a buffer > L2 before every timed call")
+    parser.add_argument("--operands", default="cold", choices=("cold", "hot"),
+                        help="cold: operand sets whose total exceeds 3x L2 rotate; hot: one set")
     parser.add_argument("--acc", choices=("f32", "f16"), default=None,
                         help="accumulator to require (default: each kernel's declared acc)")
     parser.add_argument("--arch", default=None, help="target arch (default: the visible GPU, CUDAL2_ARCH)")
@@ -351,9 +355,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _modes(args) -> tuple[str, ...]:
-    if args.timer == "wall":
-        return ("wall",)
-    return {"both": ("offline", "server"), "all": MODES}.get(args.mode, (args.mode,))
+    return {"both": ("offline", "e2e", "server"), "all": MODES}.get(args.mode, (args.mode,))
 
 
 def _list(text: str, known, what: str) -> tuple[str, ...]:
@@ -397,11 +399,11 @@ def run_cli(args: argparse.Namespace) -> int:
           f"baselines {', '.join(baselines + extras)}; DB {args.db}")
     if not gpu:
         print("cudal2 bench: no GPU visible: building and auditing only; timing needs a GPU")
+    gaps = {"server_gaps_ms": tuple(args.server_gaps_ms)} if args.server_gaps_ms else {}
     requests = [EvalRequest(j.source, j.shape, arch=arch, acc=args.acc or None, modes=modes,
                             baselines=baselines, seeds=args.seeds, timeout_s=args.timeout,
-                            origin=j.kernel, target_qps=args.target_qps,
-                            timer="events" if args.timer == "wall" else args.timer,
-                            flush_l2=args.flush_l2, extra_baselines=extras) for j in jobs]
+                            origin=j.kernel, operands=args.operands, extra_baselines=extras,
+                            **gaps) for j in jobs]
     from .harness import ResultsDB
     from .harness.pipeline import evaluate_many
 
@@ -433,7 +435,9 @@ def run_cli(args: argparse.Namespace) -> int:
     from .harness.bounds import peak_for_name
     peak = peak_for_name(gpu_name)
     command = "cudal2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    paths = write_report(evs, out, modes=modes, baselines=baselines + extras,
+    from .harness.measure import mode_keys
+    keys = mode_keys(requests[0])
+    paths = write_report(evs, out, modes=keys, baselines=baselines + extras,
                          title=f"cudal2 bench on {gpu_name}: {args.name}", command=command,
                          provenance=provenance.collect(gpu=True), weights=weights,
                          peak_tflops=peak.tflops_fp16 if peak else None)

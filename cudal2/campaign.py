@@ -5,12 +5,15 @@ prepare (CPU machine, nvcc, no GPU): plan the deduplicated candidates for a shap
   (.so, ptxas stats, source, gzipped PTX) into a pack folder with a manifest, and dry-run the pack:
   every .so loads in a killable worker and exports the ABI symbols, its meta matches the
   manifest. The pack is small enough to carry (< 64 MiB, checked).
-run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): hand the packed
-  binaries to cudal2.harness.evaluate (build_result=..., baseline_libs=...) so nothing is
-  recompiled, timing candidates and every baseline in both modes into a fresh results DB, in
-  rounds (every shape's most promising candidate first, then every shape's second, ...) so a
-  budget cut still covers the shape list; stop cleanly before the budget runs out, export the
-  winners, write reports (CSV, markdown, PNG) and the cost model's held-out score next to the DB.
+run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): for each shape
+  (the tuned table's shapes first, then the shape list), SCREEN every packed (build, runtime
+  options) candidate of the shape in one warm worker (smoke check + a few kernel-time samples,
+  early stop when clearly slower), then run the FINALS of the best few in a fresh worker
+  (correctness suite, kernel time against every baseline with the stopping rule, end-to-end
+  call, server mode) through cudal2.harness (build_result=..., baseline_libs=...: nothing is
+  recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
+  (CSV, markdown, PNG), the throughput (screenings and finals per GPU-minute) and the cost
+  model's held-out score next to the DB.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-SCHEMA = "cudal2.campaign/1"
+SCHEMA = "cudal2.campaign/2"
 MAX_PACK_BYTES = 64 << 20
 MANIFEST = "manifest.json"
 
@@ -75,17 +78,46 @@ def _dir_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
+def option_sweep(family: str, config, limit: int = 16) -> list[dict]:
+    """The runtime-option combinations screening tries for one build: every combination of the
+    options its family declares for the config (ABI 2), at most `limit`; [{}] for ABI 1."""
+    import itertools
+
+    from .templates import FAMILIES
+    fam = FAMILIES.get(family)
+    space = fam.options(config) if fam is not None and hasattr(fam, "options") else {}
+    if not space:
+        return [{}]
+    names = sorted(space)
+    combos = [dict(zip(names, vals)) for vals in itertools.product(*(space[n] for n in names))]
+    return combos[:limit]
+
+
+def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
+    """The tuned rows of the kernel table for this arch, accumulator and layout."""
+    from .kernels import KernelIndex
+    return [r for r in KernelIndex.load(root).tuned_rows()
+            if (r.arch, r.acc, r.layout) == (arch, acc, layout)]
+
+
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
-            jobs: int | None = None, acc: str = "f32", layout: str = "RR", log=print) -> dict:
-    """The CPU half: plan, build, pack, dry-run. Returns the manifest."""
+            jobs: int | None = None, acc: str = "f32", layout: str = "RR",
+            include_tuned: bool = True, kernels_root=None, log=print) -> dict:
+    """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
+    table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
+    the run re-measures what dispatch serves today."""
     from .build import BuildSpec, build_many, source_sha
     from .costmodel import CostModel
+    from .harness.types import Shape
     from .tune import _family_flags, build_plan, plan, read_shapes
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
+    tuned = tuned_rows(arch, acc, layout, kernels_root) if include_tuned else []
+    first = [Shape(*r.shape) for r in tuned]
+    shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
     model = CostModel.default(arch=arch)
     p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
              acc=acc, layout=layout)
@@ -112,7 +144,36 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         (out / "builds" / sha[:16] / "kernel.cu").write_text(c.source)
         cands.append({"sha": sha, "dir": f"builds/{sha[:16]}", "family": c.family, "label": c.label,
                       "params": [[k, v] for k, v in c.config.params],
+                      "options": option_sweep(c.family, c.config),
                       "shapes": [[s.M, s.N, s.K] for s in c.shapes], **fields})
+    if tuned:
+        from .dispatch import family_flags
+        from .kernels import KernelIndex
+        idx = KernelIndex.load(kernels_root)
+        srcs = {r.sha256: idx.source(r) for r in tuned}
+        specs = [BuildSpec(srcs[sha], arch=arch, flags=family_flags(r.family), name=f"tuned-{r.file}")
+                 for sha, r in {r.sha256: r for r in tuned}.items()]
+        by_sha = {c["sha"]: c for c in cands}
+        for spec, r in zip(specs, build_many(specs, jobs=jobs)):
+            sha = source_sha(spec.source)
+            rows = [t for t in tuned if t.sha256 == sha]
+            if not r.ok:
+                log(f"  tuned kernel {rows[0].file} failed to build ({r.status}): not re-measured")
+                continue
+            entry = by_sha.get(sha)
+            if entry is None:
+                fields = _pack_entry(r, out / "builds" / sha[:16])
+                (out / "builds" / sha[:16] / "kernel.cu").write_text(spec.source)
+                entry = by_sha[sha] = {"sha": sha, "dir": f"builds/{sha[:16]}",
+                                       "family": rows[0].family, "label": f"tuned:{rows[0].file}",
+                                       "params": [], "options": [], "shapes": [], **fields}
+                cands.append(entry)
+            for t in rows:
+                if [t.M, t.N, t.K] not in entry["shapes"]:
+                    entry["shapes"].append([t.M, t.N, t.K])
+                if t.options_dict not in entry["options"]:
+                    entry["options"].append(t.options_dict)
+            entry["options"] = entry["options"] or [{}]
     bases = []
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
@@ -132,7 +193,9 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         nvcc = f"unknown ({exc})"
     manifest = {"schema": SCHEMA, "deps_checked": True, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
-        "shapes": [[s.M, s.N, s.K] for s in shapes], "candidates": cands, "baselines": bases,
+        "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
+        "screenings": sum(len(c["shapes"]) * len(c["options"]) for c in cands),
+        "candidates": cands, "baselines": bases,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size = _dir_bytes(out)
@@ -144,6 +207,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     problems = dry_run(out, log=log)
     if problems:
         raise RuntimeError(f"dry run of {out} failed:\n  " + "\n  ".join(problems))
+    log(f"plan: {len(shapes)} shapes ({len(first)} from the tuned table), {len(cands)} builds, "
+        f"{manifest['screenings']} (shape, build, options) screenings")
     log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
         f"carry it to a GPU machine and run `cudal2 campaign run {out} --budget-s 480 --out reports/`")
     return manifest
@@ -266,21 +331,20 @@ def packed_baselines(pack, m: dict, log=print) -> dict | None:
     return libs or None
 
 
-def _schedule(m: dict, model) -> list[tuple[tuple, dict]]:
-    """(shape, candidate) pairs in rounds: each shape's best-predicted candidate, then the next..."""
+def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
+    """Shapes in run order (the tuned table's first, then the manifest's) with their (candidate,
+    options) pairs, the cost model's best-predicted build first."""
     per_shape: dict[tuple, list[dict]] = {}
     for c in m["candidates"]:
         for s in c["shapes"]:
             per_shape.setdefault(tuple(s), []).append(c)
-    for s, cs in per_shape.items():
-        cs.sort(key=lambda c: model.predict_us(_meta(c), c["resources"], s))
-    order, rnd = [], 0
-    while True:
-        batch = [(s, cs[rnd]) for s, cs in per_shape.items() if rnd < len(cs)]
-        if not batch:
-            return order
-        order += batch
-        rnd += 1
+    order = [tuple(s) for s in m.get("tuned_shapes", [])] + [tuple(s) for s in m["shapes"]]
+    out = []
+    for shape in dict.fromkeys(order):
+        cs = per_shape.get(shape, [])
+        cs.sort(key=lambda c: model.predict_us(_meta(c), c["resources"], shape))
+        out.append((shape, [(c, o) for c in cs for o in (c.get("options") or [{}])]))
+    return out
 
 
 def _copy_db(src: Path, dest: Path) -> None:
@@ -294,21 +358,60 @@ def _copy_db(src: Path, dest: Path) -> None:
         a.backup(b)
 
 
-def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), baselines=None,
+class Throughput:
+    """Screenings and finals per GPU-minute, by size bucket (the campaign's benchmark)."""
+
+    def __init__(self):
+        self.rec: dict[str, dict[str, float]] = {}
+
+    def add(self, stage: str, bucket: str, n: int, seconds: float) -> None:
+        r = self.rec.setdefault(f"{stage} {bucket}", {"n": 0, "seconds": 0.0})
+        r["n"] += n
+        r["seconds"] += seconds
+
+    def table(self) -> dict:
+        out = {}
+        for k, r in sorted(self.rec.items()):
+            out[k] = dict(r, per_gpu_minute=r["n"] / (r["seconds"] / 60.0) if r["seconds"] else None)
+        for stage in ("screen", "final"):
+            n = sum(r["n"] for k, r in self.rec.items() if k.startswith(stage))
+            t = sum(r["seconds"] for k, r in self.rec.items() if k.startswith(stage))
+            out[f"{stage} all"] = {"n": n, "seconds": t, "per_gpu_minute": n / (t / 60.0) if t else None}
+        return out
+
+    def lines(self) -> list[str]:
+        return [f"  {k:<22} {v['n']:5d} in {v['seconds']:7.1f} s: "
+                + (f"{v['per_gpu_minute']:8.1f} per GPU-minute" if v["per_gpu_minute"] else "-")
+                for k, v in self.table().items()]
+
+
+def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 3,
+              reference_us: float | None = None) -> list[int]:
+    """Indices of the screened candidates that go to finals: the `top` fastest, plus any within
+    `within` of the fastest or of the reference (torch) time, at most `cap`. `screened` holds
+    (index, median_us or None)."""
+    ok = sorted((t, i) for i, t in screened if t)
+    if not ok:
+        return []
+    best = ok[0][0]
+    bar = max(best, reference_us or 0.0) * (1.0 + within)
+    chosen = [i for _, i in ok[:top]]
+    chosen += [i for t, i in ok[top:] if t <= bar]
+    return chosen[:cap]
+
+
+def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
-        target_qps: float | None = None, log=print) -> dict:
-    """The GPU half. Returns a summary dict (counts, paths). resume_db: the results.db of an
-    earlier run of this pack (a run cut by its budget, or another lease): its rows are copied
-    into this run and the pairs it already recorded are not timed again. target_qps: server
-    mode's arrival rate (None = the harness default); 50 samples x 6 callables at 100 QPS is ~3 s
-    of idle gaps per pair, most of a pair's time on the H100."""
+        server_gaps_ms=None, finals_per_shape: int = 2, log=print) -> dict:
+    """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
+    results.db of an earlier run of this pack: its rows are copied in and what it recorded is
+    not timed again (the harness's cache rule)."""
     from . import export as export_mod
     from . import report
     from .costmodel import CostModel
     from .harness.db import ResultsDB
-    from .harness.pipeline import _same_timing, evaluate, gpu_pool
-    from .harness.types import BASELINES, FINAL_STATUSES, EvalRequest, Shape
-    from .harness.worker import WorkerPool
+    from .harness.pipeline import ScreenCandidate, evaluate_group, gpu_pool, screen
+    from .harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 
     start = time.monotonic()
     pack, out = Path(pack).resolve(), Path(out)
@@ -323,54 +426,107 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
     tag = gpu.replace(" ", "_").replace("/", "_")
     run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
     run_dir.mkdir(parents=True, exist_ok=True)
-    log(f"campaign run: {len(m['shapes'])} shapes, {len(m['candidates'])} candidates x {list(modes)} x "
-        f"{len(baselines)} baselines on {gpu}, budget {budget_s:.0f} s; output {run_dir}")
+    gaps = tuple(server_gaps_ms or DEFAULT_SERVER_GAPS_MS)
+    plan_ = _per_shape(m, CostModel.default(gpu if has_gpu else None, arch=m["arch"]))
+    log(f"campaign run: {len(plan_)} shapes, {len(m['candidates'])} builds, "
+        f"{sum(len(c) for _, c in plan_)} screenings planned; finals: modes {list(modes)} "
+        f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, budget "
+        f"{budget_s:.0f} s; output {run_dir}")
     base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
-    model = CostModel.default(gpu if has_gpu else None, arch=m["arch"])
-    order = _schedule(m, model)
     if resume_db:
         _copy_db(Path(resume_db), run_dir / "results.db")
     db = ResultsDB(run_dir / "results.db")
-    # (sha, shape) pairs with a final verdict on this GPU model: the earlier run's work, kept.
-    # A measured row counts only if it was timed as this run would time it (modes, baselines,
-    # timer, server QPS: the harness cache's own rule); a failed verdict counts as it stands.
-    probe = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], modes=tuple(modes),
-                        baselines=baselines, target_qps=target_qps)
-    recorded = {(ev.source_sha, (ev.shape.M, ev.shape.N, ev.shape.K))
-                for ev in db.rows(arch=m["arch"], gpu=gpu if has_gpu else "", status=list(FINAL_STATUSES))
-                if ev.status != "ok" or _same_timing(ev, probe)}
-    if resume_db:
-        log(f"resumed from {resume_db}: {len(recorded)} pairs already recorded, not timed again")
-        order = [(shape, c) for shape, c in order if (c["sha"], tuple(shape)) not in recorded]
+    known_lt = db.baseline_choices()
     reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing
     deadline = start + budget_s - reserve
-    done, statuses, avg = 0, {}, None
-    # our own templates are trusted: reuse a worker for a few kernels instead of a fresh CUDA
-    # context per kernel (the harness default, for hostile RL kernels)
-    with (gpu_pool(max_tasks=16) if has_gpu else WorkerPool(1)) as pool:
-        for shape, c in order:
+    thr = Throughput()
+    statuses: dict[str, int] = {}
+    done_shapes, avg = 0, None
+    audits: dict = {}
+    builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
+    check_deps = not m.get("deps_checked", False)
+    from .harness.worker import WorkerPool
+    screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
+    final_pool = gpu_pool(max_tasks=1, spare=1) if has_gpu else WorkerPool(1)
+    try:
+        for shape, pairs in plan_:
             now = time.monotonic()
             if now + (avg or 0.0) > deadline:
-                log(f"budget: stopping after {done} of {len(order)} evaluations "
+                log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
                     f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
                 break
-            src = (pack / c["dir"] / "kernel.cu").read_text()
-            t0 = time.monotonic()
-            ev = evaluate(EvalRequest(source=src, shape=Shape(*shape), arch=m["arch"], modes=tuple(modes),
-                                      baselines=baselines, origin="tune", target_qps=target_qps,
-                                      timeout_s=max(5.0, min(60.0, deadline - t0))), db=db, pool=pool,
-                          build_result=pack_build_result(pack, c, run_dir / "ptx"),
-                          baseline_libs=base_libs, gpu=has_gpu,
-                          check_deps=not m.get("deps_checked", False))
-            dt = time.monotonic() - t0
-            avg = dt if avg is None else 0.8 * avg + 0.2 * dt
-            done += 1
-            statuses[ev.status] = statuses.get(ev.status, 0) + 1
-            log(f"  [{done}/{len(order)}] {Shape(*shape)} {c['label']}: {ev.status} ({dt:.1f} s)")
+            t_shape = time.monotonic()
+            S = Shape(*shape)
+            bucket = report.size_bucket(*shape)
+            sources = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
+            # 1. screening (ranking only), skipped when there is one candidate
+            chosen = list(range(len(pairs)))
+            if len(pairs) > 1:
+                cands = [ScreenCandidate(sources[c["sha"]], builds[c["sha"]],
+                                         tuple(sorted(o.items())), origin="tune")
+                         for c, o in pairs]
+                prior = [ev for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")]
+                stored = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev for ev in prior}
+                rows = [stored.get((c["sha"], tuple(sorted(o.items())))) for c, o in pairs]
+                todo = [i for i, r in enumerate(rows) if r is None]
+                t0 = time.monotonic()
+                ref = {}
+                if todo:
+                    got, ref = screen(S, [cands[i] for i in todo], arch=m["arch"], acc=m.get("acc"),
+                                      db=db, pool=screen_pool, gpu=has_gpu, check_deps=check_deps,
+                                      audits=audits)
+                    for i, r in zip(todo, got):
+                        rows[i] = r
+                thr.add("screen", bucket, len(todo), time.monotonic() - t0)
+                timed = [(i, ((r.timings or {}).get("screen", {}).get("candidate") or {}).get("median_us")
+                          if r.status == "ok" else None) for i, r in enumerate(rows)]
+                chosen = finalists(timed, top=finals_per_shape, reference_us=ref.get("torch_us")) \
+                    if has_gpu else [i for i, r in enumerate(rows) if r.status == "not_measured"][:finals_per_shape]
+                for r in rows:
+                    statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
+            # 2. finals of the chosen few in one fresh worker (our own templates: trusted)
+            reqs = [EvalRequest(source=sources[pairs[i][0]["sha"]], shape=S, arch=m["arch"],
+                                acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
+                                origin="tune", options=pairs[i][1], server_gaps_ms=gaps,
+                                timeout_s=max(10.0, min(120.0, deadline - time.monotonic())))
+                    for i in chosen]
+            if reqs:
+                t0 = time.monotonic()
+                by_layout: dict[str, list[int]] = {}
+                for j, i in enumerate(chosen):
+                    meta = _meta(pairs[i][0])
+                    by_layout.setdefault(meta.get("layout", m.get("layout", "RR")), []).append(j)
+                evs = []
+                for js in by_layout.values():
+                    evs += evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
+                                          build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
+                                          baseline_libs=base_libs, gpu=has_gpu, check_deps=check_deps,
+                                          lt_known=known_lt)
+                thr.add("final", bucket, len(reqs), time.monotonic() - t0)
+                for ev in evs:
+                    statuses[ev.status] = statuses.get(ev.status, 0) + 1
+                best = [ev for ev in evs if ev.status == "ok"]
+                note = ""
+                if best:
+                    b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
+                    iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
+                    if iv:
+                        note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
+                log(f"  {S} {bucket}: {len(pairs)} screened, {len(reqs)} in finals: "
+                    f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
+            done_shapes += 1
+            dt = time.monotonic() - t_shape
+            avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+    finally:
+        screen_pool.close()
+        final_pool.close()
     rows = db.rows()
-    summary = {"gpu": gpu, "run_dir": str(run_dir), "evaluations": done, "planned": len(order),
-               "resumed_pairs": len(recorded) if resume_db else 0,
-               "statuses": statuses, "exported": 0, "reports": []}
+    summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
+               "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
+               "reports": [], "throughput": thr.table()}
+    log("throughput (wall time of each stage on the GPU machine):")
+    for line in thr.lines():
+        log(line)
     src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
     by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
     metas = {c["sha"]: _meta(c) for c in m["candidates"]}
@@ -380,47 +536,67 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "server"), base
         return p.read_text() if p else src_for(sha)
 
     if has_gpu:
-        res = export_mod.export(rows, source_for, root=kernels_root, mode=modes[0], margin=margin,
+        res = export_mod.export(rows, source_for, root=kernels_root, mode="offline", margin=margin,
                                 report=str(run_dir), gpu=gpu)
         summary["exported"] = len(res.exported)
+        summary["removed"] = len(res.removed)
         (run_dir / "export.txt").write_text("\n".join(
             f"{'exported' if d.exported else 'refused '} {d.key}: {d.reason}" for d in res.decisions) + "\n")
     # The cost model's honest score: fitted on some shapes, ranked on the others.
-    measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated]
+    measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated and ev.stage == "final"]
     if measured:
         from .costmodel import held_out_rank_correlation
         for ev in measured:                   # the DB row may lack the meta: take the pack's
             if not ev.meta and ev.source_sha in metas:
                 ev.meta = metas[ev.source_sha]
-        summary["costmodel_held_out"] = held_out_rank_correlation(measured, mode=modes[0])
-        CostModel.fit(measured, gpu=gpu, mode=modes[0]).save(run_dir / "costmodel.json")
-        log(f"cost model on held-out shapes: {summary['costmodel_held_out']}")
+        try:
+            summary["costmodel_held_out"] = held_out_rank_correlation(measured, mode="offline")
+            CostModel.fit(measured, gpu=gpu, mode="offline").save(run_dir / "costmodel.json")
+            log(f"cost model on held-out shapes: {summary['costmodel_held_out']}")
+        except Exception as exc:  # noqa: BLE001 - a report extra; never lose the run for it
+            log(f"cost model fit skipped: {exc}")
     weights = None
     try:
         weights = report.read_weights(pack / "shapes.csv")
     except ValueError:          # a shape list without weights: no time-weighted speedup
         pass
-    for mode in modes:
-        shape_rows = report.collect(rows, mode=mode)
+    keys = sorted({k for ev in measured for k in (ev.timings or {})},
+                  key=lambda k: (k != "offline", k))
+    for key in keys:
+        shape_rows = report.collect(rows, mode=key)
         if shape_rows:
-            paths = report.write_summary(shape_rows, run_dir / mode, mode=mode, weights=weights,
+            paths = report.write_summary(shape_rows, run_dir / key, mode=key, weights=weights,
                                          title=f"campaign on {gpu}", command=" ".join(sys.argv))
             summary["reports"].append(str(paths["summary"]))
     shutil.rmtree(run_dir / "ptx", ignore_errors=True)     # unpacked copies; the pack keeps them
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    with (run_dir / "evaluations.csv").open("w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["M", "N", "K", "source_sha", "status", "mode", "who", "median_us", "p10_us", "p90_us", "n"])
-        for ev in rows:
-            for mode, whos in (ev.timings or {}).items():
-                for who, t in whos.items():
-                    w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], ev.status, mode, who,
-                                t.get("median_us"), t.get("p10_us"), t.get("p90_us"), t.get("n")])
-            if not ev.timings:
-                w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], ev.status, "", "", "", "", "", ""])
-    log(f"campaign done in {time.monotonic() - start:.0f} s: {done} evaluations {statuses}, "
-        f"{summary['exported']} exported; DB, CSV and reports in {run_dir}")
+    write_evaluations_csv(rows, run_dir / "evaluations.csv")
+    log(f"campaign done in {time.monotonic() - start:.0f} s: {done_shapes} shapes {statuses}, "
+        f"{summary['exported']} exported, {summary['removed']} removed; DB, CSV and reports in {run_dir}")
     return summary
+
+
+def write_evaluations_csv(rows, path: Path) -> Path:
+    """Every row's timings, one line per (row, timings key, who), with intervals and the stage."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["M", "N", "K", "source_sha", "options", "stage", "status", "mode", "who",
+                    "median_us", "lo_us", "hi_us", "p10_us", "p90_us", "n", "speedup", "speedup_lo",
+                    "speedup_hi"])
+        for ev in rows:
+            opts = ";".join(f"{k}={v}" for k, v in sorted((ev.options or {}).items()))
+            for mode, whos in (ev.timings or {}).items():
+                ivs = ((ev.stats or {}).get(mode) or {}).get("speedup") or {}
+                for who, t in whos.items():
+                    iv = ivs.get(who) or {}
+                    w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], opts, ev.stage,
+                                ev.status, mode, who, t.get("median_us"), t.get("lo_us"), t.get("hi_us"),
+                                t.get("p10_us"), t.get("p90_us"), t.get("n"), iv.get("median"),
+                                iv.get("lo"), iv.get("hi")])
+            if not ev.timings:
+                w.writerow([ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha[:16], opts, ev.stage,
+                            ev.status] + [""] * 11)
+    return path
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -436,15 +612,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--acc", default="f32", choices=("f32", "f16"))
     p.add_argument("--layout", default="RR", choices=("RR", "RC"),
                    help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="do not add the tuned table's kernels and shapes to the pack")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
     r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
     r.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for the whole run")
     r.add_argument("--out", default="reports", help="reports root: <out>/<gpu>/<date>-campaign/")
-    r.add_argument("--modes", nargs="+", default=["offline", "server"], choices=("offline", "server", "wall"),
-                   help="timing modes (default: offline server)")
+    r.add_argument("--modes", nargs="+", default=["offline", "e2e", "server"],
+                   choices=("offline", "server", "e2e", "wall"),
+                   help="what the finals measure (default: offline e2e server)")
     r.add_argument("--margin", type=float, default=0.02)
-    r.add_argument("--target-qps", type=float, default=None,
-                   help="server mode's mean arrival rate (default: the harness's, 100); higher = shorter idle gaps")
+    r.add_argument("--server-gaps-ms", type=float, nargs="+", default=None,
+                   help="server mode's idle gaps before single calls (default 1 10)")
+    r.add_argument("--finals-per-shape", type=int, default=2,
+                   help="screened candidates per shape that go to finals (plus near-ties, at most 3)")
     r.add_argument("--resume-db", default=None,
                    help="results.db of an earlier run of this pack: copied in, its recorded pairs skipped")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
@@ -458,11 +639,12 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.action == "prepare":
             prepare(args.shapes, args.arch, args.out, families=args.families,
                     limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
-                    acc=args.acc, layout=args.layout)
+                    acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
-                resume_db=args.resume_db, target_qps=args.target_qps)
+                resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
+                finals_per_shape=args.finals_per_shape)
         else:
             problems = dry_run(args.pack)
             for p in problems:

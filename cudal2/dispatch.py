@@ -315,11 +315,26 @@ def _load(e: TableEntry):
     return lib
 
 
-def _launcher(lib) -> tuple:
-    """The serving-table value of a kernel: (raw ctypes function, workspace bytes, the same as a
-    c_size_t), built once so a launch converts nothing it can reuse (abi.raw_launch's convention)."""
-    ws_bytes = int(lib.meta.get("workspace_bytes") or 0)
-    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes))
+def _launcher(lib, M: int, N: int, K: int, options=None) -> tuple:
+    """The serving-table value of a kernel for one shape: (raw ctypes function, workspace bytes,
+    the same as a c_size_t, the options array or None for ABI 1), built once so a launch converts
+    nothing it can reuse (abi.raw_launch's convention)."""
+    opts = lib.options(options or None)
+    ws_bytes = lib.workspace_bytes(M, N, K, opts)
+    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes), opts)
+
+
+def serve_kernel(lib, M: int, N: int, K: int, layout: str, *, options=None,
+                 dev: int | None = None) -> None:
+    """Serve (dev, M, N, K, layout) with a loaded kernel from now on, as an exact table hit
+    would (the harness's end-to-end measurement of a candidate; tests)."""
+    dev = torch.cuda.current_device() if dev is None else dev
+    if isinstance(options, ctypes.Array):     # an options array made by lib.options()
+        values = list(options)
+        names = [o["name"] for o in lib.meta.get("options") or []]
+        options = dict(zip(names, values))
+    with _state.lock:
+        _state.serving[(dev, M, N, K, layout)] = _launcher(lib, M, N, K, options)
 
 
 def _verdict_path(key: dict) -> Path:
@@ -456,7 +471,8 @@ def _decide(dev, M, N, K, layout, a, b):
     if d.kind == "fallback":
         return _TORCH
     if d.kind == "exact":
-        return _launcher(_load(d.candidates[0]))
+        e = d.candidates[0]
+        return _launcher(_load(e), M, N, K, e.options_dict)
     return _nearest(dev, M, N, K, layout, a, b, d)
 
 
@@ -469,13 +485,14 @@ def _nearest(dev, M, N, K, layout, a, b, d: Decision):
         contenders = {"torch": lambda c: torch.matmul(a, b, out=c)}
         stream = torch.cuda.current_stream(dev).cuda_stream
         lda, ldb = a.stride(0), (b.stride(0) if layout == "RR" else b.stride(1))
+        opts_by_sha = {e.sha256: e.options_dict for e in d.candidates}
         for sha, lib in libs.items():
-            ws_bytes = _launcher(lib)[1]
+            _, ws_bytes, _, opts = _launcher(lib, M, N, K, opts_by_sha.get(sha))
 
-            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha):
+            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha, opts=opts):
                 ws = _workspace(dev, stream, ws_bytes) if ws_bytes else 0
                 rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, lda, ldb, N, ws,
-                        ws_bytes, stream)
+                        ws_bytes, stream, opts)
                 if rc:
                     raise KernelLoadError(f"kernel {sha[:12]} returned cudaError {rc}")
             contenders[sha] = run
@@ -492,7 +509,9 @@ def _nearest(dev, M, N, K, layout, a, b, d: Decision):
     log.debug("cudal2 race %dx%dx%d %s: winner %s, medians %s", M, N, K, layout,
               verdict["winner"], verdict.get("median_us"))
     lib = libs.get(verdict["winner"])
-    return _TORCH if lib is None else _launcher(lib)
+    if lib is None:
+        return _TORCH
+    return _launcher(lib, M, N, K, {e.sha256: e.options_dict for e in d.candidates}[verdict["winner"]])
 
 
 def _workspace(dev: int, stream: int, nbytes: int) -> int:
@@ -618,11 +637,15 @@ def _launch(a, b, out):
                 (K, N) if layout == "RR" else (N, K))):
             return None
         c = out
-    fn, ws_bytes, ws_c = served
+    fn, ws_bytes, ws_c, opts = served
     stream = _raw_stream(dev)
     ws = _vp(_workspace(dev, stream, ws_bytes)) if ws_bytes else _NULL
-    rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
-            _vp(stream) if stream else _NULL)
+    if opts is None:      # ABI 1: twelve arguments
+        rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
+                _vp(stream) if stream else _NULL)
+    else:                 # ABI 2: the options array recorded for the shape
+        rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
+                _vp(stream) if stream else _NULL, opts)
     if rc:
         # A launch error (e.g. too little shared memory on this part) must not break the user:
         # remember, warn once, and let torch compute this and every later call of the shape.

@@ -1,12 +1,19 @@
 """Export measured winners from the results DB into generated_kernels/ (`cudal2 export`).
 
-The only way a kernel enters the dispatch table. For each (arch, acc, layout, shape) the
-evaluation with the best recorded median time in the chosen mode is taken -- status ok,
-correctness ok, measured (never `estimated`) -- and exported only if it beats the *best*
-baseline timed in the same run by the stated margin (default 2%). Sources are written through
+The only way a kernel enters the dispatch table. The export rule (docs/measurement.md): for each
+(arch, acc, layout, shape), among final-stage rows that are ok, correct and measured (never
+`estimated`, never screening), a kernel (with its runtime options) is exported only if
+
+  1. the LOWER end of its kernel-time speedup interval against every baseline timed in the same
+     session is at least 1 + margin (default 2%): a win that noise could explain is no win; and
+  2. its end-to-end call (cudal2.matmul as users call it) is not slower than torch.matmul: the
+     upper end of every end-to-end speedup interval measured is at least 1.0.
+
+The row with the highest such lower bound wins. Sources are written through
 cudal2.kernels.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
-speedup against every baseline and the report the numbers came from. Everything refused is
-listed with its reason.
+median speedup against every baseline, the interval's lower end, the options and the report the
+numbers came from. A tuned row whose kernel was measured again in these rows and now fails the
+rule leaves the table. Everything refused is listed with its reason.
 """
 from __future__ import annotations
 
@@ -16,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .report import medians, on_gpu, unmeasured
+from .report import on_gpu, unmeasured
 
 DEFAULT_MARGIN = 0.02
+E2E_PREFIX = "e2e_"
 
 
 @dataclass
@@ -29,7 +37,10 @@ class Decision:
     reason: str                     # why refused, or what was exported
     median_us: float | None = None
     best_baseline: str = ""
-    speedups: dict = field(default_factory=dict)
+    speedups: dict = field(default_factory=dict)      # baseline -> median speedup (offline)
+    speedup_lo: float | None = None                   # min over baselines of the interval's lower end
+    options: dict = field(default_factory=dict)
+    removed: str = ""               # a tuned row that left the table (its file), if any
 
 
 @dataclass
@@ -45,13 +56,41 @@ class ExportResult:
     def refused(self) -> list[Decision]:
         return [d for d in self.decisions if not d.exported]
 
+    @property
+    def removed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.removed]
 
-def _exportable(ev, mode: str) -> str | None:
-    """None if the row may be exported, else why not."""
+
+def verdict(ev, mode: str = "offline", margin: float = DEFAULT_MARGIN) -> tuple[bool, str, float | None]:
+    """(passes, why, lower bound) of the export rule for one measured row."""
     why = unmeasured(ev, mode)
     if why is None and (not ev.acc or not ev.layout):
         why = "accumulator/layout unknown"
-    return why
+    if why is None and getattr(ev, "stage", "final") != "final":
+        why = "a screening row (ranking only)"
+    if why:
+        return False, why, None
+    ivs = ((ev.stats or {}).get(mode) or {}).get("speedup") or {}
+    timed = set(((ev.speedups or {}).get(mode) or {}))
+    if not timed:
+        return False, "no baseline timed in the same session", None
+    missing = sorted(b for b in timed if not isinstance(ivs.get(b), dict) or ivs[b].get("lo") is None)
+    if missing:
+        return False, f"no speedup interval vs {missing} (timed before the kernel timer)", None
+    lo_b = min(timed, key=lambda b: ivs[b]["lo"])
+    lo = float(ivs[lo_b]["lo"])
+    if lo < 1.0 + margin:
+        return False, (f"interval vs {lo_b} [{ivs[lo_b]['lo']:.3f}, {ivs[lo_b]['hi']:.3f}] "
+                       f"(median {ivs[lo_b]['median']:.3f}) does not clear {1 + margin:.2f}"), lo
+    e2e = {k: v for k, v in (ev.stats or {}).items() if k.startswith(E2E_PREFIX)}
+    if not e2e:
+        return False, "end-to-end call not measured", lo
+    for k, v in sorted(e2e.items()):
+        iv = (v.get("speedup") or {}).get("torch") or {}
+        if iv.get("hi") is None or iv["hi"] < 1.0:
+            return False, (f"end-to-end {k[len(E2E_PREFIX):]} slower than torch.matmul "
+                           f"(interval [{iv.get('lo', float('nan')):.3f}, {iv.get('hi', float('nan')):.3f}])"), lo
+    return True, f"lower bound {lo:.3f} vs {lo_b}; end-to-end not slower", lo
 
 
 def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFAULT_MARGIN,
@@ -61,38 +100,30 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         raise ValueError(f"margin must be >= 0, got {margin}")
     groups: dict[tuple, list] = {}
     for ev in evaluations:
-        if not on_gpu(ev, gpu):
+        if not on_gpu(ev, gpu) or getattr(ev, "stage", "final") != "final":
             continue
         key = (ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K)
         groups.setdefault(key, []).append(ev)
     out = []
     for key in sorted(groups, key=str):
         evs = groups[key]
-        usable = [ev for ev in evs if _exportable(ev, mode) is None]
-        if not usable:
-            why = sorted({_exportable(ev, mode) for ev in evs})
+        judged = [(ev, *verdict(ev, mode, margin)) for ev in evs]
+        measured = [j for j in judged if j[3] is not None]
+        if not measured:
+            why = sorted({j[2] for j in judged})
             out.append(Decision(key, evs[0].source_sha, False, "nothing measured: " + "; ".join(why)))
             continue
-        gpus = {(ev.env or {}).get("gpu", "") for ev in usable}
+        gpus = {(j[0].env or {}).get("gpu", "") for j in measured}
         if len(gpus) > 1:
             out.append(Decision(key, "", False, f"measured on several GPUs {sorted(gpus)}: pick one with --gpu"))
             continue
-        best = min(usable, key=lambda ev: medians(ev, mode)["candidate"])
-        bases = medians(best, mode)
-        cand = bases.pop("candidate")
-        if not bases:
-            out.append(Decision(key, best.source_sha, False, "no baseline timed in the same run", cand))
-            continue
-        speedups = {w: t / cand for w, t in bases.items()}
-        worst = min(speedups, key=speedups.get)           # the best baseline = the smallest speedup
-        d = Decision(key, best.source_sha, False, "", cand, worst, speedups)
-        if speedups[worst] < 1.0 + margin:
-            d.reason = (f"did not beat the best baseline {worst} ({bases[worst]:.2f} us) by "
-                        f"{margin:.0%}: {cand:.2f} us, speedup {speedups[worst]:.3f}")
-        else:
-            d.exported = True
-            d.reason = f"{cand:.2f} us, {speedups[worst]:.3f}x the best baseline {worst}"
-        out.append(d)
+        passing = [j for j in measured if j[1]]
+        ev, ok, why, lo = max(passing or measured, key=lambda j: j[3])
+        sp = dict((ev.speedups or {}).get(mode) or {})
+        cand = ev.timings[mode]["candidate"]["median_us"]
+        worst = min(sp, key=sp.get) if sp else ""
+        out.append(Decision(key, ev.source_sha, ok, (f"{cand:.2f} us, " if ok else "") + why, cand,
+                            worst, sp, lo, dict(ev.options or {})))
     return out
 
 
@@ -101,38 +132,43 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
            gpu: str | None = None, family_for: Callable[[str], str] | None = None,
            dry_run: bool = False) -> ExportResult:
     """Select winners and write them into the store at `root` (default: knobs.kernels_dir()).
-    `source_for(sha)` returns the kernel text of a source sha (None if unknown: refused).
-    A shape already tuned with a better worst-case speedup keeps its kernel."""
-    from .kernels import KernelIndex, sha256_text
+    `source_for(sha)` returns the kernel text of a source sha (None if unknown: refused). A tuned
+    row whose (kernel, options) these rows measured again and refused leaves the table."""
+    from .kernels import SPEEDUP_COLUMNS, KernelIndex, format_options, sha256_text
 
     if not report:
         raise ValueError("export needs `report`: the run the numbers came from (a path or a name)")
     evaluations = list(evaluations)
     metas = {ev.source_sha: (ev.meta or {}) for ev in evaluations}
+    remeasured = {(ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha,
+                   format_options(ev.options or {}))
+                  for ev in evaluations if on_gpu(ev, gpu) and unmeasured(ev, mode) is None
+                  and getattr(ev, "stage", "final") == "final"}
     decisions = select(evaluations, mode=mode, margin=margin, gpu=gpu)
     idx = KernelIndex.load(root)
     changed = False
     for d in decisions:
+        old = idx.get(*d.key)
         if not d.exported:
+            if old is not None and old.tuned and (*d.key, old.sha256, old.options) in remeasured:
+                idx.remove(*d.key)
+                d.removed = old.file
+                d.reason += f"; the tuned row ({old.file}) measured again here fails the rule: removed"
+                changed = True
             continue
         src = source_for(d.source_sha)
         if src is None or sha256_text(src) != d.source_sha:
             d.exported, d.reason = False, f"source {d.source_sha[:12]} not found (or does not match its sha)"
             continue
         arch, acc, layout, M, N, K = d.key
-        old = idx.get(*d.key)
-        if old is not None and old.tuned and old.speedups and old.sha256 != d.source_sha and \
-                min(old.speedups.values()) >= d.speedups[d.best_baseline]:
-            d.exported = False
-            d.reason = (f"kept the tuned kernel already there ({old.file}, worst speedup "
-                        f"{min(old.speedups.values()):.3f} from {old.report})")
-            continue
         family = (family_for(d.source_sha) if family_for else "") or str(
             metas.get(d.source_sha, {}).get("family") or metas.get(d.source_sha, {}).get("style") or "")
         idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family, tuned=True,
-                mode=mode, report=report, speedups={k: round(v, 4) for k, v in d.speedups.items()})
+                mode=mode, report=report, speedups={k: round(v, 4) for k, v in d.speedups.items()
+                                                     if f"speedup_{k}" in SPEEDUP_COLUMNS},
+                options=d.options, speedup_lo=round(d.speedup_lo, 4))
         changed = True
-    path = idx.write() if changed and not dry_run else None
+    path = idx.write(prune=True) if changed and not dry_run else None
     return ExportResult(decisions, path)
 
 
@@ -160,8 +196,8 @@ def sources_from(db=None, dirs: Iterable = ()) -> Callable[[str], str | None]:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default="results.db", help="results DB (SQLite)")
-    parser.add_argument("--mode", default="offline", choices=("offline", "server", "wall"),
-                        help="the timing mode a winner must win in")
+    parser.add_argument("--mode", default="offline",
+                        help="the timings key a winner must win in (offline: kernel time)")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                         help="required lead over the best baseline (0.02 = 2%%)")
     parser.add_argument("--report", required=True, help="the report the numbers come from (path or name)")
@@ -190,6 +226,8 @@ def run_cli(args: argparse.Namespace) -> int:
                  report=args.report, gpu=args.gpu, dry_run=args.dry_run)
     for d in res.exported:
         print(f"  exported {d.key}: {d.reason}")
+    for d in res.removed:
+        print(f"  removed  {d.key}: {d.removed}")
     refused = res.refused
     for d in refused if args.verbose else refused[:20]:
         print(f"  refused  {d.key}: {d.reason}")

@@ -37,8 +37,10 @@ SPEEDUP_COLUMNS = (
 )
 COLUMNS = (
     "arch", "acc", "layout", "M", "N", "K", "file", "sha256", "family", "tuned", "mode",
-    *SPEEDUP_COLUMNS, "report",
+    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo",
 )
+# Columns added after the first release: an index without them still reads (empty values).
+OPTIONAL_COLUMNS = ("options", "speedup_lo")
 # Architectures the store may hold (directory names); same spelling as cudal2.toolchain.ARCHES.
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 ACCS = ("f32", "f16")
@@ -49,6 +51,26 @@ _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 class KernelIndexError(ValueError):
     """index.csv or a kernel file is malformed; the message names the file and row."""
+
+
+def format_options(options) -> str:
+    """Runtime options as index.csv writes them: 'name=value;...' sorted by name ('' = none)."""
+    from .harness.types import normalise_options
+    return ";".join(f"{k}={v}" for k, v in normalise_options(options))
+
+
+def parse_options(text: str) -> dict[str, int]:
+    """The inverse of format_options; KernelIndexError names a malformed entry."""
+    out: dict[str, int] = {}
+    for part in filter(None, (text or "").split(";")):
+        name, eq, value = part.partition("=")
+        try:
+            if not eq or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError
+            out[name] = int(value)
+        except ValueError:
+            raise KernelIndexError(f"option {part!r} is not name=integer") from None
+    return out
 
 
 def sha256_text(text: str) -> str:
@@ -74,6 +96,8 @@ class IndexRow:
     speedup_cublaslt_heuristic: float | None = None
     speedup_cublaslt_autotuned: float | None = None
     report: str = ""
+    options: str = ""           # runtime options the kernel is called with: 'name=value;...'
+    speedup_lo: float | None = None  # lower end of the speedup interval vs the best baseline
 
     @property
     def key(self) -> tuple[str, str, str, int, int, int]:
@@ -93,6 +117,10 @@ class IndexRow:
             if v is not None:
                 out[col[len("speedup_"):]] = v
         return out
+
+    @property
+    def options_dict(self) -> dict[str, int]:
+        return parse_options(self.options)
 
     def path(self, root: str | os.PathLike) -> Path:
         return Path(root) / self.file
@@ -140,10 +168,15 @@ class IndexRow:
             raise bad(f"sha256 {self.sha256!r} is not 64 lowercase hex digits")
         if self.mode not in MODES:
             raise bad(f"mode {self.mode!r} is not one of {MODES}")
-        for col in SPEEDUP_COLUMNS:
+        for col in SPEEDUP_COLUMNS + ("speedup_lo",):
             v = getattr(self, col)
             if v is not None and not (isinstance(v, float) and v > 0 and v == v and v != float("inf")):
                 raise bad(f"{col} must be empty or a positive finite number, got {v!r}")
+        try:
+            if format_options(parse_options(self.options)) != self.options:
+                raise bad(f"options {self.options!r} must be 'name=value;...' sorted by name")
+        except KernelIndexError as exc:
+            raise bad(str(exc)) from None
         if self.tuned:
             # The library must never make a user slower: a tuned row carries the run that shows
             # it beating every baseline it was timed against.
@@ -190,6 +223,7 @@ class IndexRow:
             mode=(rec.get("mode") or "").strip(),
             **{c: as_float(c) for c in SPEEDUP_COLUMNS},
             report=(rec.get("report") or "").strip(),
+            options=(rec.get("options") or "").strip(), speedup_lo=as_float("speedup_lo"),
         )
         row.validate(where)
         return row
@@ -245,7 +279,7 @@ class KernelIndex:
         text = path.read_text(encoding="utf-8")
         reader = csv.DictReader(io.StringIO(text))
         header = tuple(reader.fieldnames or ())
-        missing = [c for c in COLUMNS if c not in header]
+        missing = [c for c in COLUMNS if c not in header and c not in OPTIONAL_COLUMNS]
         unknown = [c for c in header if c not in COLUMNS]
         if missing or unknown:
             raise KernelIndexError(
@@ -256,7 +290,7 @@ class KernelIndex:
         for rec in reader:
             where = f"{path} line {reader.line_num}"
             if None in rec or any(v is None for v in rec.values()):
-                raise KernelIndexError(f"{where}: expected {len(COLUMNS)} fields")
+                raise KernelIndexError(f"{where}: expected {len(header)} fields")
             row = IndexRow.from_csv(rec, where)
             if row.key in idx._rows:
                 raise KernelIndexError(f"{where}: duplicate row for {row.label()}")
@@ -307,7 +341,8 @@ class KernelIndex:
     # -- writing -----------------------------------------------------------------------------
     def add(self, source: str, *, arch: str, acc: str, layout: str, M: int, N: int, K: int,
             family: str = "", tuned: bool = False, mode: str = "", report: str = "",
-            speedups: dict[str, float] | None = None) -> IndexRow:
+            speedups: dict[str, float] | None = None, options=None,
+            speedup_lo: float | None = None) -> IndexRow:
         """Stage `source` as the kernel for one shape (replacing that shape's row, if any).
 
         Identical sources under one <arch>/<acc>_<layout>/ directory share one file. Nothing
@@ -333,7 +368,9 @@ class KernelIndex:
             if any(r.file == file and r.sha256 != sha for r in others):
                 file = f"{subdir}/{M}_{N}_{K}-{sha[:12]}.cu"
         row = IndexRow(arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, file=file, sha256=sha,
-                       family=family, tuned=bool(tuned), mode=mode, report=report, **sp)
+                       family=family, tuned=bool(tuned), mode=mode, report=report, **sp,
+                       options=format_options(options),
+                       speedup_lo=None if speedup_lo is None else float(speedup_lo))
         row.validate(f"add {arch} {acc} {layout} {M}x{N}x{K}")
         self._rows[key] = row
         self._pending[file] = source

@@ -45,8 +45,13 @@ class Best:
     source_sha: str
     median_us: float
     baselines_us: dict[str, float]
+    # the row's own speedups (median of per-round paired ratios); absent: ratio of medians
+    speedups: dict[str, float] = field(default_factory=dict)
 
     def speedup(self, baseline: str) -> float | None:
+        s = self.speedups.get(baseline)
+        if s:
+            return float(s)
         b = self.baselines_us.get(baseline)
         return b / self.median_us if b else None
 
@@ -113,7 +118,8 @@ def collect(evaluations: Iterable, *, mode: str = "offline", gpu: str | None = N
         row = rows.setdefault(key, ShapeRow(*key))
         g = origin_group(ev.origin)
         if g not in row.best or cand < row.best[g].median_us:
-            row.best[g] = Best(g, ev.source_sha, cand, bases)
+            row.best[g] = Best(g, ev.source_sha, cand, bases,
+                               dict(((ev.speedups or {}).get(mode) or {})))
     return [rows[k] for k in sorted(rows)]
 
 
@@ -122,16 +128,16 @@ def geomean(xs) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def speedup_stats(pairs: Iterable[tuple[tuple[int, int, int], float, float]],
-                  weights: dict | None = None) -> dict:
-    """Aggregates over (shape, candidate_us, baseline_us) pairs: n, geomean, mean, min, below_1,
-    flop_weighted (total baseline time / total candidate time: where the time goes),
-    time_weighted (1 / sum(w_i / s_i) over the shapes in `weights`), weight_covered, and the
-    geomean per size bucket. Speedup s = baseline / candidate."""
+def speedup_stats(pairs: Iterable[tuple], weights: dict | None = None) -> dict:
+    """Aggregates over (shape, candidate_us, baseline_us[, speedup]) tuples: n, geomean, mean,
+    min, below_1, flop_weighted (total baseline time / total candidate time: where the time
+    goes), time_weighted (1 / sum(w_i / s_i) over the shapes in `weights`), weight_covered, and
+    the geomean per size bucket. Speedup s = the given one (a row's paired-ratio median), else
+    baseline / candidate."""
     sp, cand_t, base_t, wsum, wdiv = [], 0.0, 0.0, 0.0, 0.0
     buckets: dict[str, list[float]] = {}
-    for shape, cand, base in pairs:
-        s = base / cand
+    for shape, cand, base, *given in pairs:
+        s = given[0] if given and given[0] else base / cand
         sp.append(s)
         cand_t += cand
         base_t += base
@@ -158,8 +164,8 @@ def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | N
         pairs = []
         for r in rows:
             best = r.best.get(origin) if origin else r.overall()
-            if best and best.speedup(b) is not None:
-                pairs.append((r.shape, best.median_us, best.baselines_us[b]))
+            if best and best.speedup(b) is not None and b in best.baselines_us:
+                pairs.append((r.shape, best.median_us, best.baselines_us[b], best.speedup(b)))
         out[b] = speedup_stats(pairs, weights)
     return out
 
@@ -180,6 +186,21 @@ def read_weights(path) -> dict[tuple[int, int, int], float]:
                 raise ValueError(f"{path}:{i}: bad weighted shape row {rec}: {exc}") from None
             out[k] = out.get(k, 0.0) + w
     return out
+
+
+def timer_label(mode: str) -> str:
+    """What a timings key measures, for report headings."""
+    if mode == "offline":
+        return "kernel time (GPU time per call, host out of the bracket, cold operands)"
+    if mode.startswith("server_"):
+        return f"kernel time of single calls after {mode[len('server_'):]} idle gaps, L2 flushed"
+    if mode.startswith("e2e_"):
+        return f"end-to-end call ({mode[len('e2e_'):].replace('_', ' ')}, host clock, cudal2.matmul vs torch.matmul)"
+    if mode == "wall":
+        return "CUDA-L2's host-clock timer (host dispatch included)"
+    if mode == "screen":
+        return "screening kernel time (ranking only)"
+    return mode
 
 
 def fmt(x, nd=3) -> str:
@@ -205,9 +226,10 @@ def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
                          *[fmt(best.speedup(b)) if best else "" for b in BASELINES]]
             w.writerow(line)
     md = [f"# {title or 'Search vs RL vs baselines'} ({mode})", "",
-          f"{len(rows)} shapes with a measured candidate. Speedup = baseline median / candidate "
-          "median, both from the same interleaved run; geomean over shapes; `<1` = shapes where "
-          "the candidate is slower (the library would not use it).", ""]
+          f"{len(rows)} shapes with a measured candidate. Speedup = median over interleaved rounds "
+          "of baseline time / candidate time (kernel time unless the mode says otherwise); "
+          "geomean over shapes; `<1` = shapes where the candidate is slower (the library would "
+          "not use it).", ""]
     for g in origins:
         md += [f"## {g}", "", "| bucket | shapes | " + " | ".join(BASELINES) + " | <1 vs " + BASELINES[-1] + " |",
                "|---|---|" + "---|" * len(BASELINES) + "---|"]
@@ -245,7 +267,8 @@ def write_summary(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
     paths = write_compare(rows, out, mode=mode, weights=weights, title=title)
     agg = aggregate(rows, None, weights)
     md = [f"# {title or 'Speedup summary'} ({mode})", "", f"{len(rows)} shapes. Best candidate of any "
-          "origin per shape vs each baseline (same-run medians).", "",
+          f"origin per shape vs each baseline, {timer_label(mode)}; speedup = median over "
+          "interleaved rounds of baseline time / candidate time.", "",
           "| baseline | shapes | geomean | mean | below 1.0 | flop-weighted | time-weighted (trace) |",
           "|---|---|---|---|---|---|---|"]
     for b in BASELINES:
@@ -299,7 +322,8 @@ def plot(rows: list[ShapeRow], out: Path, *, mode: str) -> list[Path]:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default="results.db", help="results DB (SQLite)")
     parser.add_argument("--compare", action="store_true", help="search vs RL vs baselines per shape and bucket")
-    parser.add_argument("--mode", default="offline", choices=("offline", "server", "wall"))
+    parser.add_argument("--mode", default="offline",
+                        help="timings key: offline (kernel time), server_<gap>ms, e2e_<kind>, wall")
     parser.add_argument("--gpu", default=None, help="only rows measured on this GPU (substring)")
     parser.add_argument("--weights", default=None, help="weighted shape CSV for a time-weighted speedup "
                                                         "(shapes/llm_trace.csv)")

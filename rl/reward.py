@@ -25,8 +25,10 @@ first taught to be correct and then to be fast. There is no cheaper path: a rewa
 a build, an audit pass and (with a GPU) the correctness checks and timing, all in one harness
 call; an estimate is never given to a kernel that failed the build or the audit.
 
-Caching: evaluations are keyed by (source sha, shape, arch, GPU) in the results DB. A kernel seen
-before is never rebuilt or re-timed: its row is reused. Without a GPU, a kernel already measured
+Caching: the harness's one cache rule (cudal2.harness.pipeline.cached: same source, shape, arch,
+GPU model, options, and timed the same way) answers first. A kernel seen before is never rebuilt or
+re-timed: its row is reused. Rows are written by the harness's one writer (pipeline.record), which
+also prices a no-GPU row with the cost model (the estimator) before storing it. Without a GPU, a kernel already measured
 on a GPU model recorded in the DB (`reuse_gpu`, default: the only GPU model the DB has
 measurements from) gets that measured result, not an estimate. Every reward for extracted code has a DB
 row behind it; extraction failures (no code at all) are logged in the run's log.jsonl only.
@@ -228,8 +230,16 @@ class KernelReward:
         shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
         return self.score(completions, shapes)
 
-    def score(self, completions, shapes) -> list[float | None]:
+    def _request(self, source: str, shape):
         from cudal2.harness.types import EvalRequest, Shape
+        return EvalRequest(source=source, shape=Shape(*shape), arch=self.arch, modes=(self.mode,),
+                           baselines=self.baselines, origin="rl", timeout_s=self.timeout_s)
+
+    def _estimate(self, ev) -> None:
+        add_estimate(ev, self.cost_model(), self.baselines, self.mode)
+
+    def score(self, completions, shapes) -> list[float | None]:
+        from cudal2.harness.pipeline import cached, record
         exts = [_extract.extract(c) for c in completions]
         attempts: list[Attempt | None] = [None] * len(exts)
         pending: dict[tuple[str, tuple], list[int]] = {}   # one harness call per (sha, shape)
@@ -243,26 +253,24 @@ class KernelReward:
         misses = []
         for key in pending:
             sha, shape = key
+            req = self._request(exts[pending[key][0]].source, shape)
             hit = None
             if self.reuse_gpu:      # no GPU here, but this kernel may have been measured on one
-                hit = self.db.lookup(sha, Shape(*shape), self.arch, self.reuse_gpu)
+                hit = cached(self.db, req, self.reuse_gpu, sha=sha)
             if hit is None:
-                hit = self.db.lookup(sha, Shape(*shape), self.arch, self.gpu)
-            if hit is not None and hit.status != "error":
+                hit = cached(self.db, req, self.gpu, sha=sha)
+            if hit is not None:
                 evals[key] = (hit, True)
             else:
                 misses.append(key)
         if misses:
-            reqs = [EvalRequest(source=exts[pending[k][0]].source, shape=Shape(*k[1]), arch=self.arch,
-                                modes=(self.mode,), baselines=self.baselines, origin="rl",
-                                timeout_s=self.timeout_s) for k in misses]
+            reqs = [self._request(exts[pending[k][0]].source, k[1]) for k in misses]
             results = self.executor.evaluate_many(reqs)
             for key, ev, req in zip(misses, results, reqs):
-                if ev.status == "not_measured":
-                    add_estimate(ev, self.cost_model(), self.baselines, self.mode)
                 ev.origin = ev.origin or "rl"
-                if ev.id is None:   # rows an executor's harness already stored keep their id
-                    ev.id = self.db.add(ev, source=req.source)
+                # the harness's one writer: prices a no-GPU row, then stores it (a row an
+                # executor's harness already stored keeps its id)
+                record(self.db, ev, req.source, estimator=self._estimate)
                 evals[key] = (ev, False)
             self.n_evaluated += len(misses)
         self.n_cached += len(pending) - len(misses)

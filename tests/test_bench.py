@@ -158,9 +158,9 @@ def _args(argv):
 
 def test_parser_options_and_modes():
     a = _args(["--kernels", "x.cu", "--shapes", "1,2,3", "--mode", "both"])
-    assert bench._modes(a) == ("offline", "server")
-    assert bench._modes(_args(["--kernels", "x", "--timer", "wall"])) == ("wall",)
-    assert bench._modes(_args(["--kernels", "x", "--mode", "all"])) == ("offline", "server", "wall")
+    assert bench._modes(a) == ("offline", "e2e", "server")
+    assert bench._modes(_args(["--kernels", "x", "--mode", "wall"])) == ("wall",)
+    assert bench._modes(_args(["--kernels", "x", "--mode", "all"])) == ("offline", "server", "e2e", "wall")
     with pytest.raises(ValueError, match="unknown baseline"):
         bench._list("torch,cudnn", BASELINES, "baseline(s)")
 

@@ -32,35 +32,77 @@ def _ev(status="ok", shape=Shape(64, 128, 256), gpu="NVIDIA H100 80GB HBM3", sha
     return Evaluation(**base)
 
 
-def test_roundtrip_and_lookup(tmp_path):
+def _find(db, shape=Shape(64, 128, 256), arch="sm_90a", gpu="NVIDIA H100 80GB HBM3", **kw):
+    rows = db.rows(source_sha=SHA, shape=shape, arch=arch, gpu=gpu or "", **kw)
+    return rows[-1] if rows else None
+
+
+def test_roundtrip_and_key_columns(tmp_path):
     with ResultsDB(tmp_path / "r.db") as db:
-        ev = _ev()
+        ev = _ev(options={"swizzle": 8}, stats={"offline": {"speedup": {"cublas_nn": {
+            "median": 1.2, "lo": 1.15, "hi": 1.25, "n": 30}}}}, stage="final")
         rid = db.add(ev, source="__global__ void k() {}")
         assert rid == ev.id == 1
-        got = db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3")
+        got = _find(db)
         assert got is not None and got.to_dict() == ev.to_dict()
-        # the key is (source, shape, arch, gpu model): any difference misses
-        assert db.lookup(SHA, Shape(64, 128, 512), "sm_90a", "NVIDIA H100 80GB HBM3") is None
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_80", "NVIDIA H100 80GB HBM3") is None
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA A100") is None
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", None) is None
+        assert got.options == {"swizzle": 8} and got.stage == "final"
+        # the key is (source, shape, arch, gpu model, options): any difference misses
+        assert _find(db, shape=Shape(64, 128, 512)) is None
+        assert _find(db, arch="sm_80") is None
+        assert _find(db, gpu="NVIDIA A100") is None
+        assert _find(db, gpu=None) is None
+        assert _find(db, options={}) is None and _find(db, options={"swizzle": 8}) is not None
         assert db.source(SHA) == "__global__ void k() {}"
         assert db.schema_version == SCHEMA_VERSION
+        r = db._conn.execute("SELECT speedup_lo, options, stage FROM evaluations").fetchone()
+        assert tuple(r) == (1.15, '{"swizzle": 8}', "final")
+
+
+def test_baseline_choices_latest_per_key(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add_baseline_choice("k1", {"index": 3, "algos": 40})
+        db.add_baseline_choice("k2", {"index": 0, "algos": 1})
+        db.add_baseline_choice("k1", {"index": 5, "algos": 40})
+        assert db.baseline_choices() == {"k1": {"index": 5, "algos": 40}, "k2": {"index": 0, "algos": 1}}
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            db._conn.execute("UPDATE baseline_choices SET key = 'x'")
+
+
+def test_a_version_1_db_migrates_and_keeps_its_rows(tmp_path):
+    from cudal2.harness import db as D
+
+    path = tmp_path / "v1.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied TEXT NOT NULL)")
+    for stmt in D._statements(D.MIGRATIONS[0]):
+        con.execute(stmt)
+    con.execute("INSERT INTO schema_version VALUES (1, 'then')")
+    con.execute("INSERT INTO sources VALUES (?, 's', 'then')", (SHA,))
+    cols = ("source_sha, M, N, K, arch, acc, layout, status, created, build, audit, correctness, "
+            "timings, speedups, env, meta")
+    con.execute(f"INSERT INTO evaluations ({cols}) VALUES (?, 1, 2, 3, 'sm_90a', 'f32', 'RR', 'ok', "
+                "'then', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", (SHA,))
+    con.commit()
+    con.close()
+    with ResultsDB(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        (row,) = db.rows()
+        assert row.status == "ok" and row.options == {} and row.stage == "final" and row.stats == {}
 
 
 def test_no_gpu_rows_keyed_by_empty_gpu(tmp_path):
     with ResultsDB(tmp_path / "r.db") as db:
         db.add(_ev("not_measured", gpu=None, timings={}, speedups={}), source="s")
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", None).status == "not_measured"
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3") is None
+        assert _find(db, gpu=None).status == "not_measured"
+        assert _find(db) is None
 
 
-def test_latest_final_row_wins_and_errors_are_not_cached(tmp_path):
+def test_rows_are_in_insertion_order(tmp_path):
     with ResultsDB(tmp_path / "r.db") as db:
         db.add(_ev("wrong"), source="s")
         db.add(_ev("ok"), source="s")
         db.add(_ev("error", detail="harness bug"))
-        assert db.lookup(SHA, Shape(64, 128, 256), "sm_90a", "NVIDIA H100 80GB HBM3").status == "ok"
+        assert [e.status for e in db.rows()] == ["wrong", "ok", "error"]
         assert db.count() == 3
 
 
@@ -130,7 +172,7 @@ from cudal2.harness.types import Evaluation, Shape
 db = ResultsDB(sys.argv[2])
 for n in range(1, int(sys.argv[3]) + 1):
     shape = Shape(n, 64, 64)
-    if db.lookup("c" * 64, shape, "sm_90a", None) is not None:
+    if db.rows(source_sha="c" * 64, shape=shape, arch="sm_90a", gpu=""):
         continue                                   # resume: skip what is recorded
     ev = Evaluation(status="not_measured", source_sha="c" * 64, shape=shape, arch="sm_90a",
                     build={"log_tail": "x" * 2000}, env={"gpu": None})

@@ -221,6 +221,12 @@ class FakeLib:
         self.meta = meta
         self.launch = self.raw_launch = lambda *args: 0
 
+    def options(self, chosen=None):
+        return None
+
+    def workspace_bytes(self, M, N, K, options=None):
+        return int(self.meta.get("workspace_bytes") or 0)
+
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
@@ -345,7 +351,7 @@ def hot(monkeypatch):
         return fn
 
     def serve(M, N, K, layout, rc=0, ws=0):
-        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws))
+        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws), None)
 
     yield torch, serve, calls
     D.reset()

@@ -110,7 +110,10 @@ def test_gpu_measures_the_control_kernel(tmp_path):
     cand = ev.timings["offline"]["candidate"]
     assert cand["median_us"] > 0 and cand["n"] > 0
     assert "torch" in ev.speedups["offline"]
-    assert ev.env["gpu"] and db.lookup(ev.source_sha, ev.shape, "sm_90a", provenance.gpu_name())
+    assert ev.env["gpu"] and ev.stats["offline"]["session"]["rounds"] >= 1
+    from cudal2.harness.pipeline import cached
+    assert cached(db, _req("control_ok.cu", shape=Shape(256, 256, 256), baselines=("torch",)),
+                  provenance.gpu_name()).id == ev.id
 
 
 @pytest.mark.gpu
@@ -128,84 +131,95 @@ def test_gpu_hostile_kernels_and_recovery(tmp_path):
         assert pool.restarts >= 2
 
 
-def _timed_row(db, req, gpu, **over):
-    """A stored OK row as evaluate writes it after measuring `req` on `gpu`."""
+def _timed_row(db, req, gpu, *, stage="final", **over):
+    """A stored OK row as the harness writes it after measuring `req` on `gpu`."""
     from cudal2.build import source_sha
+    from cudal2.harness.measure import mode_keys
     from cudal2.harness.pipeline import settings
     from cudal2.harness.types import Evaluation
 
     stats = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "n": 50}
     who = ["candidate", *req.baselines, *req.extra_baselines]
     ev = Evaluation(status="ok", source_sha=source_sha(req.source), shape=req.shape,
-                    arch=req.arch, acc="f32", layout="RR",
-                    timings={m: {w: dict(stats) for w in who} for m in req.modes},
+                    arch=req.arch, acc="f32", layout="RR", options=dict(req.options), stage=stage,
+                    timings={m: {w: dict(stats) for w in who} for m in mode_keys(req)},
                     env={"gpu": gpu, "settings": settings(req), **over})
     db.add(ev, source=req.source)
     return ev
 
 
-def test_cache_key_gpu_model_and_timing_settings(tmp_path):
+def test_one_cache_rule_gpu_model_options_and_how_it_was_timed(tmp_path):
     """A row answers only the request it was measured for: not_measured rows (no GPU) never
-    stand in for a GPU measurement; a row timed with another timer, L2 flush, arrival rate or
-    fewer baselines/modes is measured again; the latest matching verdict wins."""
-    from cudal2.harness.pipeline import _cache_hit
+    stand in for a GPU measurement; a row timed with another timer, operands, server gaps,
+    options, fewer baselines or modes, or a screening row, is measured again; the newest
+    matching verdict wins; a wrong verdict answers whatever the timing."""
+    from dataclasses import replace
+
+    from cudal2.build import source_sha
+    from cudal2.harness.pipeline import answers, cached
     from cudal2.harness.types import Evaluation
 
     db = ResultsDB(tmp_path / "r.db")
     req = EvalRequest("// k\n", Shape(64, 64, 64), baselines=("torch", "cublas_nn"))
-    assert _cache_hit(db, "0" * 64, req, None) is None
-    from cudal2.build import source_sha
+    assert cached(db, req, None) is None
     sha = source_sha(req.source)
     db.add(Evaluation(status="not_measured", source_sha=sha, shape=req.shape, arch=req.arch,
                       env={"gpu": None}), source=req.source)
-    assert _cache_hit(db, sha, req, None).status == "not_measured"     # no GPU: resume
-    assert _cache_hit(db, sha, req, "NVIDIA H100 80GB HBM3") is None   # GPU: measure it
-
+    assert cached(db, req, None).status == "not_measured"     # no GPU: resume
     h100 = "NVIDIA H100 80GB HBM3"
+    assert cached(db, req, h100) is None                       # GPU: measure it
+
     row = _timed_row(db, req, h100)
-    assert _cache_hit(db, sha, req, h100).id == row.id
-    assert _cache_hit(db, sha, req, "NVIDIA H200") is None
-    from dataclasses import replace
-    for other in (replace(req, timer="graph"), replace(req, flush_l2=True),
-                  replace(req, modes=("offline", "server")),
+    assert cached(db, req, h100).id == row.id
+    assert cached(db, req, "NVIDIA H200") is None
+    for other in (replace(req, operands="hot"), replace(req, modes=("offline", "server")),
+                  replace(req, modes=("offline", "e2e")),
                   replace(req, baselines=("torch", "cublas_nn", "cublas_tn")),
                   replace(req, extra_baselines=("torch_tunableop",)),
-                  replace(req, acc="f16")):
-        assert _cache_hit(db, sha, other, h100) is None, other
-    # fewer baselines than were timed: the row answers
-    assert _cache_hit(db, sha, replace(req, baselines=("torch",)), h100).id == row.id
+                  replace(req, acc="f16"), replace(req, options={"swizzle": 8})):
+        assert cached(db, other, h100) is None, other
+    assert cached(db, replace(req, baselines=("torch",)), h100).id == row.id   # fewer: answers
 
-    server = replace(req, modes=("server",), target_qps=500.0)
+    server = replace(req, modes=("server",), server_gaps_ms=(1.0, 10.0))
     srow = _timed_row(db, server, h100)
-    assert _cache_hit(db, sha, server, h100).id == srow.id
-    assert _cache_hit(db, sha, replace(server, target_qps=50.0), h100) is None
-    # the newest row that answers wins; an older matching row is still found
-    graph = replace(req, timer="graph")
-    grow = _timed_row(db, graph, h100)
-    assert _cache_hit(db, sha, graph, h100).id == grow.id
-    assert _cache_hit(db, sha, req, h100).id == row.id
-    # wall mode times with the host clock: the GPU timer does not matter there
-    wall = replace(req, modes=("wall",))
-    wrow = _timed_row(db, wall, h100)
-    assert _cache_hit(db, sha, replace(wall, timer="graph"), h100).id == wrow.id
+    assert cached(db, server, h100).id == srow.id
+    assert cached(db, replace(server, server_gaps_ms=(100.0,)), h100) is None
+    # options are part of what was evaluated
+    opt = replace(req, options={"swizzle": 8})
+    orow = _timed_row(db, opt, h100)
+    assert cached(db, opt, h100).id == orow.id and cached(db, req, h100).id == row.id
+    # a screening row never answers a finals request
+    scr = _timed_row(db, replace(req, options={"swizzle": 4}), h100, stage="screen")
+    assert not answers(scr, replace(req, options={"swizzle": 4}))
+    # a row timed by the old per-call events timer does not answer a kernel-time request
+    old = _timed_row(db, replace(req, options={"swizzle": 2}), h100)
+    old.env["settings"]["timer"] = "events"
+    assert not answers(old, replace(req, options={"swizzle": 2}))
     # a verdict that needs no timing (wrong answer) is served whatever the timing settings
     db.add(Evaluation(status="wrong", source_sha=sha, shape=req.shape, arch=req.arch,
                       acc="f32", env={"gpu": h100}), source=req.source)
-    assert _cache_hit(db, sha, replace(req, timer="graph", flush_l2=True), h100).status == "wrong"
+    assert cached(db, replace(req, operands="hot", modes=("wall",)), h100).status == "wrong"
+    # a harness error never answers
+    err = Evaluation(status="error", source_sha=sha, shape=req.shape, arch=req.arch, env={"gpu": h100})
+    assert not answers(err, req)
 
 
 def test_eval_request_timing_fields_are_validated():
     base = dict(source="// k\n", shape=Shape(64, 64, 64))
-    r = EvalRequest(**base, timer="graph", flush_l2=True, extra_baselines=("torch_cublaslt",))
-    assert (r.timer, r.flush_l2, r.extra_baselines) == ("graph", True, ("torch_cublaslt",))
+    r = EvalRequest(**base, operands="hot", server_gaps_ms=(1, 100), extra_baselines=("torch_cublaslt",),
+                    options={"swizzle": 8, "raster": 1})
+    assert (r.timer, r.operands, r.server_gaps_ms) == ("kernel", "hot", (1.0, 100.0))
+    assert r.options == (("raster", 1), ("swizzle", 8))
     with pytest.raises(ValueError, match="timer"):
-        EvalRequest(**base, timer="cycles")
+        EvalRequest(**base, timer="events")
     with pytest.raises(ValueError, match="extra baseline"):
         EvalRequest(**base, extra_baselines=("torch_cudnn",))
-    with pytest.raises(ValueError, match="target_qps"):
-        EvalRequest(**base, target_qps=0)
-    with pytest.raises(TypeError, match="flush_l2"):
-        EvalRequest(**base, flush_l2="yes")
+    with pytest.raises(ValueError, match="operands"):
+        EvalRequest(**base, operands="lukewarm")
+    with pytest.raises(ValueError, match="server_gaps_ms"):
+        EvalRequest(**base, server_gaps_ms=(-1,))
+    with pytest.raises(ValueError, match="runtime option"):
+        EvalRequest(**base, options={"swizzle": "eight"})
     for field, value in (("seeds", 0), ("timeout_s", 0), ("build_timeout_s", -1)):
         with pytest.raises(ValueError, match=f"EvalRequest.{field} must be .*, got {value}"):
             EvalRequest(**base, **{field: value})

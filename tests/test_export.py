@@ -13,12 +13,24 @@ SHA = {name: sha256_text(s) for name, s in SRC.items()}
 
 
 def ev(name, shape, cand_us, base_us, *, status="ok", estimated=False, acc="f32", layout="RR",
-       correct=True, gpu="NVIDIA H100 80GB HBM3 (synthetic)", mode="offline"):
+       correct=True, gpu="NVIDIA H100 80GB HBM3 (synthetic)", mode="offline", width=0.005,
+       e2e=1.05, e2e_width=0.02, stage="final", options=None, intervals=True):
+    """A final-stage row: kernel-time medians, paired-ratio speedups with intervals of relative
+    half-width `width`, and an end-to-end speedup `e2e` (None: not measured)."""
     timings = {mode: {"candidate": {"median_us": cand_us}, **{b: {"median_us": base_us[i]}
                                                                 for i, b in enumerate(BASELINES)}}}
+    sp = {b: base_us[i] / cand_us for i, b in enumerate(BASELINES)}
+    stats = {}
+    if intervals:
+        stats[mode] = {"speedup": {b: {"median": v, "lo": v * (1 - width), "hi": v * (1 + width),
+                                       "n": 30} for b, v in sp.items()}}
+    if e2e is not None:
+        stats["e2e_eager_throughput"] = {"speedup": {"torch": {
+            "median": e2e, "lo": e2e - e2e_width, "hi": e2e + e2e_width, "n": 10}}}
     return Evaluation(status=status, source_sha=SHA[name], shape=Shape(*shape), arch="sm_90a", acc=acc,
-                      layout=layout, timings=timings, estimated=estimated,
-                      correctness={"ok": correct}, env={"gpu": gpu}, meta={"style": "mma"}, origin="tune")
+                      layout=layout, timings=timings, speedups={mode: sp}, stats=stats,
+                      estimated=estimated, correctness={"ok": correct}, env={"gpu": gpu},
+                      meta={"style": "mma"}, origin="tune", stage=stage, options=options or {})
 
 
 BASE = [12.0, 11.0, 11.5, 13.0, 10.0]      # best baseline: cublaslt_autotuned at 10 us
@@ -41,12 +53,36 @@ def test_select_reasons():
     assert ds[(64, 64, 64)].exported and ds[(64, 64, 64)].source_sha == SHA["a"]
     assert ds[(64, 64, 64)].best_baseline == "cublaslt_autotuned"
     assert ds[(64, 64, 64)].speedups["cublaslt_autotuned"] == pytest.approx(10 / 9)
-    assert not ds[(256, 64, 64)].exported and "2%" in ds[(256, 64, 64)].reason
+    assert ds[(64, 64, 64)].speedup_lo == pytest.approx(10 / 9 * 0.995)
+    assert not ds[(256, 64, 64)].exported and "does not clear 1.02" in ds[(256, 64, 64)].reason
     assert not ds[(512, 64, 64)].exported and "estimated" in ds[(512, 64, 64)].reason
     assert not ds[(1024, 64, 64)].exported and "status wrong" in ds[(1024, 64, 64)].reason
-    assert not ds[(2048, 64, 64)].exported and "did not beat" in ds[(2048, 64, 64)].reason
-    # a 0% margin lets the 1% kernel through
+    assert not ds[(2048, 64, 64)].exported and "does not clear" in ds[(2048, 64, 64)].reason
+    # a 0% margin lets the 1% kernel through (its interval's lower end is above 1.0)
     assert {d.key[3] for d in select(_db_rows(), margin=0.0) if d.exported} == {64, 128, 256}
+
+
+def test_export_rule_uses_the_interval_and_the_end_to_end_call():
+    # median 1.05 but an interval down to 0.99: noise could explain it
+    (d,) = select([ev("a", (64, 64, 64), 9.5, BASE, width=0.06)])
+    assert not d.exported and "does not clear" in d.reason
+    # kernel time wins, but the user's call is slower than torch.matmul
+    (d,) = select([ev("a", (64, 64, 64), 5.0, BASE, e2e=0.9)])
+    assert not d.exported and "end-to-end" in d.reason and "slower" in d.reason
+    # an end-to-end tie within noise is not slower
+    (d,) = select([ev("a", (64, 64, 64), 5.0, BASE, e2e=0.99, e2e_width=0.03)])
+    assert d.exported
+    (d,) = select([ev("a", (64, 64, 64), 5.0, BASE, e2e=None)])
+    assert not d.exported and "end-to-end call not measured" in d.reason
+    # rows timed before the kernel timer have no interval; screening rows never export
+    (d,) = select([ev("a", (64, 64, 64), 5.0, BASE, intervals=False)])
+    assert not d.exported and "before the kernel timer" in d.reason
+    assert select([ev("a", (64, 64, 64), 5.0, BASE, stage="screen")]) == []
+    # the best lower bound wins among passing rows, with its options
+    rows = [ev("a", (64, 64, 64), 5.0, BASE, options={"swizzle": 1}),
+            ev("a", (64, 64, 64), 4.0, BASE, options={"swizzle": 8})]
+    (d,) = select(rows)
+    assert d.exported and d.options == {"swizzle": 8}
 
 
 def test_export_writes_sources_once_and_tuned_rows(tmp_path):
@@ -62,17 +98,34 @@ def test_export_writes_sources_once_and_tuned_rows(tmp_path):
     r = idx.get("sm_90a", "f32", "RR", 64, 64, 64)
     assert r.speedup_cublaslt_autotuned == pytest.approx(1.1111, abs=1e-4)
     assert r.speedup_torch == pytest.approx(12 / 9, abs=1e-4)
+    assert r.speedup_lo == pytest.approx(10 / 9 * 0.995, abs=1e-4)
     assert r.report == "reports/H100/test-run" and r.family == "mma"
     assert idx.source(r) == SRC["a"]
 
 
-def test_export_refuses_unknown_source_and_keeps_better_existing(tmp_path):
+def test_export_options_travel_and_failing_tuned_rows_leave(tmp_path):
     root = tmp_path / "gk"
     by_sha = {v: SRC[k] for k, v in SHA.items()}
-    export([ev("a", (64, 64, 64), 5.0, BASE)], by_sha.get, root=root, report="run1")   # 2x
-    res = export([ev("b", (64, 64, 64), 9.0, BASE)], by_sha.get, root=root, report="run2")
-    assert not res.exported and "kept the tuned kernel" in res.refused[0].reason
-    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 64, 64, 64).sha256 == SHA["a"]
+    export([ev("a", (64, 64, 64), 5.0, BASE, options={"swizzle": 8, "raster": 1}),
+            ev("b", (128, 64, 64), 5.0, BASE)], by_sha.get, root=root, report="run1")
+    idx = KernelIndex.load(root)
+    r = idx.get("sm_90a", "f32", "RR", 64, 64, 64)
+    assert r.options == "raster=1;swizzle=8" and r.options_dict == {"raster": 1, "swizzle": 8}
+    # run2 measures the same kernel and options again: now it ties cuBLAS -> it leaves the table
+    res = export([ev("a", (64, 64, 64), 10.0, BASE, options={"swizzle": 8, "raster": 1})],
+                 by_sha.get, root=root, report="run2")
+    assert not res.exported and res.removed and "removed" in res.refused[0].reason
+    idx = KernelIndex.load(root)
+    assert idx.get("sm_90a", "f32", "RR", 64, 64, 64) is None
+    assert idx.get("sm_90a", "f32", "RR", 128, 64, 64) is not None      # untouched
+    # a refused row for a kernel the table does not serve removes nothing
+    res = export([ev("c", (128, 64, 64), 10.0, BASE)], by_sha.get, root=root, report="run3")
+    assert not res.removed and KernelIndex.load(root).get("sm_90a", "f32", "RR", 128, 64, 64)
+
+
+def test_export_refuses_unknown_source(tmp_path):
+    root = tmp_path / "gk"
+    by_sha = {v: SRC[k] for k, v in SHA.items()}
     res = export([ev("c", (128, 64, 64), 5.0, BASE)], lambda sha: None, root=root, report="run3")
     assert not res.exported and "not found" in res.refused[0].reason
     with pytest.raises(ValueError, match="report"):
@@ -106,7 +159,7 @@ def test_export_cli_from_a_test_db(tmp_path, capsys):
     assert main(["export", "--db", str(db_path), "--report", "reports/test/run", "--out", str(root),
                  "--verbose"]) == 0
     out = capsys.readouterr().out
-    assert "2 exported" in out and "refused" in out and "did not beat" in out and "estimated" in out
+    assert "2 exported" in out and "refused" in out and "does not clear" in out and "estimated" in out
     idx = KernelIndex.load(root)
     assert {r.shape for r in idx.tuned_rows()} == {(64, 64, 64), (128, 64, 64)}
     assert idx.source(idx.rows[0]) == SRC["a"]          # the source came out of the DB

@@ -126,20 +126,47 @@ def test_reward_requires_shape_columns(tmp_path):
 def test_no_gpu_reuses_a_gpu_measurement(tmp_path):
     """Without a GPU, a kernel the DB has measured on a GPU gets the measured reward."""
     from cudal2.harness.db import ResultsDB
+    from cudal2.harness.pipeline import settings
     db = ResultsDB(tmp_path / "r.db")
+    ex = CountingExecutor()
+    rf = R.KernelReward(ex, db)
+    # a row as the harness writes it after timing RL's request on an H100 (kernel time)
     m = Evaluation(status="ok", source_sha=R.source_sha(SHORT), shape=Shape(64, 64, 64), arch="sm_90a",
-                   acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"},
+                   acc="f32", layout="RR",
+                   env={"gpu": "NVIDIA H100 80GB HBM3",
+                        "settings": settings(rf._request(SHORT, (64, 64, 64)))},
                    timings={"offline": {"candidate": {"median_us": 5.0},
                                         "cublaslt_autotuned": {"median_us": 6.0}}},
                    speedups={"offline": {"cublaslt_autotuned": 1.2}})
     db.add(m, source=SHORT)
-    ex = CountingExecutor()
     rf = R.KernelReward(ex, db)
     assert rf.reuse_gpu == "NVIDIA H100 80GB HBM3"
     r = rf(prompts=[""], completions=[SHORT], M=[64], N=[64], K=[64])
     assert ex.requests == [] and r[0] == pytest.approx(math.log(1.2))
     a = rf.attempts[-1][0]
     assert a.verdict == "ok" and not a.estimated and a.cached
+
+
+def test_rl_does_not_reuse_a_row_timed_another_way(tmp_path):
+    """The one cache rule: a row measured with the old per-call events timer, or without the
+    mode RL asks for, is not served to RL; the kernel is evaluated again."""
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.pipeline import settings
+    db = ResultsDB(tmp_path / "r.db")
+    ex = CountingExecutor()
+    rf = R.KernelReward(ex, db, reuse_gpu="NVIDIA H100 80GB HBM3")
+    req = rf._request(SHORT, (64, 64, 64))
+    for timer, modes in (("events", ("offline",)), ("kernel", ("server",))):
+        st = dict(settings(req), timer=timer)
+        keys = {"offline": "offline", "server": "server_1ms"}
+        db.add(Evaluation(status="ok", source_sha=R.source_sha(SHORT), shape=Shape(64, 64, 64),
+                          arch="sm_90a", acc="f32", layout="RR",
+                          env={"gpu": "NVIDIA H100 80GB HBM3", "settings": st},
+                          timings={keys[m]: {"candidate": {"median_us": 5.0}} for m in modes},
+                          speedups={keys[m]: {"cublaslt_autotuned": 1.2} for m in modes}),
+               source=SHORT)
+    rf(prompts=[""], completions=[SHORT], M=[64], N=[64], K=[64])
+    assert len(ex.requests) == 1 and not rf.attempts[-1][0].cached
 
 
 def test_attempt_round_trips_through_the_log():

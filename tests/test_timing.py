@@ -193,128 +193,24 @@ def test_config_validation():
 
 
 @pytest.mark.gpu
-def test_torch_matmul_timing_is_sane_on_gpu():
+def test_wall_schedule_and_gpu_env_on_gpu():
     import torch
+
+    from cudal2.harness.kerneltime import CudaKernelBackend
+    from cudal2.harness.measure import _WallBackend
 
     a = [torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2)]
     b = [torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2)]
     out = torch.empty(1024, 1024, device="cuda", dtype=torch.float16)
     fns = {"torch": lambda i: torch.matmul(a[i], b[i], out=out)}
-    for mode in ("offline", "server", "wall"):
-        res = timing.time_interleaved(fns, TimingConfig(mode=mode, rounds_per_set=5, n_sets=4),
-                                      n_buffers=2)
-        s = res.stats["torch"]
-        assert s.n == 20
-        assert 0 < s.p10_us <= s.median_us <= s.p90_us
-        assert s.median_us < 1e5          # a 1024^3 fp16 GEMM is nowhere near 0.1 s
+    res = run_schedule(fns, TimingConfig(mode="wall", rounds_per_set=5, n_sets=4),
+                       _WallBackend(CudaKernelBackend()), n_buffers=2)
+    s = res.stats["torch"]
+    assert s.n == 20
+    assert 0 < s.p10_us <= s.median_us <= s.p90_us
+    assert s.median_us < 1e5          # a 1024^3 fp16 GEMM is nowhere near 0.1 s
     env = timing.gpu_env()
     assert env.get("gpu")
-
-
-# ---- measure's timing core on CPU tensors with the fake clock -------------------------------------
-
-def _measure_setup(be, durations, wrong_sets=(), status=0):
-    """Kernels as Python callables: each advances the fake clock by its duration and writes C."""
-    def kernel(name):
-        def fn(a, b_rr, b_rc, c):
-            be.call(name, 0)
-            if name == "candidate" and status:
-                return status
-            if not (name == "candidate" and any(a is s for s in wrong_sets)):
-                c.copy_((a.float() @ b_rr.float()).half())
-            return 0
-        return fn
-    return kernel
-
-
-def _time_all(be, durations, modes=("offline",), peak=None, **kw):
-    from cudal2.harness import bounds
-    from cudal2.harness.measure import time_all
-    from cudal2.harness.types import EvalRequest, Shape
-
-    be.durations = durations
-    kernel = _measure_setup(be, durations, **kw)
-    req = EvalRequest("x", Shape(32, 48, 64), modes=modes, target_qps=1000.0)
-    notes = {}
-    baselines = {n: (lambda name, sets, verify: kernel(name)) for n in durations if n != "candidate"}
-    out = time_all(kernel("candidate"), baselines, req, acc="f32", device="cpu",
-                   peak=peak or bounds.peak_for_name("H100"), notes=notes, backend=be)
-    return out
-
-
-def test_time_all_ok_with_speedups_per_mode():
-    be = FakeBackend({})
-    out = _time_all(be, {"candidate": 1e-3, "torch": 2e-3, "cublas_nn": 4e-3},
-                    modes=("offline", "server", "wall"))
-    assert out["status"] == "ok", out["detail"]
-    for mode in ("offline", "server", "wall"):
-        assert out["timings"][mode]["candidate"]["median_us"] == pytest.approx(1000.0)
-        assert out["timings"][mode]["candidate"]["n"] == 50
-        assert out["speedups"][mode] == pytest.approx({"torch": 2.0, "cublas_nn": 4.0})
-    assert out["bounds"]["fraction_of_peak"]["offline"] > 0
-    assert be.sleeps                                     # server mode idled between calls
-
-
-def test_time_all_below_the_physical_bound_is_too_fast():
-    from cudal2.harness.bounds import GpuPeak
-
-    slow_gpu = GpuPeak("1 GFLOP/s", 1e-3, 1e-3, 0, "test")   # 32*48*64*2 flop -> 197 us minimum
-    out = _time_all(FakeBackend({}), {"candidate": 1e-5, "torch": 2e-3}, peak=slow_gpu)
-    assert out["status"] == "too_fast" and "lower bound" in out["detail"]
-
-
-def test_time_all_checks_timed_outputs():
-    be = FakeBackend({})
-    holder = {}
-
-    # a candidate that skips the work on every input set but the first
-    def kernel(name):
-        def fn(a, b_rr, b_rc, c):
-            be.call(name, 0)
-            first = holder.setdefault("a", a)
-            if name != "candidate" or a is first:
-                c.copy_((a.float() @ b_rr.float()).half())
-            return 0
-        return fn
-    from cudal2.harness import bounds
-    from cudal2.harness.measure import time_all
-    from cudal2.harness.types import EvalRequest, Shape
-
-    be.durations = {"candidate": 1e-3, "torch": 2e-3}
-    out = time_all(kernel("candidate"), {"torch": lambda n, s, v: kernel(n)},
-                   EvalRequest("x", Shape(16, 16, 16)), acc="f32", device="cpu",
-                   peak=bounds.peak_for_name("H100"), notes={}, backend=be)
-    assert out["status"] == "wrong" and "timed output wrong" in out["detail"]
-
-
-def test_time_all_launch_error_and_unusable_baselines():
-    from cudal2.harness import bounds
-    from cudal2.harness.baselines import BaselineError
-    from cudal2.harness.measure import time_all
-    from cudal2.harness.types import EvalRequest, Shape
-
-    be = FakeBackend({"candidate": 1e-3, "torch": 1e-3, "bad": 1e-3})
-    kernel = _measure_setup(be, be.durations)
-
-    def unavailable(name, sets, verify):
-        raise BaselineError("no cuBLASLt algorithm")
-
-    def wrong(name, sets, verify):
-        return lambda a, b_rr, b_rc, c: (c.zero_(), 0)[1]
-
-    notes = {}
-    out = time_all(kernel("candidate"), {"torch": lambda n, s, v: kernel(n),
-                                         "cublaslt_heuristic": unavailable, "cublas_nn": wrong},
-                   EvalRequest("x", Shape(16, 16, 16)), acc="f32", device="cpu",
-                   peak=bounds.peak_for_name("H100"), notes=notes, backend=be)
-    assert out["status"] == "ok"
-    assert set(out["timings"]["offline"]) == {"candidate", "torch"}
-    assert "unavailable: no cuBLASLt algorithm" == notes["cublaslt_heuristic"]
-    assert notes["cublas_nn"].startswith("dropped:")
-    kernel = _measure_setup(be, be.durations, status=719)
-    out = time_all(kernel("candidate"), {}, EvalRequest("x", Shape(16, 16, 16)), acc="f32",
-                   device="cpu", peak=bounds.peak_for_name("H100"), notes={}, backend=be)
-    assert out["status"] == "launch_error" and "719" in out["detail"]
 
 
 def test_measure_marks_the_worker_poisoned_on_a_cuda_error(monkeypatch):

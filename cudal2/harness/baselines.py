@@ -4,8 +4,9 @@
     cublas_nn           cublasGemmEx, B row-major                    (baselines/cublas_gemm.cu)
     cublas_tn           cublasGemmEx, B column-major (CUDA-L2's TN)  (baselines/cublas_gemm.cu)
     cublaslt_heuristic  cublasLtMatmul with the heuristic's first algorithm, 32 MiB workspace
-    cublaslt_autotuned  every algorithm the heuristic returns (up to 32) timed, the best kept;
-                        the choice is cached per (GPU, cuBLASLt version, shape, acc, layout)
+    cublaslt_autotuned  every algorithm the heuristic returns (up to 100) timed by kernel time,
+                        the best kept; the choice is cached per (GPU, cuBLASLt version, shape, acc,
+                        layout, workspace) in the results DB (and a JSON cache outside a DB run)
 and PyTorch's own switches, what a PyTorch user would turn on instead (EXTRA_BASELINES):
     torch_cublas / torch_cublaslt   torch.backends.cuda.preferred_blas_library(...)
     torch_tunableop                 torch.cuda.tunable with tuning on, results in the cache dir
@@ -33,7 +34,7 @@ SOURCE_DIR = Path(__file__).resolve().parent / "baselines"
 SOURCES = {"cublas": "cublas_gemm.cu", "cublaslt": "cublaslt_gemm.cu"}
 LIBRARIES = ("cublas", "cublasLt")
 WORKSPACE_BYTES = 32 * 1024 * 1024            # Python int: no 32-bit overflow (CUDA-L2 had one)
-LT_REQUESTED_ALGOS = 32
+LT_REQUESTED_ALGOS = 100
 EXPORTS = {
     "cublas": ("cudal2_baseline_abi", "cudal2_cublas_create", "cudal2_cublas_destroy",
                "cudal2_cublas_run"),
@@ -175,7 +176,10 @@ class CublasLtLib:
 # ---- autotune cache -------------------------------------------------------------------------------
 
 def autotune_key(gpu: str, lt_version: int, M: int, N: int, K: int, acc: str, layout: str) -> str:
-    return f"{gpu}|cublasLt {lt_version}|{M}x{N}x{K}|{acc}|{layout}|ws{WORKSPACE_BYTES}"
+    """What an autotuned choice depends on; 'kernel-time' marks choices made by the kernel timer
+    over up to LT_REQUESTED_ALGOS algorithms (older choices do not match)."""
+    return (f"{gpu}|cublasLt {lt_version}|{M}x{N}x{K}|{acc}|{layout}|ws{WORKSPACE_BYTES}"
+            f"|algos{LT_REQUESTED_ALGOS}|kernel-time")
 
 
 class AutotuneCache:
@@ -334,42 +338,54 @@ class BaselineRunners:
                                             ws.data_ptr(), WORKSPACE_BYTES,
                                             torch.cuda.current_stream().cuda_stream)
 
-    def autotune(self, inputs, gpu: str, *, verify=None, cache: AutotuneCache | None = None,
-                 config=None) -> int:
-        """Time every heuristic algorithm on `inputs` ([(a, b_rr, b_rc)] per buffer set) and keep
-        the fastest whose output verifies; cached per (GPU, version, shape, acc, layout)."""
-        from .timing import TimingConfig, time_interleaved
+    def autotune(self, pool, gpu: str, *, verify=None, cache: "AutotuneCache | None" = None,
+                 known: dict | None = None, backend=None, device="cuda") -> dict:
+        """Time every heuristic algorithm by kernel time on the operand pool (cold operands) and
+        keep the fastest whose output verifies: a short screening session over all of them, then
+        a tight one over the five fastest. `known` ({key: entry}, e.g. from the results DB)
+        and `cache` answer first. Returns the entry {key, index, algos, median_us, source}."""
+        from . import kerneltime as KT
 
         if not self.lt or not self.lt_algos:
             raise BaselineError(self.notes.get("cublaslt_autotuned", "no cublaslt library"))
-        cache = cache or AutotuneCache()
         key = autotune_key(gpu, self.lt.version(), self.M, self.N, self.K, self.acc, self.layout)
-        hit = cache.get(key)
-        if hit is not None and hit["index"] < self.lt_algos:
+        hit = (known or {}).get(key)
+        source = "results DB"
+        if hit is None and cache is not None:
+            hit, source = cache.get(key), "autotune cache"
+        if hit is not None and isinstance(hit.get("index"), int) and hit["index"] < self.lt_algos:
             self.lt_autotuned_index = hit["index"]
-            self.notes["cublaslt_autotuned"] = f"cached choice: algorithm {hit['index']} of {self.lt_algos}"
-            return hit["index"]
+            self.notes["cublaslt_autotuned"] = (f"algorithm {hit['index']} of {self.lt_algos} "
+                                                f"({source})")
+            return dict(hit, key=key, source=source)
         torch = self.torch
-        c = torch.empty(self.M, self.N, dtype=torch.float16, device="cuda")
+        c = torch.empty(self.M, self.N, dtype=torch.float16, device=device)
         fns, bad = {}, []
         for i in range(self.lt_algos):
             f = self.lt_launcher(i)
-            a, b_rr, b_rc = inputs[0]
-            if f(a, b_rr, b_rc, c) != 0 or (verify is not None and verify(c, 0)):
+            if f(pool.a(0), pool.b_rr(0), pool.b_rc(0), c) != 0 or (verify is not None and verify(c, 0)):
                 bad.append(i)
                 continue
-            fns[f"algo{i}"] = (lambda b, f=f: f(*inputs[b], c))
+            fns[f"algo{i}"] = (lambda s, f=f: f(pool.a(s), pool.b_rr(s), pool.b_rc(s), c))
         if not fns:
             raise BaselineError(f"no cuBLASLt algorithm of {self.lt_algos} ran correctly")
-        cfg = config or TimingConfig(warmup_ms=5.0, rounds_per_set=5, n_sets=2)
-        res = time_interleaved(fns, cfg, n_buffers=len(inputs))
-        best = min(res.stats, key=lambda k: res.stats[k].median_us)
-        index = int(best[4:])
-        cache.put(key, {"index": index, "algos": self.lt_algos,
-                        "median_us": res.stats[best].median_us, "rejected": bad})
-        self.lt_autotuned_index = index
-        self.notes["cublaslt_autotuned"] = f"tuned: algorithm {index} of {self.lt_algos}"
-        return index
+        backend = backend or KT.CudaKernelBackend()
+        first = KT.time_kernels(fns, KT.KernelTimeConfig(sample_us=200.0, warmup_ms=1.0,
+                                                        min_rounds=3, max_rounds=3),
+                                backend, n_sets=pool.n_sets)
+        top = sorted(fns, key=lambda k: first.time(k).median)[:5]
+        final = KT.time_kernels({k: fns[k] for k in top}, KT.KernelTimeConfig(
+            min_rounds=5, max_rounds=20, budget_s=2.0, target=0.01), backend, n_sets=pool.n_sets)
+        best = min(top, key=lambda k: final.time(k).median)
+        entry = {"index": int(best[4:]), "algos": self.lt_algos,
+                 "median_us": final.time(best).median, "timer": "kernel",
+                 "screened": len(fns), "rejected": bad}
+        if cache is not None:
+            cache.put(key, entry)
+        self.lt_autotuned_index = entry["index"]
+        self.notes["cublaslt_autotuned"] = (f"tuned: algorithm {entry['index']} of {self.lt_algos} "
+                                            f"({len(fns)} ran correctly, kernel time)")
+        return dict(entry, key=key, source="tuned now")
 
     def close(self) -> None:
         if self.h_cublas:

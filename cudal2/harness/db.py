@@ -1,7 +1,8 @@
 """The results database: SQLite, WAL, append-only, schema versioned.
 
 One row per evaluation (an `Evaluation`), committed on its own, so a killed process loses at
-most the evaluation in flight and a rerun resumes by skipping what `lookup()` finds. Sources are
+most the evaluation in flight and a rerun resumes by skipping what the harness's cache rule
+(cudal2.harness.pipeline.answers) finds. The harness is the only writer of evaluation rows. Sources are
 stored once, keyed by sha256. Evaluation rows are never rewritten: triggers refuse UPDATE and
 DELETE (history is the point: a kernel that was once fast and later wrong stays on record).
 
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 
 from .types import FINAL_STATUSES, Evaluation, Shape
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry.
 MIGRATIONS: tuple[str, ...] = (
@@ -79,12 +80,39 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TRIGGER sources_no_delete BEFORE DELETE ON sources
         BEGIN SELECT RAISE(ABORT, 'results DB is append-only: sources are never deleted'); END;
     """,
+    # 2: kernel time. Rows record the runtime options they were called with, the stage
+    # (screen | final), the timer, the intervals and sessions (stats), the lower end of the
+    # offline speedup interval against the best baseline; cuBLASLt autotune choices per key.
+    """
+    ALTER TABLE evaluations ADD COLUMN options TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE evaluations ADD COLUMN stage TEXT NOT NULL DEFAULT 'final';
+    ALTER TABLE evaluations ADD COLUMN timer TEXT NOT NULL DEFAULT '';
+    ALTER TABLE evaluations ADD COLUMN speedup_lo REAL;
+    ALTER TABLE evaluations ADD COLUMN stats TEXT NOT NULL DEFAULT '{}';
+    CREATE INDEX evaluations_options ON evaluations (source_sha, M, N, K, arch, gpu, options);
+    CREATE TABLE baseline_choices (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        key      TEXT NOT NULL,                      -- baselines.autotune_key
+        entry    TEXT NOT NULL,                      -- JSON: index, algos, median_us, timer, ...
+        created  TEXT NOT NULL
+    );
+    CREATE INDEX baseline_choices_key ON baseline_choices (key);
+    CREATE TRIGGER baseline_choices_no_update BEFORE UPDATE ON baseline_choices
+        BEGIN SELECT RAISE(ABORT, 'results DB is append-only: choices are never updated'); END;
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
-_JSON_COLS = ("build", "audit", "correctness", "timings", "speedups", "env", "meta")
+_JSON_COLS = ("build", "audit", "correctness", "timings", "speedups", "env", "meta", "options",
+              "stats")
 _FILTERS = {"source_sha", "M", "N", "K", "arch", "acc", "layout", "status", "gpu", "origin",
-            "estimated"}
+            "estimated", "stage", "options"}
+
+
+def options_key(options) -> str:
+    """The canonical JSON of a row's runtime options (what the `options` column holds)."""
+    from .types import normalise_options
+    return json.dumps(dict(normalise_options(options)), sort_keys=True)
 
 
 class DBError(RuntimeError):
@@ -148,6 +176,10 @@ class ResultsDB:
         off = (ev.timings or {}).get("offline", {})
         median = _num((off.get("candidate") or {}).get("median_us"))
         sp = [s for s in ((ev.speedups or {}).get("offline") or {}).values() if _num(s)]
+        ivs = (((ev.stats or {}).get("offline") or {}).get("speedup") or {})
+        los = [_num(iv.get("lo")) for b, iv in ivs.items() if isinstance(iv, dict)
+               and b in (ev.speedups or {}).get("offline", {})]
+        los = [x for x in los if x is not None]
         row = {
             "source_sha": ev.source_sha, "M": ev.shape.M, "N": ev.shape.N, "K": ev.shape.K,
             "arch": ev.arch, "acc": ev.acc or "", "layout": ev.layout or "", "status": ev.status,
@@ -162,9 +194,12 @@ class ResultsDB:
             "sm_clock_mhz": _num(env.get("sm_clock_mhz")), "temp_c": _num(env.get("temp_c")),
             "torch": env.get("torch"), "nvcc": env.get("nvcc"), "git_commit": env.get("git_commit"),
             "hostname": env.get("hostname"), "created": ev.created,
+            "stage": ev.stage, "timer": str((env.get("settings") or {}).get("timer") or ""),
+            "speedup_lo": min(los) if los else None,
         }
         for col in _JSON_COLS:
             row[col] = json.dumps(getattr(ev, col) or {}, sort_keys=True, default=str)
+        row["options"] = options_key(ev.options)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         with self._lock:
@@ -191,22 +226,31 @@ class ResultsDB:
         return Evaluation(status=r["status"], source_sha=r["source_sha"],
                           shape=Shape(r["M"], r["N"], r["K"]), arch=r["arch"], acc=r["acc"],
                           layout=r["layout"], estimated=bool(r["estimated"]), created=r["created"],
-                          origin=r["origin"], detail=r["detail"], id=r["id"], **d)
+                          origin=r["origin"], detail=r["detail"], id=r["id"], stage=r["stage"], **d)
 
-    def lookup(self, source_sha: str, shape: Shape, arch: str, gpu: str | None) -> Evaluation | None:
-        """The latest final evaluation of this source on this shape, arch and GPU model (gpu
-        None or '' = evaluated without a GPU), or None. Harness errors are not cached."""
-        marks = ", ".join("?" for _ in FINAL_STATUSES)
+    def add_baseline_choice(self, key: str, entry: dict) -> None:
+        """Record a cuBLASLt autotune choice (baselines.autotune_key -> entry); the latest per
+        key answers (baseline_choices)."""
         with self._lock:
-            r = self._conn.execute(
-                f"SELECT * FROM evaluations WHERE source_sha=? AND M=? AND N=? AND K=? AND arch=? "
-                f"AND gpu=? AND status IN ({marks}) ORDER BY id DESC LIMIT 1",
-                (source_sha, shape.M, shape.N, shape.K, arch, gpu or "", *FINAL_STATUSES)).fetchone()
-        return self._to_eval(r) if r else None
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("INSERT INTO baseline_choices (key, entry, created) "
+                                   "VALUES (?, ?, datetime('now'))",
+                                   (key, json.dumps(entry, sort_keys=True, default=str)))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def baseline_choices(self) -> dict[str, dict]:
+        """{autotune key: the latest entry recorded for it}."""
+        with self._lock:
+            rows = self._conn.execute("SELECT key, entry FROM baseline_choices ORDER BY id").fetchall()
+        return {r["key"]: json.loads(r["entry"]) for r in rows}
 
     def rows(self, *, limit: int | None = None, **filters) -> list[Evaluation]:
         """Evaluations matching column filters (source_sha, M, N, K, arch, acc, layout, status,
-        gpu, origin, estimated; a list/tuple value means IN), oldest first."""
+        gpu, origin, estimated, stage, options; a list/tuple value means IN), oldest first."""
         where, args = [], []
         for k, v in filters.items():
             if k == "shape":
@@ -216,6 +260,8 @@ class ResultsDB:
                 continue
             if k not in _FILTERS:
                 raise ValueError(f"unknown filter {k!r}; known: {sorted(_FILTERS | {'shape'})}")
+            if k == "options":
+                v = options_key(v)
             if isinstance(v, (list, tuple, set, frozenset)):
                 where.append(f"{k} IN ({', '.join('?' for _ in v)})")
                 args.extend(v)

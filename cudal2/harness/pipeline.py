@@ -1,19 +1,24 @@
-"""evaluate(): one kernel source on one shape -> one `Evaluation` -> one results-DB row.
+"""The harness's pipeline: source -> build -> audit -> (GPU) screen or finals -> Evaluation ->
+the results DB. One writer of result rows (`record`) and one cache rule (`answers`), used by
+bench, tune, campaign and RL alike.
 
-    build (cudal2.build, cached) -> audit (static rules + meta read in a worker)
-      -> measure (cudal2.harness.measure, in a GPU worker with time and memory limits)
-      -> Evaluation -> ResultsDB.add
+    evaluate(request)          finals for one kernel in a fresh worker (correctness suite, kernel
+                               time against every baseline with the stopping rule, e2e, server)
+    evaluate_group(requests)   finals for several trusted kernels of ONE shape sharing a fresh
+                               worker: one interleaved session, baselines set up once
+    evaluate_many(requests)    evaluate() over a list: parallel builds, then one GPU at a time
+    screen(shape, candidates)  ranking only: many pre-built (build, options) candidates of one
+                               shape in one warm worker (smoke check + a few kernel-time samples)
 
-Without a GPU the pipeline stops after the audit with status "not_measured": nothing invented.
-A DB row for the same (source sha, shape, arch, GPU model) that answers the request (same
-accumulator; for timed rows the same modes, baselines, timer, L2 flush and arrival rate) is
-returned as is, without building or timing, so an interrupted run resumes where it stopped.
-Harness errors ("error") are stored but never served from the cache.
+Without a GPU the pipeline stops after the audit with status "not_measured": nothing invented
+(an `estimator` may price it, flagged estimated, before it is recorded). Harness errors ("error")
+are recorded but never served from the cache.
 """
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from . import provenance
@@ -24,25 +29,102 @@ log = logging.getLogger("cudal2.harness")
 
 # measure's status -> Evaluation status
 _MEASURE_STATUS = {"ok": T.OK, "wrong": T.WRONG, "too_fast": T.TOO_FAST,
-                   "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED}
+                   "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED, "error": T.ERROR}
 _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom": T.OOM}
 
 
-def _measure_task(so_path: str, request: EvalRequest, baseline_libs: dict | None) -> dict:
-    """Worker task: measure (which marks the worker poisoned on a CUDA error it sees), then make
-    sure the CUDA context is still usable: an error the kernel left behind surfaces here."""
+# ---- the cache rule -------------------------------------------------------------------------------
+
+def settings(request: EvalRequest) -> dict:
+    """How a request is timed, besides its key (source, shape, arch, GPU model, options):
+    recorded in every row's env["settings"] and compared by `answers`."""
+    from .measure import mode_keys
+    return {"timer": request.timer, "operands": request.operands,
+            "server_gaps_ms": list(request.server_gaps_ms) if "server" in request.modes else [],
+            "baselines": sorted(set(request.baselines) | set(request.extra_baselines)),
+            "modes": list(request.modes), "mode_keys": mode_keys(request), "seeds": request.seeds}
+
+
+def answers(row: Evaluation, request: EvalRequest) -> bool:
+    """THE cache rule: a stored row answers a request (on the same GPU model, which the caller's
+    query fixes) only if it was made for the same runtime options and accumulator and, for a
+    timed verdict (ok, too_fast), timed the same way: a final-stage row, the same timer and
+    operands, every requested mode key and baseline present. A failure verdict (wrong, crash,
+    build or audit failure) answers whatever the timing; harness errors never answer."""
+    if row.status not in T.FINAL_STATUSES:
+        return False
+    if dict(request.options) != dict(row.options or {}):
+        return False
+    if request.acc and row.acc and row.acc != request.acc:
+        return False
+    if row.status not in (T.OK, T.TOO_FAST):
+        return True
+    if row.stage != "final":
+        return False
+    rec = (row.env or {}).get("settings") or {}
+    if rec.get("timer") != request.timer or rec.get("operands") != request.operands:
+        return False
+    want = settings(request)
+    if not set(want["baselines"]) <= set(rec.get("baselines") or ()):
+        return False
+    have = set(row.timings or {})
+    need = {k for k in want["mode_keys"] if not k.startswith("e2e_graph")}  # capture may fail
+    return need <= have
+
+
+def cached(db, request: EvalRequest, gpu: str | None, *, sha: str | None = None) -> Evaluation | None:
+    """The newest stored row that answers `request` on GPU model `gpu` ('' / None = no GPU), or
+    None. A not_measured row never stands in for a measurement on a GPU (the key holds the GPU)."""
+    if db is None:
+        return None
+    from ..build import source_sha
+    rows = db.rows(source_sha=sha or source_sha(request.source), shape=request.shape,
+                   arch=request.arch, gpu=gpu or "", status=T.FINAL_STATUSES,
+                   options=dict(request.options))
+    for row in reversed(rows):                     # newest first: the latest verdict wins
+        if answers(row, request):
+            return row
+    return None
+
+
+def record(db, ev: Evaluation, source: str | None = None, *,
+           estimator: Callable[[Evaluation], object] | None = None) -> Evaluation:
+    """THE writer of result rows: price a not_measured row with `estimator` (flagged estimated)
+    if one is given, then append it to `db` (None: not stored). Returns `ev` (with its id)."""
+    if estimator is not None and ev.status == T.NOT_MEASURED and not ev.estimated:
+        estimator(ev)
+    if db is not None and ev.id is None:
+        db.add(ev, source=source)
+    return ev
+
+
+# ---- workers --------------------------------------------------------------------------------------
+
+def _measure_task(so_paths: list[str], requests: list[EvalRequest], baseline_libs: dict | None,
+                  lt_known: dict | None) -> list[dict]:
+    """Worker task: finals (measure_group), then make sure the CUDA context is still usable: an
+    error the kernel left behind surfaces here."""
     from . import measure as M
     from .worker import mark_poisoned
-    out = M.measure(so_path, request, baseline_libs=baseline_libs)
-    if out.get("status") != "launch_error":
+    outs = M.measure_group(so_paths, requests, baseline_libs=baseline_libs, lt_known=lt_known)
+    if all(o.get("status") != "launch_error" for o in outs):
         try:
             import torch
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - sticky CUDA error after the kernel ran
             mark_poisoned(f"CUDA context unusable after measuring: {e}")
-            out = dict(out, status="launch_error", detail=f"CUDA error after the kernel ran: {e}")
-    return out
+            culprit = 0 if len(outs) == 1 else None
+            outs = [dict(o, status="launch_error" if culprit == i else "error",
+                         detail=f"CUDA error after the kernels ran: {e}") for i, o in enumerate(outs)]
+    return outs
+
+
+def _screen_task(shape: tuple, candidates: list, arch: str, acc: str | None, operands: str,
+                 reference_us: float | None) -> dict:
+    from . import measure as M
+    return M.screen(tuple(shape), [(so, dict(o)) for so, o in candidates], arch=arch, acc=acc,
+                    operands=operands, reference_us=reference_us)
 
 
 def _warm_cuda() -> None:
@@ -53,120 +135,43 @@ def _warm_cuda() -> None:
         torch.empty(1, device="cuda")
 
 
-def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1):
-    """The worker pool evaluate() uses for measuring. max_tasks=1: every kernel runs in a fresh
-    process (its static code cannot tamper with the next kernel's measurement); raise it for
-    trusted kernels (our own templates) to save the ~seconds of CUDA start-up per evaluation."""
+def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1, spare: int = 1):
+    """The worker pool for GPU work. max_tasks=1: every task runs in a fresh process (its static
+    code cannot tamper with the next measurement); `spare` workers boot in the background so the
+    next task does not wait for Python, torch and a CUDA context. Raise max_tasks for trusted
+    kernels (our own templates) in screening."""
     from .worker import WorkerPool
-    return WorkerPool(1, device=device, max_tasks=max_tasks,
+    return WorkerPool(1, device=device, max_tasks=max_tasks, spare=spare,
                       preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline:_warm_cuda"))
 
 
-def settings(request: EvalRequest) -> dict:
-    """The request settings a timed row depends on besides its key (source, shape, arch, GPU
-    model): recorded in every row's env["settings"] and compared on a cache hit, so a row timed
-    one way is never served to a request asking for another."""
-    from .measure import DEFAULT_SERVER_QPS
-    return {"timer": request.timer, "flush_l2": request.flush_l2,
-            "target_qps": float(request.target_qps or DEFAULT_SERVER_QPS),
-            "baselines": sorted(set(request.baselines) | set(request.extra_baselines)),
-            "modes": list(request.modes), "seeds": request.seeds}
-
-
-def _recorded_settings(hit: Evaluation) -> dict:
-    """A row's settings; rows stored before settings were recorded were timed with the
-    defaults, against the baselines their timings and notes name."""
-    rec = (hit.env or {}).get("settings")
-    if isinstance(rec, dict):
-        return rec
-    named = {who for whos in (hit.timings or {}).values() for who in whos}
-    named |= set((hit.env or {}).get("baseline_notes") or {})
-    return {"timer": "events", "flush_l2": False, "target_qps": None,
-            "baselines": sorted(named - {"candidate"})}
-
-
-def _same_timing(hit: Evaluation, request: EvalRequest) -> bool:
-    """Whether a timed row answers this request: every mode and baseline asked for was timed,
-    with the same timer, L2 flush and (server mode) arrival rate."""
-    rec, want = _recorded_settings(hit), settings(request)
-    if not set(request.modes) <= set(hit.timings or {}):
-        return False
-    if not set(want["baselines"]) <= set(rec.get("baselines") or ()):
-        return False
-    if rec.get("flush_l2") != want["flush_l2"]:
-        return False
-    if set(request.modes) - {"wall"} and rec.get("timer") != want["timer"]:
-        return False                      # the GPU timer matters to offline and server only
-    return "server" not in request.modes or rec.get("target_qps") == want["target_qps"]
-
-
-def _cache_hit(db, sha: str, request: EvalRequest, gpu: str | None) -> Evaluation | None:
-    """The stored row that answers this request, or None. The key includes the GPU model ('' =
-    no GPU), so a not_measured row never stands in for a measurement on a GPU; timed rows must
-    also match the request's timing settings; a row measured for another accumulator is not
-    reused."""
-    if db is None:
-        return None
-    rows = db.rows(source_sha=sha, shape=request.shape, arch=request.arch, gpu=gpu or "",
-                   status=T.FINAL_STATUSES)
-    for hit in reversed(rows):                     # newest first: the latest verdict wins
-        if hit.status in (T.OK, T.TOO_FAST) and not _same_timing(hit, request):
-            continue
-        if request.acc and hit.acc and hit.acc != request.acc:
-            continue
-        return hit
-    return None
-
+# ---- build + audit ------------------------------------------------------------------------------
 
 def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
     return Evaluation(status=T.ERROR, source_sha=sha, shape=request.shape, arch=request.arch,
                       acc=request.acc or "", env={**env, "settings": settings(request)},
-                      origin=request.origin)
+                      origin=request.origin, options=dict(request.options))
 
 
-def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
-             probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
-             probe_timeout_s: float = 30, check_deps: bool = True) -> Evaluation:
-    """Build, audit and (with a GPU) measure one request; store and return the Evaluation.
-
-    db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
-    gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
-    probe_pool: the CPU pool that reads meta (default: a fresh worker per kernel), within
-    probe_timeout_s.
-    baseline_libs: built baseline libraries (default: built here, cached). gpu: force GPU use
-    on/off (default: whether torch sees one). check_deps: run the audit's `nvcc -M` include
-    check; only a caller that ran it where the build was made (campaign prepare) turns it off,
-    so a GPU machine without nvcc can evaluate carried builds."""
-    from ..build import BuildSpec, build, source_sha
+def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None, probe_pool=None,
+                     probe_timeout_s: float = 30, check_deps: bool = True):
+    """Fill ev's build and audit parts. Returns the BuildResult when the kernel may run, else
+    None with ev's status and detail set."""
+    from ..build import BuildSpec, build
     from .audit import audit_build, check_includes
-    sha = source_sha(request.source)
-    use_gpu = provenance.gpu_visible() if gpu is None else gpu
-    gpu_model = provenance.gpu_name() if use_gpu else None
-    hit = _cache_hit(db, sha, request, gpu_model)
-    if hit is not None:
-        log.info("cached: %s %s -> %s", sha[:12], request.shape, hit.status)
-        return hit
-    env = provenance.collect(gpu=use_gpu)
-    ev = _base(request, sha, env)
-
-    def done(e: Evaluation) -> Evaluation:
-        if db is not None:
-            db.add(e, source=request.source)
-        return e
-
     pre = check_includes(request.source)      # before nvcc sees it: size, #include escapes
     if pre:
         ev.status, ev.detail = T.AUDIT_REJECTED, "; ".join(pre)[:1000]
         ev.audit = {"ok": False, "verdict": "rejected", "reasons": pre}
-        return done(ev)
+        return None
     br = build_result or build(BuildSpec(request.source, arch=request.arch,
                                          name=request.origin or "kernel"),
                                timeout=request.build_timeout_s)
     ev.build = br.summary()
     if not br.ok:
         ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
-        return done(ev)
-    audit = audit_build(request.source, br, request.arch, name=request.origin or sha[:12],
+        return None
+    audit = audit_build(request.source, br, request.arch, name=request.origin or ev.source_sha[:12],
                         pool=probe_pool, probe_timeout_s=probe_timeout_s, check_deps=check_deps)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
@@ -177,59 +182,172 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
     if not audit.ok:
         ev.status = _LOAD_VERDICT.get(audit.verdict, T.AUDIT_REJECTED)
         ev.detail = "; ".join(audit.reasons)[:1000]
-        return done(ev)
+        return None
+    if request.options:
+        from ..abi import AbiError, option_values
+        try:
+            option_values(audit.meta, dict(request.options))
+        except AbiError as exc:
+            ev.status, ev.detail = T.AUDIT_REJECTED, f"options: {exc}"
+            return None
     if request.acc == "f32" and audit.meta.get("acc") == "f16":
         ev.status, ev.detail = T.WRONG, "kernel declares an f16 accumulator; the request needs f32"
-        return done(ev)
-    if not use_gpu:
-        ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not run"
-        return done(ev)
+        return None
+    return br
 
-    if baseline_libs is None and request.baselines:
+
+def _apply(ev: Evaluation, m: dict, gpu_model: str | None) -> Evaluation:
+    """Fill an Evaluation from measure's result dict."""
+    ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
+    ev.detail = str(m.get("detail") or "")
+    ev.correctness = m.get("correctness") or ev.correctness or {}
+    ev.timings = m.get("timings") or {}
+    ev.speedups = m.get("speedups") or {}
+    ev.stats = m.get("stats") or {}
+    ev.env = {**ev.env, **(m.get("env") or {})}
+    ev.env["gpu"] = gpu_model or ev.env.get("gpu")    # the name the cache is keyed by
+    if m.get("bounds"):
+        ev.correctness = {**ev.correctness, "bounds": m["bounds"]}
+    if m.get("baseline_notes"):
+        ev.env["baseline_notes"] = m["baseline_notes"]
+    ev.acc = m.get("acc") or ev.acc
+    ev.layout = m.get("layout") or ev.layout
+    return ev
+
+
+def _outcome_verdict(ev: Evaluation, out) -> Evaluation:
+    """A worker that did not return: crash/timeout/oom are the kernel's; a plain exception is
+    ours unless it poisoned CUDA."""
+    if out.status == "error":
+        ev.status = T.CRASHED if out.poisoned else T.ERROR
+    else:
+        ev.status = {"crashed": T.CRASHED, "timeout": T.TIMEOUT, "oom": T.OOM}[out.status]
+    ev.detail = out.detail[:1000]
+    return ev
+
+
+def _lt_known(db) -> dict:
+    return db.baseline_choices() if db is not None else {}
+
+
+def _record_lt(db, outs: Iterable[dict], known: dict | None = None) -> None:
+    """Store the cuBLASLt autotune choices a worker made (one writer: this process)."""
+    seen = set()
+    for o in outs:
+        for e in o.get("lt_autotune") or ():
+            key = e.get("key")
+            if key and key not in seen:
+                seen.add(key)
+                entry = {k: v for k, v in e.items() if k not in ("key", "source")}
+                if known is not None:
+                    known[key] = entry
+                if db is not None:
+                    db.add_baseline_choice(key, entry)
+
+
+# ---- finals ---------------------------------------------------------------------------------------
+
+def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
+             probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
+             probe_timeout_s: float = 30, check_deps: bool = True,
+             estimator: Callable[[Evaluation], object] | None = None,
+             lt_known: dict | None = None) -> Evaluation:
+    """Build, audit and (with a GPU) run the finals of one request; record and return the row.
+
+    db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
+    gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
+    probe_pool: the CPU pool that reads meta. baseline_libs: built baseline libraries (default:
+    built here, cached). gpu: force GPU use on/off (default: whether torch sees one). check_deps:
+    the audit's `nvcc -M` include check (off only where it ran at prepare time). estimator:
+    prices a not_measured row before it is recorded (RL without a GPU)."""
+    return evaluate_group([request], db=db, pool=pool,
+                          build_results=[build_result] if build_result is not None else None,
+                          probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=gpu,
+                          probe_timeout_s=probe_timeout_s, check_deps=check_deps,
+                          estimator=estimator, lt_known=lt_known)[0]
+
+
+def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_results=None,
+                   probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
+                   probe_timeout_s: float = 30, check_deps: bool = True,
+                   estimator: Callable[[Evaluation], object] | None = None,
+                   lt_known: dict | None = None) -> list[Evaluation]:
+    """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
+    policy's kernels go one per evaluate()): every candidate's correctness suite, then one
+    interleaved kernel-time session with all of them and every baseline. Rows in input order."""
+    from ..build import source_sha
+    requests = list(requests)
+    if not requests:
+        return []
+    use_gpu = provenance.gpu_visible() if gpu is None else gpu
+    gpu_model = provenance.gpu_name() if use_gpu else None
+    env = provenance.collect(gpu=use_gpu)
+    out: list[Evaluation | None] = [None] * len(requests)
+    runnable = []                      # (index, ev, build result)
+    for i, r in enumerate(requests):
+        sha = source_sha(r.source)
+        hit = cached(db, r, gpu_model, sha=sha)
+        if hit is not None:
+            log.info("cached: %s %s -> %s", sha[:12], r.shape, hit.status)
+            out[i] = hit
+            continue
+        ev = _base(r, sha, env)
+        br = _build_and_audit(r, ev, build_result=(build_results or [None] * len(requests))[i],
+                              probe_pool=probe_pool, probe_timeout_s=probe_timeout_s,
+                              check_deps=check_deps)
+        if br is None:
+            out[i] = record(db, ev, r.source, estimator=estimator)
+        elif not use_gpu:
+            ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not run"
+            out[i] = record(db, ev, r.source, estimator=estimator)
+        else:
+            runnable.append((i, ev, br))
+    if not runnable:
+        return out  # type: ignore[return-value]
+    shapes = {(requests[i].shape, ev.layout) for i, ev, _ in runnable}
+    if len(shapes) > 1:
+        raise ValueError(f"evaluate_group: one shape and B layout per group, got {sorted(map(str, shapes))}")
+    if baseline_libs is None and requests[0].baselines:
         from .baselines import BaselineError, build_baselines
         try:
-            baseline_libs = build_baselines(request.arch)
+            baseline_libs = build_baselines(requests[0].arch)
         except BaselineError as e:      # measure still runs the torch baseline and says why
             log.warning("%s", e)
+    known = lt_known if lt_known is not None else _lt_known(db)
     own = pool is None
-    pool = pool or gpu_pool()
+    pool = pool or gpu_pool(spare=0)
+    timeout = sum(requests[i].timeout_s for i, _, _ in runnable)
+    mem = max((requests[i].mem_limit_bytes or 0) for i, _, _ in runnable) or None
     try:
-        out = pool.run(_measure_task, str(br.so_path), request, baseline_libs,
-                       timeout_s=request.timeout_s, mem_limit_bytes=request.mem_limit_bytes)
+        res = pool.run(_measure_task, [str(br.so_path) for _, _, br in runnable],
+                       [requests[i] for i, _, _ in runnable], baseline_libs, known,
+                       timeout_s=timeout, mem_limit_bytes=mem)
     finally:
         if own:
             pool.close()
-    if out.status == "ok":
-        m = out.value or {}
-        ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
-        ev.detail = str(m.get("detail") or "")
-        ev.correctness = m.get("correctness") or {}
-        ev.timings = m.get("timings") or {}
-        ev.speedups = m.get("speedups") or {}
-        ev.env = {**ev.env, **(m.get("env") or {})}
-        ev.env["gpu"] = gpu_model or ev.env.get("gpu")    # the name the cache is keyed by
-        if m.get("bounds"):
-            ev.correctness = {**ev.correctness, "bounds": m["bounds"]}
-        if m.get("baseline_notes"):
-            ev.env["baseline_notes"] = m["baseline_notes"]
-        ev.acc = m.get("acc") or ev.acc
-        ev.layout = m.get("layout") or ev.layout
-    elif out.status == "error":
-        # an exception mentioning CUDA poisoned the worker: the kernel's fault; else ours
-        ev.status = T.CRASHED if out.poisoned else T.ERROR
-        ev.detail = out.detail[:1000]
+    if res.status == "ok":
+        _record_lt(db, res.value or [], known)
+        for (i, ev, _), m in zip(runnable, res.value or []):
+            out[i] = record(db, _apply(ev, m, gpu_model), requests[i].source)
+    elif len(runnable) > 1 and res.status in ("crashed", "timeout", "oom"):
+        # one of them took the worker down: measure each alone, so the verdict lands on it
+        for i, ev, br in runnable:
+            out[i] = evaluate(requests[i], db=db, pool=None if own else pool, build_result=br,
+                              probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=use_gpu,
+                              check_deps=check_deps, lt_known=known)
     else:
-        ev.status = {"crashed": T.CRASHED, "timeout": T.TIMEOUT, "oom": T.OOM}[out.status]
-        ev.detail = out.detail[:1000]
-    return done(ev)
+        for i, ev, _ in runnable:
+            out[i] = record(db, _outcome_verdict(ev, res), requests[i].source)
+    return out  # type: ignore[return-value]
 
 
 def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, executor=None,
                   jobs: int | None = None, gpu: bool | None = None,
-                  progress: Callable[[int, int, Evaluation], None] | None = None) -> list[Evaluation]:
-    """Evaluate many requests: cached ones come from the DB, the rest are built in parallel
-    (cudal2.build.build_many, or `executor.map` when an Executor is given, e.g. a Ray pool),
-    then measured one at a time on this machine's GPU. Results in input order."""
+                  progress: Callable[[int, int, Evaluation], None] | None = None,
+                  estimator: Callable[[Evaluation], object] | None = None) -> list[Evaluation]:
+    """evaluate() over many requests: cached ones come from the DB, the rest are built in
+    parallel (cudal2.build.build_many, or `executor.map` when an Executor is given, e.g. a Ray
+    pool), then measured one at a time, each in a fresh worker. Results in input order."""
     from ..build import BuildSpec, build, build_many, source_sha
     requests = list(requests)
     use_gpu = provenance.gpu_visible() if gpu is None else gpu
@@ -237,7 +355,7 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
     results: list[Evaluation | None] = [None] * len(requests)
     todo = []
     for i, r in enumerate(requests):
-        hit = _cache_hit(db, source_sha(r.source), r, gpu_model)
+        hit = cached(db, r, gpu_model)
         if hit is not None:
             results[i] = hit
         else:
@@ -260,14 +378,16 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
     own = pool is None and use_gpu
     if own:
         pool = gpu_pool()
+    known = _lt_known(db)
     try:
         done = sum(r is not None for r in results)
         for i, br in zip(todo, builds):
             req = requests[i]
             # a source that repeats in this batch may have been stored a moment ago
-            results[i] = (_cache_hit(db, source_sha(req.source), req, gpu_model)
+            results[i] = (cached(db, req, gpu_model)
                           or evaluate(req, db=db, pool=pool, build_result=br, gpu=use_gpu,
-                                      baseline_libs=libs.get(req.arch)))
+                                      baseline_libs=libs.get(req.arch), estimator=estimator,
+                                      lt_known=known))
             done += 1
             if progress is not None:
                 progress(done, len(requests), results[i])
@@ -275,3 +395,106 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
         if own:
             pool.close()
     return results  # type: ignore[return-value]
+
+
+# ---- screening ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScreenCandidate:
+    """One (kernel, runtime options) to screen: its source, its BuildResult (packed or built),
+    the options, and who made it."""
+    source: str
+    build: object
+    options: tuple[tuple[str, int], ...] = ()
+    origin: str = "screen"
+
+
+def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm_90a",
+           acc: str | None = "f32", db=None, pool=None, gpu: bool | None = None,
+           operands: str = "cold", reference_us: float | None = None, trusted: bool = True,
+           check_deps: bool = True, probe_pool=None, audits: dict | None = None,
+           timeout_s: float = 120.0) -> tuple[list[Evaluation], dict]:
+    """Screen candidates of one shape: audit each distinct build once (`audits` caches verdicts
+    by source sha across calls), then smoke check and time every (build, options) in ONE warm
+    worker (trusted=True: our templates) or one worker each (trusted=False: policy code).
+    Returns (one stage='screen' row per candidate, in order; the worker's reference dict)."""
+    from ..build import source_sha
+    use_gpu = provenance.gpu_visible() if gpu is None else gpu
+    gpu_model = provenance.gpu_name() if use_gpu else None
+    env = provenance.collect(gpu=use_gpu)
+    audits = {} if audits is None else audits
+    rows: list[Evaluation | None] = [None] * len(candidates)
+    todo: list[tuple[int, Evaluation]] = []
+    for i, c in enumerate(candidates):
+        sha = source_sha(c.source)
+        req = EvalRequest(c.source, shape, arch=arch, acc=acc, origin=c.origin, options=c.options,
+                          operands=operands)
+        ev = _base(req, sha, env)
+        ev.stage = "screen"
+        ev.env["settings"] = {"timer": req.timer, "operands": operands, "stage": "screen"}
+        verdict = audits.get(sha)
+        if verdict is None:
+            probe = _base(req, sha, env)
+            ok = _build_and_audit(replace(req, options=()), probe, build_result=c.build,
+                                  probe_pool=probe_pool, check_deps=check_deps) is not None
+            verdict = audits[sha] = {"ok": ok, "status": probe.status, "detail": probe.detail,
+                                     "build": probe.build, "audit": probe.audit, "meta": probe.meta,
+                                     "acc": probe.acc, "layout": probe.layout}
+        ev.build, ev.audit, ev.meta = verdict["build"], verdict["audit"], verdict["meta"]
+        ev.acc, ev.layout = verdict["acc"] or ev.acc, verdict["layout"]
+        if not verdict["ok"]:
+            ev.status, ev.detail = verdict["status"], verdict["detail"]
+            rows[i] = record(db, ev, c.source)
+            continue
+        if c.options:
+            from ..abi import AbiError, option_values
+            try:
+                option_values(ev.meta, dict(c.options))
+            except AbiError as exc:
+                ev.status, ev.detail = T.AUDIT_REJECTED, f"options: {exc}"
+                rows[i] = record(db, ev, c.source)
+                continue
+        if not use_gpu:
+            ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not screened"
+            rows[i] = record(db, ev, c.source)
+            continue
+        todo.append((i, ev))
+    reference: dict = {}
+    if not todo:
+        return rows, reference  # type: ignore[return-value]
+    own = pool is None
+    pool = pool or gpu_pool(max_tasks=1000 if trusted else 1, spare=0)
+    try:
+        batches = [todo] if trusted else [[t] for t in todo]
+        for batch in batches:
+            args = [(str(candidates[i].build.so_path), list(candidates[i].options)) for i, _ in batch]
+            res = pool.run(_screen_task, (shape.M, shape.N, shape.K), args, arch, acc, operands,
+                           reference_us, timeout_s=timeout_s + 2.0 * len(batch))
+            if res.status == "ok":
+                reference = res.value.get("reference") or reference
+                if reference.get("torch_us"):
+                    reference_us = min(x for x in (reference_us, reference["torch_us"]) if x)
+                for (i, ev), m in zip(batch, res.value["candidates"]):
+                    m = dict(m)
+                    m.pop("poisoned", None)
+                    m["env"] = res.value.get("env")
+                    rows[i] = _apply(ev, m, gpu_model)
+            elif len(batch) > 1:
+                # the batch took the worker down: screen each alone, so the verdict lands on it
+                for i, ev in batch:
+                    sub, reference = screen(shape, [candidates[i]], arch=arch, acc=acc, db=None,
+                                            pool=pool, gpu=use_gpu, operands=operands,
+                                            reference_us=reference_us, trusted=False,
+                                            audits=audits, timeout_s=timeout_s)
+                    rows[i] = sub[0]
+                    rows[i].id = None
+            else:
+                i, ev = batch[0]
+                rows[i] = _outcome_verdict(ev, res)
+    finally:
+        if own:
+            pool.close()
+    for i, ev in todo:
+        if rows[i] is not None and rows[i].id is None:
+            rows[i] = record(db, rows[i], candidates[i].source)
+    return rows, reference  # type: ignore[return-value]

@@ -11,14 +11,18 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any
 
-# Baselines every candidate is timed against (see ../shared/ANCHORS.md).
+# Baselines every candidate is timed against (docs/measurement.md).
 BASELINES = ("torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned")
 # PyTorch's own switches, timed when asked for (cudal2.harness.baselines describes them).
 EXTRA_BASELINES = ("torch_cublas", "torch_cublaslt", "torch_tunableop")
-# Timing modes: back to back, Poisson arrivals, CUDA-L2's host-clock timer.
-MODES = ("offline", "server", "wall")
-# GPU timers for offline/server mode (wall mode always uses the host clock).
-TIMERS = ("events", "graph")
+# What to measure (docs/measurement.md): kernel time back to back (offline), single calls after
+# fixed idle gaps (server), the end-to-end call as users make it (e2e), CUDA-L2's host clock (wall).
+MODES = ("offline", "server", "e2e", "wall")
+# GPU timers for kernel time: spin + N back-to-back calls on cold operands between two events.
+TIMERS = ("kernel",)
+OPERANDS = ("cold", "hot")
+DEFAULT_SERVER_GAPS_MS = (1.0, 10.0)
+STAGES = ("final", "screen")
 ACCS = ("f32", "f16")
 LAYOUTS = ("RR", "RC")
 
@@ -83,10 +87,11 @@ class EvalRequest:
     build_timeout_s: float = 300           # nvcc wall time: a compile bomb costs this once, then the DB row
     origin: str = ""                       # "rl", "tune", "bench", ...
     mem_limit_bytes: int | None = None     # host RSS limit for the worker; None = harness default
-    target_qps: float | None = None        # server mode arrival rate; None = measure's default
-    timer: str = "events"                  # offline/server GPU timer: "events" | "graph"
-    flush_l2: bool = False                 # flush L2 before every timed call
+    timer: str = "kernel"                  # TIMERS
+    operands: str = "cold"                 # cold: operand sets > 3x L2 rotate; hot: one set
+    server_gaps_ms: tuple[float, ...] = DEFAULT_SERVER_GAPS_MS   # server mode's idle gaps
     extra_baselines: tuple[str, ...] = ()  # EXTRA_BASELINES timed besides `baselines`
+    options: tuple[tuple[str, int], ...] = ()   # ABI 2 runtime options (a dict is accepted)
 
     def __post_init__(self):
         if not isinstance(self.source, str):
@@ -111,16 +116,29 @@ class EvalRequest:
             raise ValueError(f"unknown extra baseline(s) {bad}; known: {EXTRA_BASELINES}")
         if self.timer not in TIMERS:
             raise ValueError(f"EvalRequest.timer must be one of {TIMERS}, got {self.timer!r}")
-        if not isinstance(self.flush_l2, bool):
-            raise TypeError(f"EvalRequest.flush_l2 must be a bool, got {self.flush_l2!r}")
-        if self.target_qps is not None and not self.target_qps > 0:
-            raise ValueError(f"EvalRequest.target_qps must be > 0, got {self.target_qps!r}")
+        if self.operands not in OPERANDS:
+            raise ValueError(f"EvalRequest.operands must be one of {OPERANDS}, got {self.operands!r}")
+        gaps = tuple(float(g) for g in self.server_gaps_ms)
+        if not gaps or any(not g >= 0 for g in gaps):
+            raise ValueError(f"EvalRequest.server_gaps_ms must be non-negative ms, got {self.server_gaps_ms!r}")
+        object.__setattr__(self, "server_gaps_ms", gaps)
+        object.__setattr__(self, "options", normalise_options(self.options))
         if self.seeds < 1:
             raise ValueError(f"EvalRequest.seeds must be >= 1, got {self.seeds!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"EvalRequest.timeout_s must be > 0, got {self.timeout_s!r}")
         if not self.build_timeout_s > 0:
             raise ValueError(f"EvalRequest.build_timeout_s must be > 0, got {self.build_timeout_s!r}")
+
+
+def normalise_options(options) -> tuple[tuple[str, int], ...]:
+    """Runtime options as sorted (name, int) pairs, from a dict or pairs; the one spelling the
+    DB, the cache rule and the index compare."""
+    items = dict(options or {})
+    for k, v in items.items():
+        if not isinstance(k, str) or not k or isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"runtime option {k!r}={v!r}: names are strings, values ints")
+    return tuple(sorted(items.items()))
 
 
 def _now() -> str:
@@ -142,9 +160,10 @@ class Evaluation:
     audit: dict[str, Any] = field(default_factory=dict)
     # correctness: ok, max_abs_err, max_rel_err, checks (dict[name, {ok, detail}])
     correctness: dict[str, Any] = field(default_factory=dict)
-    # timings[mode][who] = {"median_us", "p10_us", "p90_us", "n"}; who = "candidate" or a baseline
+    # timings[mode_key][who] = {"median_us", "lo_us", "hi_us", "p10_us", "p90_us", "n", ...};
+    # who = "candidate" or a baseline; mode keys: offline, server_<gap>ms, e2e_<kind>, wall, screen
     timings: dict[str, dict[str, dict]] = field(default_factory=dict)
-    # speedups[mode][baseline] = baseline_median / candidate_median
+    # speedups[mode_key][baseline] = median over rounds of baseline time / candidate time
     speedups: dict[str, dict[str, float]] = field(default_factory=dict)
     estimated: bool = False       # True when a number came from a model, not a measurement
     # env: gpu, driver, sm_clock_mhz, temp_c, torch, nvcc, git_commit, hostname
@@ -154,10 +173,19 @@ class Evaluation:
     detail: str = ""              # one line: why this status (crash signal, reject reason, ...)
     meta: dict[str, Any] = field(default_factory=dict)   # the kernel's cudal2_meta, if read
     id: int | None = None         # DB row id once stored
+    # the runtime options the kernel was called with (ABI 2; {} = defaults / ABI 1)
+    options: dict[str, int] = field(default_factory=dict)
+    # stats[mode_key] = {"speedup": {baseline: {median, lo, hi, n}}, "session": {rounds, kept,
+    #   calls_per_sample, sm_clock_mhz, stopped, ...}}: the intervals and how the session ran
+    stats: dict[str, Any] = field(default_factory=dict)
+    stage: str = "final"          # "final" (reported, exported, rewarded) | "screen" (ranking only)
 
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"Evaluation.status {self.status!r} not in {STATUSES}")
+        if self.stage not in STAGES:
+            raise ValueError(f"Evaluation.stage {self.stage!r} not in {STAGES}")
+        self.options = dict(normalise_options(self.options))
 
     @property
     def ok(self) -> bool:

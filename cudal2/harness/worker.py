@@ -372,12 +372,14 @@ class WorkerPool:
     rlimit_data: set RLIMIT_DATA to the task's memory limit in the child (CPU-only tasks only).
     preload: modules ("torch") or no-argument functions ("pkg.mod:fn") the worker imports/calls
       while booting, so their cost counts against boot_timeout_s and not a task's time limit.
+    spare: keep this many extra workers booting/booted in the background, so a task after a
+      recycled worker (max_tasks=1: a fresh process per task) does not wait for the boot.
     """
 
     def __init__(self, size: int = 1, *, device: int | str | None = None,
                  env: dict[str, str] | None = None, mem_limit_bytes: int = DEFAULT_MEM_LIMIT,
                  max_tasks: int = 50, boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT,
-                 rlimit_data: bool = False, preload: tuple[str, ...] = ()):
+                 rlimit_data: bool = False, preload: tuple[str, ...] = (), spare: int = 0):
         if size < 1:
             raise ValueError(f"WorkerPool size must be >= 1, got {size!r}")
         self.size = size
@@ -397,6 +399,37 @@ class WorkerPool:
         self._busy = 0
         self._closed = False
         self.restarts = 0            # workers replaced after a crash/timeout/oom/poison
+        self.spare = max(0, int(spare))
+        self._booting = 0
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Boot spare workers in background threads until `spare` are idle or booting."""
+        with self._cv:
+            need = self.spare - self._booting - len(self._free)
+            if self._closed or need <= 0:
+                return
+            self._booting += need
+        for _ in range(need):
+            threading.Thread(target=self._boot_spare, daemon=True, name="cudal2-spare").start()
+
+    def _boot_spare(self) -> None:
+        w = None
+        try:
+            w = self._spawn()
+            w.boot(self.boot_timeout_s)
+        except Exception:  # noqa: BLE001 - a spare that fails to boot is simply not there
+            if w is not None:
+                w.kill()
+            w = None
+        with self._cv:
+            self._booting -= 1
+            if w is not None and not self._closed:
+                self._free.append(w)
+                w = None
+            self._cv.notify_all()
+        if w is not None:
+            w.close()
 
     def _spawn(self) -> _Worker:
         return _Worker(self._env, self.rlimit_data, self.preload)
@@ -409,10 +442,10 @@ class WorkerPool:
                 if self._free:
                     self._busy += 1
                     return self._free.pop()
-                if self._busy < self.size:
+                if self._busy < self.size and not self._booting:
                     self._busy += 1
                     break
-                self._cv.wait()
+                self._cv.wait()        # a worker is busy, or a spare is about to be ready
         try:
             return self._spawn()
         except BaseException:
@@ -461,6 +494,7 @@ class WorkerPool:
             else:
                 w.close() if recycle else w.kill()
                 self._release(None)
+                self._top_up()
 
     def close(self) -> None:
         with self._cv:

@@ -14,7 +14,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#define CUDAL2_LT_MAX_ALGOS 64
+#define CUDAL2_LT_MAX_ALGOS 128
 
 struct Cudal2Lt {
   cublasLtHandle_t handle = nullptr;
@@ -64,7 +64,7 @@ int cudal2_lt_destroy(void* h) {
 }
 
 // b_col_major: 0 = B row-major (K x N, ldb >= N), 1 = B stored column-major (N x K, ldb >= K).
-// requested: how many algorithms to ask the heuristic for (<= 64); *returned gets the count.
+// requested: how many algorithms to ask the heuristic for (<= 128); *returned gets the count.
 int cudal2_lt_prepare(void* h, int M, int N, int K, int lda, int ldb, int ldc, int b_col_major,
                       int compute16, size_t workspace_bytes, int requested, int* returned) {
   if (!h || !returned) return CUBLAS_STATUS_INVALID_VALUE;

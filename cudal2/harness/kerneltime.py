@@ -1,0 +1,493 @@
+"""Kernel time: GPU time per call with the host out of the bracket (the figure for ranking,
+export and reward).
+
+One sample of a callable:
+
+    spin (a GPU busy-wait long enough for the host to queue everything below)
+    start event
+    N back-to-back calls, each on the next operand set (sets whose total exceeds 3x L2: cold)
+    stop event
+
+and its time is (stop - start) / N. The spin keeps the host's launch path out of the bracket:
+while the GPU spins, the host enqueues the N calls, so the GPU runs them back to back. If the
+start event has already completed when the host has queued the stop event, the GPU may have
+waited for the host inside the bracket: the sample is "starved", its spin doubles and it is taken
+again. N is sized so one sample holds about `sample_us` of GPU work; every callable of a shape
+uses the same N and the same operand sets (nvbench's blocking kernel, ThunderKittens' rotated
+buffers).
+
+Rounds interleave all callables in a fresh random order; a round whose SM clock read fell more
+than 3% below the run's median clock is discarded (throttled); speedups are medians of paired
+per-round ratios with bootstrap intervals (cudal2.harness.stats), and sampling stops when every
+interval's half-width is within `target` of its median, or at the round/time budget.
+
+`time_after_gaps` is server mode: single calls after fixed idle gaps (L2 flushed), timed the same
+way (a short spin ahead of the start event), so the host path stays out of the number.
+
+The scheduling core talks to a `KernelBackend`; tests drive it with a fake clock, `CudaKernelBackend`
+is the real one (torch's current stream).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from . import stats as S
+
+# Operand sets: their total footprint (A + B of one layout) exceeds this many L2 sizes (cold).
+COLD_L2_MULTIPLE = 3
+MAX_SPIN_US = 50_000.0
+
+
+@dataclass(frozen=True)
+class KernelTimeConfig:
+    sample_us: float = 500.0       # GPU work per sample
+    max_calls: int = 200           # calls per sample, at most (the launch queue holds ~1000)
+    warmup_ms: float = 10.0        # per callable, untimed, after calibration
+    min_rounds: int = 6
+    max_rounds: int = 60
+    budget_s: float = 4.0          # host seconds for the timed rounds of one session
+    target: float = 0.005          # stop when every interval's half-width <= target * median
+    confidence: float = S.CONFIDENCE
+    clock_tolerance: float = S.CLOCK_TOLERANCE
+    operands: str = "cold"         # cold (sets > 3x L2) | hot (one set): recorded, the caller sizes sets
+    verify_every: int = 1          # check timed outputs every k rounds (and the last)
+    early_stop: float | None = None  # screening: stop once a candidate's median is this factor
+    #                                  above `reference_us` after min_rounds (clearly slower)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.operands not in ("cold", "hot"):
+            raise ValueError(f"operands must be 'cold' or 'hot', got {self.operands!r}")
+        for name in ("max_calls", "min_rounds", "max_rounds", "verify_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"KernelTimeConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_rounds < self.min_rounds:
+            raise ValueError("KernelTimeConfig.max_rounds must be >= min_rounds")
+        if not (self.sample_us > 0 and self.target > 0 and self.budget_s > 0):
+            raise ValueError("KernelTimeConfig.sample_us, target and budget_s must be > 0")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# Screening: a few rounds, loose target, stop early when clearly slower than the best so far.
+SCREEN_CONFIG = KernelTimeConfig(sample_us=200.0, warmup_ms=2.0, min_rounds=3, max_rounds=8,
+                                 budget_s=0.5, target=0.02, early_stop=1.15)
+# Finals: the default config.
+FINAL_CONFIG = KernelTimeConfig()
+
+
+def n_operand_sets(bytes_per_set: int, l2_bytes: int, operands: str = "cold",
+                   max_bytes: int = 8 << 30) -> int:
+    """How many operand sets a session rotates through: enough that their total exceeds
+    COLD_L2_MULTIPLE x L2 (and at least 2), bounded by `max_bytes`; one set for hot operands."""
+    if operands == "hot":
+        return 1
+    want = max(2, math.ceil(COLD_L2_MULTIPLE * l2_bytes / max(bytes_per_set, 1)))
+    return max(2, min(want, max_bytes // max(bytes_per_set, 1)))
+
+
+class KernelBackend(Protocol):
+    """What the kernel timer needs from a device; tests implement it with a fake clock."""
+    def now(self) -> float: ...                         # host seconds
+    def synchronize(self) -> None: ...
+    def sleep(self, seconds: float) -> None: ...
+    def flush_l2(self) -> None: ...
+    def spin(self, us: float) -> None: ...              # enqueue a GPU busy-wait of ~us
+    def record(self) -> object: ...                     # an event on the stream
+    def done(self, event) -> bool: ...                  # has the GPU passed this event?
+    def elapsed_us(self, start, stop) -> float: ...     # resolve two events (may synchronise)
+    def sm_clock_mhz(self) -> float | None: ...         # live SM clock, None if unknown
+
+
+@dataclass
+class Calibration:
+    """Per callable: GPU time per call and host enqueue time per call (µs), from a probe."""
+    gpu_us: dict[str, float]
+    host_us: dict[str, float]
+    calls: int                                          # N, shared by every callable
+    spin_us: dict[str, float]
+
+
+@dataclass
+class KernelTimes:
+    """A timed session: per-call µs of each callable in each round (None: not measured)."""
+    names: list[str]
+    per_round: dict[str, list[float | None]]
+    clocks: list[float | None]                          # lowest SM clock read in each round
+    calls_per_sample: int
+    spin_us: dict[str, float]
+    config: KernelTimeConfig
+    n_sets: int = 1
+    starved: int = 0                                    # samples retaken: the GPU caught up
+    stopped: str = ""                                   # tight | budget | max_rounds | early_stop
+    failures: list[str] = field(default_factory=list)   # "who@round r: why"
+    seconds: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.clocks)
+
+    def kept(self) -> list[bool]:
+        return S.kept_rounds(self.clocks, self.config.clock_tolerance)
+
+    def _kept_values(self, name: str) -> list[float | None]:
+        return [v if k else None for v, k in zip(self.per_round[name], self.kept())]
+
+    def time(self, name: str) -> S.Interval:
+        xs = [v for v in self._kept_values(name) if v is not None]
+        if not xs:
+            xs = [v for v in self.per_round[name] if v is not None]   # every round throttled
+        return S.interval(xs, confidence=self.config.confidence, seed=self.config.seed)
+
+    def ratio(self, numer: str, denom: str) -> S.Interval:
+        """Median over kept rounds of numer_time / denom_time (a speedup when numer is a
+        baseline and denom the candidate), with its bootstrap interval."""
+        xs = S.paired_ratios(self._kept_values(numer), self._kept_values(denom))
+        if not xs:
+            xs = S.paired_ratios(self.per_round[numer], self.per_round[denom])
+        return S.interval(xs, confidence=self.config.confidence, seed=self.config.seed)
+
+    def ratio_of_best(self, numers: Sequence[str], denom: str) -> S.Interval:
+        """Per round, the fastest of `numers` over `denom` (cuBLAS NN/TN's better one: CUDA-L2's
+        "max" column)."""
+        kept = self.kept()
+        xs = []
+        for r in range(self.rounds):
+            vals = [self.per_round[n][r] for n in numers if self.per_round[n][r] is not None]
+            d = self.per_round[denom][r]
+            if vals and d and kept[r]:
+                xs.append(min(vals) / d)
+        return S.interval(xs, confidence=self.config.confidence, seed=self.config.seed)
+
+    def stats_dict(self, name: str) -> dict:
+        """The timings[mode][who] entry: median, interval, quantiles, n, mean, min (µs)."""
+        xs = sorted(v for v in self._kept_values(name) if v is not None) or sorted(
+            v for v in self.per_round[name] if v is not None)
+        iv = self.time(name)
+        return {"median_us": iv.median, "lo_us": iv.lo, "hi_us": iv.hi,
+                "p10_us": S.quantile(xs, 0.1), "p90_us": S.quantile(xs, 0.9), "n": len(xs),
+                "mean_us": sum(xs) / len(xs), "min_us": xs[0]}
+
+    def session_dict(self) -> dict:
+        kept = self.kept()
+        clocks = [c for c in self.clocks if c]
+        return {"rounds": self.rounds, "kept": sum(kept), "discarded_throttled": len(kept) - sum(kept),
+                "calls_per_sample": self.calls_per_sample, "operand_sets": self.n_sets,
+                "spin_us": {k: round(v, 1) for k, v in self.spin_us.items()},
+                "starved_retakes": self.starved, "stopped": self.stopped,
+                "seconds": round(self.seconds, 3),
+                "sm_clock_mhz": {"median": S.median(clocks), "min": min(clocks),
+                                 "max": max(clocks)} if clocks else None,
+                "config": self.config.to_dict()}
+
+
+def calibrate(callables: dict[str, Callable[[int], None]], config: KernelTimeConfig,
+              backend: KernelBackend, *, n_sets: int, probe_calls: int = 3) -> Calibration:
+    """Probe each callable (a spin, then `probe_calls` calls): GPU µs per call from events, host
+    µs per call from the host clock; then N for `sample_us` of work and each callable's spin,
+    long enough that the GPU never catches up with the host: spin >= N * (host - gpu) per call."""
+    gpu, host = {}, {}
+    for name, fn in callables.items():
+        backend.spin(200.0)
+        s = backend.record()
+        h0 = backend.now()
+        for i in range(probe_calls):
+            fn(i % n_sets)
+        h1 = backend.now()
+        e = backend.record()
+        gpu[name] = max(backend.elapsed_us(s, e) / probe_calls, 1e-3)
+        host[name] = max((h1 - h0) * 1e6 / probe_calls, 1e-3)
+    typical = S.median(list(gpu.values()))
+    calls = int(min(config.max_calls, max(1, round(config.sample_us / typical))))
+    spin = {n: min(MAX_SPIN_US, 1.5 * max(host[n], calls * (host[n] - gpu[n])) + 20.0)
+            for n in callables}
+    return Calibration(gpu, host, calls, spin)
+
+
+def _warmup(callables, backend: KernelBackend, cal: Calibration, config: KernelTimeConfig,
+            n_sets: int, rng: random.Random) -> None:
+    """Untimed interleaved rounds until every callable had warmup_ms of GPU time (clocks,
+    caches, lazy module loads)."""
+    names = list(callables)
+    per_round_us = sum(cal.gpu_us[n] * cal.calls for n in names)
+    rounds = max(1, math.ceil(config.warmup_ms * 1e3 * len(names) / max(per_round_us, 1e-3)))
+    i = 0
+    for _ in range(min(rounds, 50)):
+        rng.shuffle(names)
+        for n in names:
+            for _ in range(cal.calls):
+                callables[n](i % n_sets)
+                i += 1
+        backend.synchronize()
+
+
+def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTimeConfig,
+                 backend: KernelBackend, *, n_sets: int = 1,
+                 pairs: Sequence[tuple[str, str]] = (),
+                 verify: Callable[[str, int], str | None] | None = None,
+                 prepare: Callable[[str], None] | None = None,
+                 reference_us: float | None = None,
+                 calibration: Calibration | None = None) -> KernelTimes:
+    """Time every callable by kernel time, interleaved, until the stopping rule holds.
+
+    callables[name](i) enqueues one call on operand set i (0 <= i < n_sets). pairs: (numer,
+    denom) ratios whose intervals the stopping rule watches (baseline, candidate); without pairs
+    each callable's own time interval is watched. verify(name, i) checks name's output after its
+    last call, made on set i (None or a reason). prepare(name) runs before each of name's
+    samples, outside the bracket (e.g. NaN into its output). reference_us + config.early_stop:
+    a single candidate stops once clearly slower than the reference (screening)."""
+    if not callables:
+        raise ValueError("nothing to time")
+    for a, b in pairs:
+        if a not in callables or b not in callables:
+            raise ValueError(f"pair ({a}, {b}) names a callable not being timed")
+    names = sorted(callables)
+    rng = random.Random(config.seed)
+    t_start = backend.now()
+    cal = calibration or calibrate(callables, config, backend, n_sets=n_sets)
+    _warmup(callables, backend, cal, config, n_sets, rng)
+    spin = dict(cal.spin_us)
+    N = cal.calls
+    out = KernelTimes(names, {n: [] for n in names}, [], N, spin, config, n_sets=n_sets)
+    offset = 0
+    t0 = backend.now()
+    while True:
+        order = list(names)
+        rng.shuffle(order)
+        round_clock: float | None = None
+        pending = []
+        for name in order:
+            fn = callables[name]
+            for attempt in range(4):
+                if prepare is not None:
+                    prepare(name)
+                backend.spin(spin[name])
+                s = backend.record()
+                for i in range(N):
+                    fn((offset + i) % n_sets)
+                e = backend.record()
+                starved = backend.done(s)
+                clock = backend.sm_clock_mhz()
+                if not starved or attempt == 3:
+                    break
+                # the GPU reached the start event before the host finished queueing: retake
+                out.starved += 1
+                backend.synchronize()
+                spin[name] = min(MAX_SPIN_US, 2 * spin[name])
+            last_set = (offset + N - 1) % n_sets
+            offset = (offset + N) % n_sets
+            if clock:
+                round_clock = clock if round_clock is None else min(round_clock, clock)
+            pending.append((name, s, e, last_set))
+        backend.synchronize()
+        r = out.rounds
+        for name, s, e, last_set in pending:
+            out.per_round[name].append(backend.elapsed_us(s, e) / N)
+        out.clocks.append(round_clock)
+        if verify is not None and (r % config.verify_every == 0):
+            for name, _, _, last_set in pending:
+                why = verify(name, last_set)
+                if why:
+                    out.failures.append(f"{name}@round {r}: {why}")
+        rounds = out.rounds
+        if out.failures:
+            out.stopped = "failed"
+            break
+        if rounds >= config.min_rounds:
+            if reference_us is not None and config.early_stop and len(names) == 1:
+                if out.time(names[0]).lo > config.early_stop * reference_us:
+                    out.stopped = "early_stop"
+                    break
+            ivs = [out.ratio(a, b) for a, b in pairs] if pairs else [out.time(n) for n in names]
+            if S.tight(ivs, config.target):
+                out.stopped = "tight"
+                break
+            if backend.now() - t0 > config.budget_s:
+                out.stopped = "budget"
+                break
+        if rounds >= config.max_rounds:
+            out.stopped = "max_rounds"
+            break
+    if verify is not None and (out.rounds - 1) % config.verify_every and not out.failures:
+        for name, _, _, last_set in pending:           # the last round is always checked
+            why = verify(name, last_set)
+            if why:
+                out.failures.append(f"{name}@round {out.rounds - 1}: {why}")
+    out.seconds = backend.now() - t_start
+    return out
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server mode: single calls after idle gaps of fixed lengths, L2 flushed before each."""
+    gaps_ms: tuple[float, ...] = (1.0, 10.0)
+    min_rounds: int = 5
+    max_rounds: int = 30
+    budget_s: float = 1.5          # per gap
+    target: float = 0.02
+    confidence: float = S.CONFIDENCE
+    clock_tolerance: float = 1.0   # idle gaps lower the clock by design: nothing is discarded
+    flush_l2: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.gaps_ms or any(not g >= 0 for g in self.gaps_ms):
+            raise ValueError(f"ServerConfig.gaps_ms must be non-negative, got {self.gaps_ms!r}")
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def as_kernel_config(self) -> KernelTimeConfig:
+        return KernelTimeConfig(min_rounds=self.min_rounds, max_rounds=self.max_rounds,
+                                budget_s=self.budget_s, target=self.target,
+                                confidence=self.confidence, clock_tolerance=self.clock_tolerance,
+                                seed=self.seed)
+
+
+def gap_key(gap_ms: float) -> str:
+    """The timings key of one server gap: 'server_1ms', 'server_10ms', 'server_0.5ms'."""
+    return f"server_{gap_ms:g}ms"
+
+
+def time_after_gaps(callables: dict[str, Callable[[int], None]], config: ServerConfig,
+                    backend: KernelBackend, *, calibration: Calibration, n_sets: int = 1,
+                    pairs: Sequence[tuple[str, str]] = (),
+                    verify: Callable[[str, int], str | None] | None = None) -> dict[str, KernelTimes]:
+    """For each gap: rounds of (sync, idle `gap`, L2 flush, short spin, start, ONE call, stop)
+    per callable in random order. Returns {gap_key: KernelTimes}."""
+    names = sorted(callables)
+    rng = random.Random(config.seed)
+    kcfg = config.as_kernel_config()
+    spin1 = {n: min(MAX_SPIN_US, 1.5 * calibration.host_us[n] + 20.0) for n in names}
+    out: dict[str, KernelTimes] = {}
+    i = 0
+    for gap in config.gaps_ms:
+        res = KernelTimes(names, {n: [] for n in names}, [], 1, spin1, kcfg, n_sets=n_sets)
+        t0 = backend.now()
+        while True:
+            order = list(names)
+            rng.shuffle(order)
+            clock = None
+            row = {}
+            for name in order:
+                backend.synchronize()
+                backend.sleep(gap / 1e3)
+                if config.flush_l2:
+                    backend.flush_l2()
+                backend.spin(spin1[name])
+                s = backend.record()
+                callables[name](i % n_sets)
+                e = backend.record()
+                c = backend.sm_clock_mhz()
+                backend.synchronize()
+                row[name] = (backend.elapsed_us(s, e), i % n_sets)
+                i += 1
+                if c:
+                    clock = c if clock is None else min(clock, c)
+            for name in names:
+                res.per_round[name].append(row[name][0])
+            res.clocks.append(clock)
+            if verify is not None:
+                for name in names:
+                    why = verify(name, row[name][1])
+                    if why:
+                        res.failures.append(f"{name}@{gap_key(gap)} round {res.rounds - 1}: {why}")
+            if res.failures:
+                res.stopped = "failed"
+                break
+            if res.rounds >= kcfg.min_rounds:
+                ivs = [res.ratio(a, b) for a, b in pairs] if pairs else [res.time(n) for n in names]
+                if S.tight(ivs, kcfg.target):
+                    res.stopped = "tight"
+                    break
+                if backend.now() - t0 > kcfg.budget_s:
+                    res.stopped = "budget"
+                    break
+            if res.rounds >= kcfg.max_rounds:
+                res.stopped = "max_rounds"
+                break
+        res.seconds = backend.now() - t0
+        out[gap_key(gap)] = res
+        if res.failures:
+            break
+    return out
+
+
+class CudaKernelBackend:
+    """KernelBackend on torch's current CUDA stream: torch.cuda._sleep for the spin, CUDA events,
+    NVML for the SM clock (absent NVML: no clock, nothing discarded)."""
+
+    def __init__(self, stream=None, l2_bytes: int | None = None):
+        import torch
+
+        self.torch = torch
+        self.stream = stream or torch.cuda.current_stream()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2_bytes = int(l2_bytes or getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+        self._flush_buf = None
+        self._nvml = _nvml_handle()
+        clk = self.sm_clock_mhz() or 0.0
+        self._cycles_per_us = max(clk, 2000.0)     # over-estimate: a longer spin is harmless
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def flush_l2(self) -> None:
+        if self._flush_buf is None:   # 2x L2, so nothing of the previous call stays resident
+            self._flush_buf = self.torch.empty(2 * self.l2_bytes // 4, dtype=self.torch.int32,
+                                               device="cuda")
+        self._flush_buf.zero_()
+
+    def spin(self, us: float) -> None:
+        with self.torch.cuda.stream(self.stream):
+            self.torch.cuda._sleep(int(us * self._cycles_per_us))
+
+    def record(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record(self.stream)
+        return ev
+
+    def done(self, event) -> bool:
+        return bool(event.query())
+
+    def elapsed_us(self, start, stop) -> float:
+        stop.synchronize()
+        return start.elapsed_time(stop) * 1e3
+
+    def sm_clock_mhz(self) -> float | None:
+        if self._nvml is None:
+            return None
+        try:
+            import pynvml
+            return float(pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - not reported: no clock filtering
+            return None
+
+
+def _nvml_handle():
+    """An NVML handle for the GPU torch uses (by PCI bus id), or None."""
+    try:
+        import pynvml
+        import torch
+        pynvml.nvmlInit()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = getattr(props, "pci_bus_id", None)
+        dom = getattr(props, "pci_domain_id", 0) or 0
+        dev = getattr(props, "pci_device_id", 0) or 0
+        if bus is not None:
+            return pynvml.nvmlDeviceGetHandleByPciBusId(f"{dom:08x}:{bus:02x}:{dev:02x}.0".encode())
+        from .provenance import _visible_index
+        return pynvml.nvmlDeviceGetHandleByIndex(_visible_index())
+    except Exception:  # noqa: BLE001 - no NVML, or no match: clocks unknown
+        return None

@@ -1,0 +1,426 @@
+"""The kernel timer, its statistics and the finals' timing core on CPU, with a simulated GPU
+timeline (no CUDA, no timing asserts on the real clock)."""
+import math
+import random
+
+import pytest
+
+from cudal2.harness import kerneltime as KT
+from cudal2.harness import stats as S
+
+
+class Ev:
+    def __init__(self, t):
+        self.t = t
+
+
+class FakeGpu:
+    """A host clock and a GPU queue. Enqueueing costs host time; the GPU runs the queue in order
+    and waits (idles) when it catches up with the host, so a timer that lets the host into its
+    bracket sees host time, as on real hardware."""
+
+    def __init__(self, gpu_us=None, host_us=None, clocks=None, l2_bytes=1 << 20):
+        self.host = 0.0              # seconds
+        self.gpu_free = 0.0          # when the GPU finishes what is queued
+        self.gpu_us = dict(gpu_us or {})
+        self.host_us = dict(host_us or {})
+        self.clocks = clocks         # callable(n_reads) -> MHz, or None
+        self.reads = 0
+        self.spins = []
+        self.sleeps = []
+        self.flushes = 0
+        self.l2_bytes = l2_bytes
+        self.calls = []
+
+    def call(self, name, i=0):
+        self.host += self.host_us.get(name, 5.0) * 1e-6
+        self.gpu_free = max(self.gpu_free, self.host) + self.gpu_us[name] * 1e-6
+        self.calls.append((name, i))
+
+    # KernelBackend
+    def now(self):
+        return self.host
+
+    def synchronize(self):
+        self.host = max(self.host, self.gpu_free)
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.host += s
+
+    def flush_l2(self):
+        self.flushes += 1
+        self.gpu_free = max(self.gpu_free, self.host) + 20e-6
+
+    def spin(self, us):
+        self.spins.append(us)
+        self.host += 2e-6
+        self.gpu_free = max(self.gpu_free, self.host) + us * 1e-6
+
+    def record(self):
+        self.host += 1e-6
+        self.gpu_free = max(self.gpu_free, self.host)
+        return Ev(self.gpu_free)
+
+    def done(self, ev):
+        return ev.t <= self.host
+
+    def elapsed_us(self, s, e):
+        self.host = max(self.host, e.t)
+        return (e.t - s.t) * 1e6
+
+    def sm_clock_mhz(self):
+        self.reads += 1
+        return self.clocks(self.reads) if self.clocks else None
+
+
+def fns(gpu, names):
+    return {n: (lambda i, n=n: gpu.call(n, i)) for n in names}
+
+
+# ---- stats ------------------------------------------------------------------------------------
+
+def test_median_quantile_and_bootstrap_interval():
+    assert S.median([3, 1, 2]) == 2 and S.median([4, 1, 3, 2]) == 2.5
+    rng = random.Random(1)
+    xs = [1.0 + 0.01 * rng.gauss(0, 1) for _ in range(200)]
+    lo, hi = S.bootstrap_median_ci(xs, seed=0)
+    assert lo < S.median(xs) < hi and hi - lo < 0.01
+    assert S.bootstrap_median_ci(xs, seed=0) == (lo, hi)          # deterministic for a seed
+    assert S.bootstrap_median_ci([5.0]) == (5.0, 5.0)
+    with pytest.raises(ValueError):
+        S.bootstrap_median_ci([])
+    iv = S.interval([2.0] * 10)
+    assert (iv.median, iv.lo, iv.hi, iv.n) == (2.0, 2.0, 2.0, 10) and iv.rel_halfwidth == 0
+    assert S.tight([iv], 0.005) and not S.tight([S.Interval(1.0, 0.9, 1.1, 5)], 0.005)
+
+
+def test_paired_ratios_and_clock_filter():
+    assert S.paired_ratios([2.0, None, 3.0], [1.0, 1.0, 0.0]) == [2.0]
+    keep = S.kept_rounds([1980, 1975, 1700, None, 1980], tolerance=0.03)
+    assert keep == [True, True, False, True, True]
+    assert S.kept_rounds([None, None]) == [True, True]
+
+
+# ---- the kernel timer ---------------------------------------------------------------------------
+
+def test_kernel_time_excludes_the_host_path_of_short_kernels():
+    """A 3 us kernel behind a 15 us host launch: per-call events would read ~15 us; the spin
+    keeps the queue full, so the timer reads the GPU's 3 us."""
+    gpu = FakeGpu({"k": 3.0}, {"k": 15.0})
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.KernelTimeConfig(), gpu, n_sets=4)
+    t = res.time("k")
+    assert t.median == pytest.approx(3.0, rel=1e-6)
+    assert res.calls_per_sample == round(500 / 3.0)
+    assert res.starved == 0 and res.stopped == "tight"
+    assert min(gpu.spins[-res.rounds:]) >= res.calls_per_sample * (15.0 - 3.0)
+
+
+def test_a_too_short_spin_is_detected_and_retaken():
+    gpu = FakeGpu({"k": 3.0}, {"k": 15.0})
+    cal = KT.Calibration({"k": 3.0}, {"k": 15.0}, calls=100, spin_us={"k": 50.0})
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.KernelTimeConfig(), gpu, n_sets=2, calibration=cal)
+    assert res.starved >= 1                       # the first samples ran dry and were retaken
+    assert res.spin_us["k"] > 50.0
+    assert res.time("k").median == pytest.approx(3.0, rel=1e-3)
+
+
+def test_calls_per_sample_sized_for_the_work_and_capped():
+    gpu = FakeGpu({"k": 1000.0})
+    cal = KT.calibrate(fns(gpu, ["k"]), KT.KernelTimeConfig(), gpu, n_sets=2)
+    assert cal.calls == 1 and cal.gpu_us["k"] == pytest.approx(1000.0)
+    gpu = FakeGpu({"k": 0.1})
+    assert KT.calibrate(fns(gpu, ["k"]), KT.KernelTimeConfig(max_calls=200), gpu, n_sets=2).calls == 200
+
+
+def test_rounds_interleave_cycle_operand_sets_and_pair_ratios():
+    gpu = FakeGpu({"cand": 10.0, "base": 20.0}, {"cand": 4.0, "base": 4.0})
+    res = KT.time_kernels(fns(gpu, ["cand", "base"]), KT.KernelTimeConfig(), gpu, n_sets=7,
+                          pairs=[("base", "cand")])
+    r = res.ratio("base", "cand")
+    assert r.median == pytest.approx(2.0) and r.lo == pytest.approx(2.0)
+    assert res.stopped == "tight" and res.rounds == KT.KernelTimeConfig().min_rounds
+    timed = [i for n, i in gpu.calls if n == "cand"]
+    assert set(timed) == set(range(7))            # every operand set is used
+    firsts = {tuple(sorted(n for n, _ in gpu.calls[k:k + 2])) for k in range(0, 4)}
+    assert firsts                                  # (interleaving is random: see the next test)
+
+
+def test_round_order_is_random():
+    orders = set()
+    gpu = FakeGpu({"a": 5.0, "b": 5.0, "c": 5.0})
+    cfg = KT.KernelTimeConfig(sample_us=5.0, min_rounds=12, max_rounds=12)
+    KT.time_kernels(fns(gpu, ["a", "b", "c"]), cfg, gpu, n_sets=2)
+    seq = [n for n, _ in gpu.calls]
+    # the timed part: one call per sample; the last 36 calls are 12 rounds of 3
+    for r in range(12):
+        orders.add(tuple(seq[-36 + 3 * r:-36 + 3 * r + 3] if r < 11 else seq[-3:]))
+    assert len(orders) > 1
+
+
+def test_noise_stops_at_the_budget_or_round_cap_and_intervals_cover():
+    rng = random.Random(3)
+
+    class Noisy(FakeGpu):
+        def call(self, name, i=0):
+            self.gpu_us[name] = (10.0 if name == "cand" else 12.0) * (1 + 0.05 * rng.gauss(0, 1))
+            super().call(name, i)
+
+    gpu = Noisy({"cand": 10.0, "base": 12.0})
+    cfg = KT.KernelTimeConfig(sample_us=10.0, min_rounds=6, max_rounds=40, target=0.001)
+    res = KT.time_kernels(fns(gpu, ["cand", "base"]), cfg, gpu, n_sets=2, pairs=[("base", "cand")])
+    assert res.stopped in ("budget", "max_rounds") and res.rounds == 40
+    r = res.ratio("base", "cand")
+    assert r.lo < 1.2 < r.hi and r.n == 40
+
+
+def test_throttled_rounds_are_discarded():
+    # every 9th clock read is a throttle dip: those rounds leave the statistics
+    gpu = FakeGpu({"k": 5.0}, clocks=lambda n: 1400.0 if n % 9 == 0 else 1980.0)
+
+    class Slow(FakeGpu):
+        pass
+
+    cfg = KT.KernelTimeConfig(min_rounds=20, max_rounds=20)
+    res = KT.time_kernels(fns(gpu, ["k"]), cfg, gpu, n_sets=2)
+    kept = res.kept()
+    assert not all(kept) and sum(kept) < 20
+    d = res.session_dict()
+    assert d["discarded_throttled"] == 20 - sum(kept) and d["sm_clock_mhz"]["min"] == 1400.0
+
+
+def test_timed_outputs_are_verified():
+    gpu = FakeGpu({"k": 5.0})
+    bad = {3}
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.KernelTimeConfig(), gpu, n_sets=4,
+                          verify=lambda n, i: "wrong" if i in bad else None)
+    assert res.failures and res.stopped == "failed" and res.failures[0].startswith("k@round")
+
+
+def test_screening_stops_early_when_clearly_slower():
+    gpu = FakeGpu({"k": 50.0})
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.SCREEN_CONFIG, gpu, n_sets=2, reference_us=10.0)
+    assert res.stopped == "early_stop" and res.rounds == KT.SCREEN_CONFIG.min_rounds
+
+
+def test_server_mode_single_calls_after_fixed_gaps():
+    gpu = FakeGpu({"cand": 10.0, "base": 20.0}, {"cand": 5.0, "base": 5.0})
+    cal = KT.calibrate(fns(gpu, ["cand", "base"]), KT.KernelTimeConfig(), gpu, n_sets=2)
+    out = KT.time_after_gaps(fns(gpu, ["cand", "base"]), KT.ServerConfig(gaps_ms=(1.0, 10.0)), gpu,
+                             calibration=cal, n_sets=2, pairs=[("base", "cand")])
+    assert list(out) == ["server_1ms", "server_10ms"]
+    for key, kt in out.items():
+        assert kt.time("cand").median == pytest.approx(10.0)
+        assert kt.ratio("base", "cand").median == pytest.approx(2.0)
+        assert kt.calls_per_sample == 1
+    assert 0.001 in gpu.sleeps and 0.01 in gpu.sleeps
+    assert gpu.flushes >= 2 * sum(kt.rounds for kt in out.values())
+
+
+def test_operand_sets_exceed_three_l2():
+    assert KT.n_operand_sets(1 << 20, 50 << 20) == 150
+    assert KT.n_operand_sets(200 << 20, 50 << 20) == 2
+    assert KT.n_operand_sets(1 << 10, 50 << 20, max_bytes=1 << 20) == 1024
+    assert KT.n_operand_sets(1 << 20, 50 << 20, "hot") == 1
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="operands"):
+        KT.KernelTimeConfig(operands="warm")
+    with pytest.raises(ValueError, match="max_rounds"):
+        KT.KernelTimeConfig(min_rounds=5, max_rounds=3)
+    with pytest.raises(ValueError, match="nothing"):
+        KT.time_kernels({}, KT.KernelTimeConfig(), FakeGpu())
+    with pytest.raises(ValueError, match="pair"):
+        KT.time_kernels(fns(FakeGpu({"a": 1.0}), ["a"]), KT.KernelTimeConfig(), FakeGpu({"a": 1.0}),
+                        pairs=[("b", "a")])
+
+
+# ---- e2e ----------------------------------------------------------------------------------------
+
+class FakeHost:
+    def __init__(self, cost_us):
+        self.t, self.cost = 0.0, cost_us
+
+    def now(self):
+        return self.t
+
+    def synchronize(self):
+        self.t += 1e-6
+
+    def capture(self, fn, calls):
+        def replay():
+            self.t += 2e-6 + calls * 1e-6          # a graph launch: no per-call host cost
+        return replay
+
+
+def test_e2e_ratios_of_user_calls():
+    from cudal2.harness.e2e import E2EConfig, measure_e2e
+
+    host = FakeHost({})
+
+    def contender(us):
+        def f(i):
+            host.t += us * 1e-6
+        return f
+    out = measure_e2e({"cudal2": contender(8.0), "torch": contender(10.0)}, E2EConfig(), host)
+    sp = out["speedups"]["eager_throughput"]["cudal2"]
+    assert sp["median"] == pytest.approx(10.0 / 8.0, rel=0.02)
+    assert set(out["timings"]) == {"eager_throughput", "eager_latency", "graph_throughput",
+                                   "graph_latency"}
+    assert out["timings"]["eager_latency"]["torch"]["median_us"] > 0
+    with pytest.raises(ValueError, match="reference"):
+        measure_e2e({"cudal2": contender(1.0)}, E2EConfig(), host)
+
+
+def test_e2e_without_graph_capture_says_why():
+    from cudal2.harness.e2e import E2EConfig, measure_e2e
+
+    class NoGraph(FakeHost):
+        def capture(self, fn, calls):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    host = NoGraph({})
+    out = measure_e2e({"cudal2": lambda i: None, "torch": lambda i: None}, E2EConfig(), host)
+    assert set(out["timings"]) == {"eager_throughput", "eager_latency"}
+    assert "capture failed" in out["session"]["graph_note"]
+
+
+# ---- finals' timing core (measure.time_group) on CPU tensors ------------------------------------
+
+def _kernels(gpu, wrong_from_set=None, status=0):
+    """Kernels as Python callables on CPU tensors: each advances the fake GPU and writes C."""
+    def kernel(name):
+        def fn(a, b_rr, b_rc, c):
+            gpu.call(name)
+            if name.startswith("cand") and status:
+                return status
+            c.copy_((a.float() @ b_rr.float()).half())
+            if name.startswith("cand") and wrong_from_set is not None and len(gpu.calls) > wrong_from_set:
+                c.zero_()
+            return 0
+        return fn
+    return kernel
+
+
+def _time_group(gpu, durations, modes=("offline",), peak=None, **kw):
+    from cudal2.harness import bounds
+    from cudal2.harness.measure import time_group
+    from cudal2.harness.types import EvalRequest, Shape
+
+    gpu.gpu_us = durations
+    kernel = _kernels(gpu, **kw)
+    req = EvalRequest("x", Shape(32, 48, 64), modes=modes, server_gaps_ms=(1.0,))
+    notes = {}
+    cands = {n: kernel(n) for n in durations if n.startswith("cand")}
+    baselines = {n: (lambda name, pool, verify: kernel(name)) for n in durations
+                 if not n.startswith("cand")}
+    out = time_group(cands, baselines, req, acc="f32", device="cpu",
+                     peak=peak or bounds.peak_for_name("H100"), notes=notes, backend=gpu,
+                     l2_bytes=64 << 10)
+    return out, notes
+
+
+def test_time_group_pairs_every_candidate_with_every_baseline():
+    gpu = FakeGpu()
+    out, _ = _time_group(gpu, {"cand0": 10.0, "cand1": 5.0, "torch": 20.0, "cublas_nn": 40.0,
+                                "cublas_tn": 30.0}, modes=("offline", "server"))
+    for c, want in (("cand0", 2.0), ("cand1", 4.0)):
+        r = out[c]
+        assert r["status"] == "ok", r["detail"]
+        assert r["speedups"]["offline"]["torch"] == pytest.approx(want)
+        iv = r["stats"]["offline"]["speedup"]
+        assert iv["cublas_best"]["median"] == pytest.approx(30.0 / (10.0 if c == "cand0" else 5.0))
+        assert iv["torch"]["lo"] <= iv["torch"]["median"] <= iv["torch"]["hi"]
+        assert r["stats"]["offline"]["session"]["group"] == 2
+        assert r["timings"]["server_1ms"]["candidate"]["median_us"] == pytest.approx(
+            10.0 if c == "cand0" else 5.0)
+        assert r["bounds"]["cold_operands"]
+
+
+def test_time_group_too_fast_checked_against_the_cold_bound():
+    from cudal2.harness.bounds import GpuPeak
+
+    slow = GpuPeak("slow", 1e-3, 1e-3, 1 << 30, "test")     # 32*48*64*2 flop at 1 GFLOP/s: 197 us
+    out, _ = _time_group(FakeGpu(), {"cand0": 1.0, "torch": 20.0}, peak=slow)
+    assert out["cand0"]["status"] == "too_fast" and "lower bound" in out["cand0"]["detail"]
+
+
+def test_time_group_catches_a_kernel_that_cheats_while_timed():
+    out, _ = _time_group(FakeGpu(), {"cand0": 10.0, "torch": 20.0}, wrong_from_set=30)
+    assert out["cand0"]["status"] == "wrong" and "timed output wrong" in out["cand0"]["detail"]
+
+
+def test_time_group_launch_error_and_unusable_baselines():
+    from cudal2.harness import bounds
+    from cudal2.harness.baselines import BaselineError
+    from cudal2.harness.measure import time_group
+    from cudal2.harness.types import EvalRequest, Shape
+
+    gpu = FakeGpu({"cand0": 5.0, "torch": 5.0, "cublas_nn": 5.0})
+    kernel = _kernels(gpu)
+
+    def unavailable(name, pool, verify):
+        raise BaselineError("no cuBLASLt algorithm")
+
+    def wrong(name, pool, verify):
+        return lambda a, b_rr, b_rc, c: (c.zero_(), 0)[1]
+
+    notes = {}
+    out = time_group({"cand0": kernel("cand0")},
+                     {"torch": lambda n, p, v: kernel(n), "cublaslt_heuristic": unavailable,
+                      "cublas_nn": wrong},
+                     EvalRequest("x", Shape(16, 16, 16)), acc="f32", device="cpu",
+                     peak=bounds.peak_for_name("H100"), notes=notes, backend=gpu, l2_bytes=1 << 16)
+    assert out["cand0"]["status"] == "ok"
+    assert set(out["cand0"]["timings"]["offline"]) == {"candidate", "torch"}
+    assert notes["cublaslt_heuristic"] == "unavailable: no cuBLASLt algorithm"
+    assert notes["cublas_nn"].startswith("dropped:")
+    gpu = FakeGpu({"cand0": 5.0})
+    out = time_group({"cand0": _kernels(gpu, status=719)("cand0")}, {},
+                     EvalRequest("x", Shape(16, 16, 16)), acc="f32", device="cpu",
+                     peak=bounds.peak_for_name("H100"), notes={}, backend=gpu, l2_bytes=1 << 16)
+    assert out["cand0"]["status"] == "launch_error" and "719" in out["cand0"]["detail"]
+
+
+def test_time_group_e2e_hook_fills_its_own_keys():
+    from cudal2.harness import bounds
+    from cudal2.harness.measure import time_group
+    from cudal2.harness.types import EvalRequest, Shape
+
+    gpu = FakeGpu({"cand0": 5.0, "torch": 10.0})
+    kernel = _kernels(gpu)
+    e2e = {"timings": {"eager_latency": {"cudal2": {"median_us": 9.0}, "torch": {"median_us": 10.0}}},
+           "speedups": {"eager_latency": {"cudal2": {"median": 1.1, "lo": 1.0, "hi": 1.2, "n": 5}}},
+           "session": {"rounds": 5}}
+    out = time_group({"cand0": kernel("cand0")}, {"torch": lambda n, p, v: kernel(n)},
+                     EvalRequest("x", Shape(16, 16, 16), modes=("offline", "e2e")), acc="f32",
+                     device="cpu", peak=bounds.peak_for_name("H100"), notes={}, backend=gpu,
+                     l2_bytes=1 << 16, e2e=lambda name: e2e)
+    r = out["cand0"]
+    assert r["timings"]["e2e_eager_latency"]["candidate"]["median_us"] == 9.0
+    assert r["speedups"]["e2e_eager_latency"] == {"torch": 1.1}
+    assert r["stats"]["e2e_eager_latency"]["speedup"]["torch"]["lo"] == 1.0
+
+
+def test_mode_keys():
+    from cudal2.harness.measure import mode_keys
+    from cudal2.harness.types import EvalRequest, Shape
+
+    r = EvalRequest("x", Shape(1, 1, 1), modes=("offline", "server", "e2e", "wall"),
+                    server_gaps_ms=(1, 10))
+    assert mode_keys(r) == ["offline", "server_1ms", "server_10ms", "e2e_eager_throughput",
+                            "e2e_eager_latency", "e2e_graph_throughput", "e2e_graph_latency", "wall"]
+    assert KT.gap_key(0.5) == "server_0.5ms"
+
+
+def test_cold_lower_bound_charges_operands_to_hbm():
+    from cudal2.harness import bounds
+
+    h100 = bounds.peak_for_name("H100")
+    M, N, K = 64, 4096, 4096          # 33 MB of operands fit in L2: warm bound is compute
+    warm = bounds.lower_bound_us(M, N, K, h100)
+    cold = bounds.lower_bound_us(M, N, K, h100, cold=True)
+    assert cold > warm
+    assert cold == pytest.approx(max(2 * M * N * K / 989.4e12, 2 * (M * K + K * N) / 3.35e12) * 1e6)
+    assert not math.isnan(cold)
