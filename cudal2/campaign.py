@@ -257,7 +257,9 @@ def dry_run(pack, *, log=print) -> list[str]:
             if not out.ok:
                 problems.append(f"{what}: loading {so} -> {out.status}: {out.detail[-300:]}")
                 continue
-            syms = out.value["symbols"]
+            syms = dict(out.value["symbols"])
+            if what.startswith("candidate") and (out.value.get("meta") or {}).get("abi") != 2:
+                syms.pop("cudal2_workspace", None)       # ABI 1 kernels do not export it
             if not all(syms.values()):
                 problems.append(f"{what}: missing symbol(s) {[s for s, ok in syms.items() if not ok]}")
                 continue
@@ -332,13 +334,21 @@ def packed_baselines(pack, m: dict, log=print) -> dict | None:
 
 
 def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
-    """Shapes in run order (the tuned table's first, then the manifest's) with their (candidate,
-    options) pairs, the cost model's best-predicted build first."""
+    """Shapes in run order (the tuned table's first, then the manifest's, taking one shape of each
+    size bucket in turn) with their (candidate, options) pairs, the cost model's best-predicted
+    build first."""
     per_shape: dict[tuple, list[dict]] = {}
     for c in m["candidates"]:
         for s in c["shapes"]:
             per_shape.setdefault(tuple(s), []).append(c)
-    order = [tuple(s) for s in m.get("tuned_shapes", [])] + [tuple(s) for s in m["shapes"]]
+    from .report import size_bucket
+    # the shape list round-robin over size buckets, so a budget cut leaves every bucket covered
+    by_bucket: dict[str, list[tuple]] = {}
+    for s in m["shapes"]:
+        by_bucket.setdefault(size_bucket(*s), []).append(tuple(s))
+    rr = [q[i] for i in range(max(map(len, by_bucket.values()), default=0))
+          for q in by_bucket.values() if i < len(q)]
+    order = [tuple(s) for s in m.get("tuned_shapes", [])] + rr
     out = []
     for shape in dict.fromkeys(order):
         cs = per_shape.get(shape, [])

@@ -23,8 +23,8 @@ def pack(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("CUDAL2_CACHE", str(root / "cache"))
     try:
-        manifest = campaign.prepare(shapes, "sm_90a", out, families=["mma"], limit_per_shape=1,
-                                    jobs=2, log=lines.append)
+        manifest = campaign.prepare(shapes, "sm_90a", out, families=["mma"], limit_per_shape=2,
+                                    jobs=2, include_tuned=False, log=lines.append)
     finally:
         mp.undo()
     return out, manifest, lines, root
@@ -74,8 +74,9 @@ def test_pack_build_result_is_the_carried_binary(pack, tmp_path):
 
 
 def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
-    """No GPU: refused unless --allow-no-gpu; then every row is not_measured, nothing is
-    exported, the DB and CSV are written and the budget is honoured."""
+    """No GPU: refused unless --allow-no-gpu; then every row is not_measured (screening rows and
+    finals), nothing is exported, the DB, CSV and throughput are written and the budget is
+    honoured; a resumed run re-times nothing the first recorded (the harness's cache rule)."""
     import torch
     if torch.cuda.is_available():
         pytest.skip("this test covers the no-GPU path")
@@ -85,46 +86,75 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
     gk = tmp_path / "gk"
     summary = campaign.run(out, tmp_path / "reports", budget_s=120, allow_no_gpu=True,
                            kernels_root=gk, log=lambda *a: None)
-    planned = sum(len(c["shapes"]) for c in m["candidates"])
-    assert summary["planned"] == planned
-    assert set(summary["statuses"]) <= {"not_measured"} and summary["exported"] == 0
+    assert summary["shapes_planned"] == summary["shapes_done"] == 2
+    assert {k.split()[-1] for k in summary["statuses"]} == {"not_measured"}
+    assert summary["exported"] == 0 and "screen all" in summary["throughput"]
     run_dir = tmp_path / "reports" / "no-gpu"
     (d,) = list(run_dir.iterdir())
     assert (d / "results.db").is_file() and (d / "evaluations.csv").is_file()
     assert not (gk / "index.csv").exists()
-    # a zero budget stops before the first evaluation, cleanly
-    s0 = campaign.run(out, tmp_path / "r1", budget_s=0.001, allow_no_gpu=True, log=lambda *a: None)
-    assert s0["evaluations"] == 0
-    # resuming from the first run's DB (another lease): its rows come along, its pairs are not redone
-    s1 = campaign.run(out, tmp_path / "r2", budget_s=120, allow_no_gpu=True,
-                      resume_db=d / "results.db", log=lambda *a: None)
-    assert s1["resumed_pairs"] == planned and s1["evaluations"] == 0 and s1["planned"] == 0
     from cudal2.harness.db import ResultsDB
+    with ResultsDB(d / "results.db") as db1:
+        stages = sorted({e.stage for e in db1.rows()})
+        n1 = db1.count()
+    assert "screen" in stages and set(stages) <= {"final", "screen"}
+    # a zero budget stops before the first shape, cleanly
+    s0 = campaign.run(out, tmp_path / "r1", budget_s=0.001, allow_no_gpu=True, log=lambda *a: None)
+    assert s0["shapes_done"] == 0
+    # resuming from the first run's DB (another lease): its rows come along, nothing is redone
+    campaign.run(out, tmp_path / "r2", budget_s=120, allow_no_gpu=True,
+                 resume_db=d / "results.db", log=lambda *a: None)
     (d2,) = list((tmp_path / "r2" / "no-gpu").iterdir())
-    with ResultsDB(d2 / "results.db") as db2, ResultsDB(d / "results.db") as db1:
-        assert db2.count() == db1.count() == planned
-    # a measured row counts as done only for a run that would time it the same way (server QPS)
-    from cudal2.harness.pipeline import settings
-    from cudal2.harness.types import BASELINES, EvalRequest, Evaluation, Shape
-    c0 = m["candidates"][0]
-    shape = Shape(*c0["shapes"][0])
-    req = EvalRequest(source="", shape=shape, arch=m["arch"], modes=("offline", "server"))
-    t = {"median_us": 10.0, "p10_us": 9.0, "p90_us": 11.0, "n": 50}
-    seeded = tmp_path / "seeded.db"
-    with ResultsDB(seeded) as db0:
-        db0.add(Evaluation(status="ok", source_sha=c0["sha"], shape=shape, arch=m["arch"],
-                           timings={md: {w: t for w in ("candidate", *BASELINES)} for md in req.modes},
-                           env={"gpu": "", "settings": settings(req)}),
-                source=(out / c0["dir"] / "kernel.cu").read_text())
-    same = campaign.run(out, tmp_path / "r4", budget_s=0.001, allow_no_gpu=True, resume_db=seeded,
-                        log=lambda *a: None)
-    other = campaign.run(out, tmp_path / "r5", budget_s=0.001, allow_no_gpu=True, resume_db=seeded,
-                         target_qps=400.0, log=lambda *a: None)
-    assert (same["resumed_pairs"], same["planned"]) == (1, planned - 1)
-    assert (other["resumed_pairs"], other["planned"]) == (0, planned)
+    with ResultsDB(d2 / "results.db") as db2:
+        assert db2.count() == n1
     with pytest.raises(ValueError, match="no such file"):
         campaign.run(out, tmp_path / "r3", budget_s=60, allow_no_gpu=True,
                      resume_db=tmp_path / "missing.db", log=lambda *a: None)
+
+
+def test_finalists_top_few_and_near_ties():
+    f = campaign.finalists
+    assert f([(0, 10.0), (1, 12.0), (2, 30.0), (3, None)], top=2) == [0, 1]
+    assert f([(0, 10.0), (1, 12.0), (2, 10.2)], top=1) == [0, 2]          # within 3% joins
+    assert f([(0, 10.0), (1, 10.1), (2, 10.2), (3, 10.25)], top=1, cap=3) == [0, 1, 2]
+    # anything within noise of the reference (torch) also goes to finals
+    assert f([(0, 10.0), (1, 10.8)], top=1, reference_us=10.5) == [0, 1]
+    assert f([(0, None)]) == []
+
+
+def test_option_sweep_and_throughput_table():
+    from cudal2.templates import FAMILIES
+    assert campaign.option_sweep("mma", FAMILIES["mma"].default()) == [{}]
+    t = campaign.Throughput()
+    t.add("screen", "<1e9", 30, 1.5)
+    t.add("final", "<1e9", 2, 3.0)
+    tab = t.table()
+    assert tab["screen <1e9"]["per_gpu_minute"] == pytest.approx(1200.0)
+    assert tab["final all"]["per_gpu_minute"] == pytest.approx(40.0)
+    assert any("per GPU-minute" in line for line in t.lines())
+
+
+def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):
+    """The tuned rows of the kernel table join the pack with their shapes, timed first, so a
+    campaign re-measures what dispatch serves."""
+    from cudal2.kernels import KernelIndex
+    from cudal2.templates import FAMILIES, instantiate
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "gk"
+    idx = KernelIndex(root)
+    src = instantiate(FAMILIES["mma"].config(BM=64, BN=64, WM=32, WN=32))
+    idx.add(src, arch="sm_90a", acc="f32", layout="RR", M=128, N=64, K=64, family="mma", tuned=True,
+            mode="offline", report="synthetic", speedups={"torch": 1.1})
+    idx.write()
+    shapes = tmp_path / "s.csv"
+    shapes.write_text("M,N,K\n64,64,64\n")
+    m = campaign.prepare(shapes, "sm_90a", tmp_path / "pack", families=["mma"], limit_per_shape=1,
+                         jobs=2, kernels_root=root, log=lambda *a: None)
+    assert m["tuned_shapes"] == [[128, 64, 64]] and m["shapes"][0] == [128, 64, 64]
+    tuned = [c for c in m["candidates"] if [128, 64, 64] in c["shapes"]]
+    assert tuned and any(c["options"] == [{}] for c in tuned)
+    order = campaign._per_shape(m, __import__("cudal2.costmodel", fromlist=["CostModel"]).CostModel.default())
+    assert order[0][0] == (128, 64, 64)
 
 
 # What the GPU image lacks (it has torch, numpy, pandas, matplotlib; pandas is blocked too, as
@@ -182,4 +212,4 @@ def test_run_without_a_toolchain(pack, tmp_path, monkeypatch):
     out, m, _, _ = pack
     summary = campaign.run(out, tmp_path / "rep", budget_s=60, allow_no_gpu=True,
                            kernels_root=tmp_path / "gk", log=lambda *a: None)
-    assert set(summary["statuses"]) == {"not_measured"}
+    assert {k.split()[-1] for k in summary["statuses"]} == {"not_measured"}

@@ -371,7 +371,7 @@ class BaselineRunners:
             raise BaselineError(f"no cuBLASLt algorithm of {self.lt_algos} ran correctly")
         backend = backend or KT.CudaKernelBackend()
         first = KT.time_kernels(fns, KT.KernelTimeConfig(sample_us=200.0, warmup_ms=1.0,
-                                                        min_rounds=3, max_rounds=3),
+                                                        min_rounds=2, max_rounds=2),
                                 backend, n_sets=pool.n_sets)
         top = sorted(fns, key=lambda k: first.time(k).median)[:5]
         final = KT.time_kernels({k: fns[k] for k in top}, KT.KernelTimeConfig(

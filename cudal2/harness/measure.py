@@ -150,7 +150,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     candidates[name] / a baseline's callable: fn(a, b_rr, b_rc, c) -> status, enqueues one call
     writing c. baselines[name] is setup(name, pool, verify) -> such a callable (it runs outside
     timing and may raise to say the baseline is unavailable). e2e(name) -> e2e.measure_e2e's
-    dict for a candidate (GPU path; None skips e2e). Returns {name: result part} with status,
+    dict for a candidate given its kernel time (GPU path; None skips e2e). Returns {name: result part} with status,
     detail, timings, speedups, stats, bounds."""
     import torch
 
@@ -290,7 +290,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                             f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
             continue
         if e2e is not None and "e2e" in request.modes:
-            out = e2e(c)
+            out = e2e(c, t)
             for kind, whos in out["timings"].items():
                 key = f"e2e_{kind}"
                 r["timings"][key] = {("candidate" if w == "cudal2" else w): v for w, v in whos.items()}
@@ -500,10 +500,12 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
 
     cands = {n: _candidate_launch(v[1], v[5], M, N, K, v[3], v[4]) for n, v in live.items()}
 
-    def e2e(name: str) -> dict:
+    def e2e(name: str, kernel_us: float | None) -> dict:
         from .e2e import E2EConfig, HostBackend, measure_e2e
         _, lib, meta, opts, _, lay, _ = live[name]
-        return measure_e2e(_e2e_contenders(lib, meta, opts, lay, M, N, K), E2EConfig(),
+        # about 2 ms of GPU work per throughput sample (a large GEMM needs one call)
+        calls = max(1, min(50, int(2000.0 / max(kernel_us or 1.0, 1.0))))
+        return measure_e2e(_e2e_contenders(lib, meta, opts, lay, M, N, K), E2EConfig(calls=calls),
                            HostBackend())
 
     try:

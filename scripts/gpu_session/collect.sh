@@ -2,7 +2,7 @@
 # CPU machine, after a GPU `run`: unpack the returned files (the folder the device tool's
 # files_at names, i.e. what run.sh wrote into $OUT) into reports/<gpu>/<date>-<stage>/, each with
 # the run's provenance, and remake the reports from the returned DBs here:
-#   campaign -> `cudal2 report` per mode, and `cudal2 export` of its winners into generated_kernels/
+#   campaign -> `cudal2 export` of its winners into generated_kernels/ (the run wrote its reports)
 #               (sources from the carried pack .gpu_campaign; --no-export to skip)
 #   hostile  -> `cudal2 report` (verdicts are in its DB and report)
 #   rl       -> `cudal2 report` on the run's DB
@@ -53,10 +53,7 @@ for tgz in "$SRC"/*.tar.gz; do
   case $stage in
     campaign)
       for db in "$dest"/reports/*/*-campaign/results.db; do
-        run=$(dirname "$db")
-        for mode in offline server; do
-          $PY -m cudal2 report --db "$db" --mode "$mode" --out "$run/report-$mode" || true
-        done
+        run=$(dirname "$db")     # campaign run wrote a report per timings key next to its DB
         if [ $EXPORT = 1 ] && [ -f "$PACK/manifest.json" ]; then
           srcs=$tmp/sources; mkdir -p "$srcs"
           $PY - "$PACK" "$srcs" <<'EOF'

@@ -8,14 +8,17 @@
 #   tests     python -m pytest -m gpu (junit XML + log)                                   issue 2, 3
 #   overhead  python -m cudal2.overhead on the kernel path (JSON + table)                 issue 2
 #   hostile   cudal2 bench over tests/data/hostile: the GPU half of the hostile corpus    issue 3
-#   campaign  cudal2 campaign run .gpu_campaign (both modes, five baselines, export)      issue 3, 5
+#   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul            issue 10
+#   campaign  cudal2 campaign run .gpu_campaign (screen + finals: kernel time, e2e,
+#             server; five baselines; export by the export rule)                        issue 10, 11
 #   rl        python -m rl.train --policy builtin: a measured GRPO run                    issue 4
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
-# BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_CAMPAIGN (500; the campaign's own
+# BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_CAMPAIGN (500; the campaign's own
 # --budget-s is 80 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
-# GPU_SESSION_PACK: the campaign pack (default .gpu_campaign).
+# GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
+# arguments for the tests stage (e.g. "-k kerneltime" for a smoke run).
 # --allow-no-gpu: run on a machine without a GPU (CPU test of the plumbing; nothing is measured).
 set -uo pipefail
 T0=$(date +%s)
@@ -31,8 +34,8 @@ STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    tests|overhead|hostile|campaign|rl) STAGES+=("$a");;
-    all) STAGES+=(tests overhead hostile campaign rl);;
+    tests|overhead|hostile|timer|campaign|rl) STAGES+=("$a");;
+    all) STAGES+=(tests overhead hostile timer campaign rl);;
     -h|--help) sed -n '2,18p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
@@ -129,8 +132,9 @@ for s in "${STAGES[@]}"; do
   d=$WORK/$s
   case $s in
     tests)
+      # shellcheck disable=SC2086
       stage tests "$(budget tests "${BUDGET_TESTS:-300}")" \
-        $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$d/junit.xml" -o junit_family=xunit2 tests
+        $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$d/junit.xml" -o junit_family=xunit2 ${TESTS_ARGS:-} tests
       ;;
     overhead)
       # The shipped table has no tuned kernel yet, so time the kernel path with a table that
@@ -149,6 +153,10 @@ for s in "${STAGES[@]}"; do
       stage hostile "$(budget hostile "${BUDGET_HOSTILE:-150}")" \
         $PY -m cudal2 bench --kernels tests/data/hostile --shapes 256,256,256 --mode offline \
           --baselines torch --timeout 30 --db "$d/results.db" --out "$d/report" --name hostile
+      ;;
+    timer)
+      stage timer "$(budget timer "${BUDGET_TIMER:-90}")" \
+        $PY benchmarks/timer_check.py --json "$d/timer_check.json"
       ;;
     campaign)
       if [ ! -f "$PACK/manifest.json" ]; then
