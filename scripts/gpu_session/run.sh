@@ -9,12 +9,14 @@
 #   overhead  python -m cudal2.overhead on the kernel path (JSON + table)                 issue 2
 #   hostile   cudal2 bench over tests/data/hostile: the GPU half of the hostile corpus    issue 3
 #   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul            issue 10
+#   trace     benchmarks/serving_trace.py: shapes/llm_trace.csv replayed as CUDA graphs
+#             with idle gaps, cudal2.matmul (the shipped table) vs torch.matmul           issue 10
 #   campaign  cudal2 campaign run .gpu_campaign (screen + finals: kernel time, e2e,
 #             server; five baselines; export by the export rule)                        issue 10, 11
 #   rl        python -m rl.train --policy builtin: a measured GRPO run                    issue 4
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
-# BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_CAMPAIGN (500; the campaign's own
+# BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
 # --budget-s is 80 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
 # GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
@@ -34,8 +36,8 @@ STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    tests|overhead|hostile|timer|campaign|rl) STAGES+=("$a");;
-    all) STAGES+=(tests overhead hostile timer campaign rl);;
+    tests|overhead|hostile|timer|trace|campaign|rl) STAGES+=("$a");;
+    all) STAGES+=(tests overhead hostile timer trace campaign rl);;
     -h|--help) sed -n '2,18p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
@@ -157,6 +159,10 @@ for s in "${STAGES[@]}"; do
     timer)
       stage timer "$(budget timer "${BUDGET_TIMER:-90}")" \
         $PY benchmarks/timer_check.py --json "$d/timer_check.json"
+      ;;
+    trace)
+      stage trace "$(budget trace "${BUDGET_TRACE:-90}")" \
+        $PY benchmarks/serving_trace.py --json "$d/serving_trace.json"
       ;;
     campaign)
       if [ ! -f "$PACK/manifest.json" ]; then
