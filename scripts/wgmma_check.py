@@ -4,6 +4,9 @@
     python scripts/wgmma_check.py --so DIR_OR_SO ...   # prebuilt kernel .so files (or folders of them)
     python scripts/wgmma_check.py --build               # build the family's default configs here (nvcc)
     python scripts/wgmma_check.py --build --lt-so FILE  # also time the cuBLASLt baseline built elsewhere
+    python scripts/wgmma_check.py --export DIR          # CPU machine: build the defaults and the
+                                                        # cuBLASLt baseline into DIR, then stop
+    python scripts/wgmma_check.py --so DIR --lt-so DIR/cublaslt.so   # ... and run them on the GPU
 
 1. correctness against a float32 torch reference on grid shapes, residues (M, N, K not multiples
    of the tile, odd cluster rows), padded leading dimensions, K = 0, and every runtime option
@@ -61,8 +64,8 @@ def find_libraries(args) -> list[Path]:
     out: list[Path] = []
     for item in args.so or []:
         p = Path(item)
-        if p.is_dir():
-            out += sorted(p.glob("*.so"))
+        if p.is_dir():   # every kernel library in it (not the baseline --export puts beside them)
+            out += sorted(q for q in p.glob("*.so") if not q.name.startswith("cublas"))
         elif p.is_file():
             out.append(p)
         else:
@@ -319,6 +322,29 @@ def find_lt(args):
         return None
 
 
+def export(folder: Path) -> int:
+    """Build here (nvcc, no GPU) what a GPU run of this script needs and copy it to `folder`."""
+    import shutil
+    from cudal2.build import build
+    from cudal2.templates import FAMILIES
+    folder.mkdir(parents=True, exist_ok=True)
+    fam = FAMILIES["wgmma"]
+    for i, cfg in enumerate(fam.defaults()):
+        r = build(fam.build_spec(cfg, "sm_90a"))
+        if not r.ok:
+            log(f"build {cfg.label()}: {r.status}\n{r.log[-3000:]}")
+            return 1
+        shutil.copy(r.so_path, folder / f"wgmma_{i}.so")
+        log(f"{folder / f'wgmma_{i}.so'}  {cfg.label()}  regs={r.max_registers} spills={r.spills}")
+    try:
+        from cudal2.harness.baselines import build_baselines
+        shutil.copy(build_baselines("sm_90a")["cublaslt"], folder / "cublaslt.so")
+        log(f"{folder / 'cublaslt.so'}  cuBLASLt baseline")
+    except Exception as exc:
+        log(f"cuBLASLt baseline not built ({str(exc).splitlines()[0][:160]})")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--so", nargs="*", help="prebuilt kernel .so files or folders of them")
@@ -331,7 +357,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30, help="calls per candidate in the option sweep")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of the final interleaved comparison")
     ap.add_argument("--json", type=Path, help="write every result here")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="build the default configs and the cuBLASLt baseline (no GPU needed), copy "
+                         "the .so files into DIR (wgmma_<i>.so, cublaslt.so) and exit")
     args = ap.parse_args(argv)
+    if args.export:
+        return export(args.export)
 
     import torch
     from cudal2.abi import load_library, meta_accepts
