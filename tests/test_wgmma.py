@@ -1,0 +1,414 @@
+"""The wgmma family (cudal2/templates/wgmma_hgemm.cuh, docs/wgmma.md): config rules and tile
+orders (unit), builds for sm_90a with zero spills, the ABI 2 exports, meta, audit, argument
+checks and HGMMA in the SASS (compile: nvcc, no GPU), correctness against torch (gpu)."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudal2.templates import (FAMILIES, SMEM_LIMIT, WGMMA_OPTIONS, instantiate, template_dir,
+                              wgmma_option_space)
+
+FAM = FAMILIES["wgmma"]
+INVALID_VALUE = 1   # cudaErrorInvalidValue
+
+
+# ---- the family and its config rules (pure Python) ------------------------------------------
+def test_family_is_registered():
+    assert FAM.arches == ("sm_90a",) and FAM.style == "wgmma"
+    assert FAM.header == "wgmma_hgemm.cuh" and (template_dir() / FAM.header).is_file()
+    assert FAM.choices()["ACC"] == ["f32"] and FAM.choices()["LAYOUT"] == ["RR", "RC"]
+    assert "ACC" not in FAM.space() and "LAYOUT" not in FAM.space()
+    assert FAM.any_shape
+
+
+def test_defaults():
+    ds = FAM.defaults()
+    assert len({c.label() for c in ds}) == len(ds) >= 4
+    for c in ds:
+        assert FAM.problems(c, "sm_90a") == [], c.label()
+    big = FAM.default()
+    assert (big.get("BM"), big.get("BN"), big.get("CLUSTER_M"), big.get("CONSUMERS")) == (128, 256, 2, 2)
+    assert {c.get("LAYOUT") for c in ds} == {"RR", "RC"}
+    assert any(c.get("BN") == 128 and c.get("CLUSTER_M") == 2 for c in ds)         # 128x128 variant
+    simple = [c for c in ds if c.get("CONSUMERS") == 1 and c.get("CLUSTER_M") == 1
+              and c.get("EPILOGUE") == "direct"]
+    assert simple, "the simple fallback config (1 consumer, no cluster, direct stores) is a default"
+
+
+@pytest.mark.parametrize("changes,why", [
+    (dict(BM=192), "rows per consumer"),                  # 192 / 2 consumers = 96 rows
+    (dict(BM=64, CONSUMERS=2), "rows per consumer"),
+    (dict(CONSUMERS=4), "CONSUMERS"),
+    (dict(BN=96), "BN"),
+    (dict(BK=32), "BK"),
+    (dict(CLUSTER_M=4), "CLUSTER_M"),
+    (dict(STAGES=1), "STAGES"),
+    (dict(BM=256, BN=256), "accumulator registers"),     # 128 rows x 256 per consumer thread: 256
+    (dict(BM=192, CONSUMERS=3, BN=256), "accumulator registers"),
+    (dict(STAGES=5), "shared memory"),                    # 5 x 48 KiB + C staging
+    (dict(ACC="f16"), "fp32 accumulation only"),
+    (dict(EPILOGUE="smem"), "EPILOGUE"),
+    (dict(NOPE=1), "unknown parameter"),
+])
+def test_bad_configs_are_rejected(changes, why):
+    cfg = FAM.default().with_(**changes)
+    problems = FAM.problems(cfg)
+    assert problems and any(why in p for p in problems), problems
+    with pytest.raises(ValueError, match="invalid"):
+        instantiate(cfg)
+
+
+def test_shared_memory_rule_matches_the_header_formula():
+    from cudal2.templates import _wgmma_smem_bytes
+    p = FAM.default().as_dict()
+    # 4 stages of (128 + 256) x 64 fp16, C staged 128 columns at a time, barriers, 1 KiB slack
+    assert _wgmma_smem_bytes(p) == 4 * 384 * 128 + 128 * 128 * 2 + 96 + 1024 <= SMEM_LIMIT["sm_90a"]
+    three = dict(p, STAGES=3)          # room for the whole 128 x 256 C tile
+    assert _wgmma_smem_bytes(three) == 3 * 384 * 128 + 128 * 256 * 2 + 72 + 1024
+    direct = dict(p, EPILOGUE="direct")
+    assert _wgmma_smem_bytes(direct) == 4 * 384 * 128 + 96 + 1024
+
+
+def test_accepts_follows_tma_strides():
+    rr, rc = FAM.default(), FAM.default().with_(LAYOUT="RC")
+    rc_direct = rc.with_(EPILOGUE="direct", BN=128, STAGES=4)
+    for cfg in (rr, rc, rc_direct):
+        assert FAM.accepts(cfg, 1, 8, 8) and FAM.accepts(cfg, 4097, 1000, 1000)
+        assert FAM.accepts(cfg, 64, 64, 0)
+        assert not FAM.accepts(cfg, 64, 64, 12)                  # K % 8: lda = K
+        assert FAM.serves(cfg, 77, 136, 264)                     # any_shape with divisible
+    assert not FAM.accepts(rr, 64, 1003, 64)                     # ldb = N
+    assert not FAM.accepts(rc, 64, 1003, 64)                     # ldc = N (TMA store)
+    assert FAM.accepts(rc_direct, 64, 1003, 64)                  # RC + direct stores: any N
+
+
+def test_space_values_are_reachable():
+    import random
+    rng = random.Random(1)
+    seen = {k: set() for k in FAM.space()}
+    n_valid = 0
+    for _ in range(3000):
+        cfg = FAM.default().with_(**{k: rng.choice(v) for k, v in FAM.space().items()})
+        if FAM.valid(cfg):
+            n_valid += 1
+            for k, v in cfg.params:
+                if k in seen:
+                    seen[k].add(v)
+    assert n_valid > 100
+    for k, v in FAM.space().items():
+        assert seen[k] == set(v), (k, set(v) - seen[k])
+
+
+def test_instantiation_is_self_contained():
+    for cfg in FAM.defaults():
+        text = instantiate(cfg)
+        assert text == instantiate(cfg)
+        assert not re.search(r'^\s*#\s*include\s*"', text, re.M)
+        for macro, value in FAM.macros(cfg):
+            assert f"#define {macro} {value}\n" in text
+        assert f"#define EPILOGUE_TMA {int(cfg.get('EPILOGUE') == 'tma')}\n" in text
+        assert text.index("#define") < text.index("#ifndef BM")
+        for sym in ('extern "C" int cudal2_hgemm(', 'extern "C" size_t cudal2_workspace(',
+                    'extern "C" const char* cudal2_meta(void)'):
+            assert sym in text
+
+
+def test_option_space_matches_the_header():
+    src = (template_dir() / FAM.header).read_text()
+    assert [o[0] for o in WGMMA_OPTIONS] == ["raster", "swizzle", "sm_count"]
+    for name, values, default in WGMMA_OPTIONS:
+        arr = re.search(rf"k{''.join(w.title() for w in name.split('_'))}Values\[\] = \{{([^}}]*)\}}", src)
+        assert arr, name
+        assert [int(v) for v in arr.group(1).split(",")] == list(values), name
+        assert default in values
+        assert f'\\"name\\": \\"{name}\\", \\"values\\": [{", ".join(map(str, values))}]' in src
+    assert wgmma_option_space()["raster"] == [0, 1, 2, 3]
+
+
+# ---- tile orders: a Python model of TileSched::next (wgmma_hgemm.cuh) ---------------------------
+def _hilbert_d2xy(n, d):
+    x = y = 0
+    s = 1
+    while s < n:
+        rx = 1 & (d >> 1)
+        ry = 1 & (d ^ rx)
+        if ry == 0:
+            if rx == 1:
+                x, y = s - 1 - x, s - 1 - y
+            x, y = y, x
+        x += s * rx
+        y += s * ry
+        d >>= 2
+        s *= 2
+    return x, y
+
+
+def _order(raster, swz, tcm, tn):
+    """Global tile index t -> (cm, n) for t in 0..tcm*tn-1, as TileSched computes it."""
+    out = []
+    if raster == 3:
+        dim = 1
+        while dim < max(tcm, tn):
+            dim *= 2
+        for d in range(dim * dim):
+            x, y = _hilbert_d2xy(dim, d)
+            if x < tcm and y < tn:
+                out.append((x, y))
+        return out
+    for t in range(tcm * tn):
+        if raster == 1:
+            band = t // (swz * tcm)
+            first_n = band * swz
+            w = min(swz, tn - first_n)
+            idx = t - band * swz * tcm
+            out.append((idx // w, first_n + idx % w))
+        else:
+            band = t // (swz * tn)
+            first_m = band * swz
+            h = min(swz, tcm - first_m)
+            idx = t - band * swz * tn
+            out.append((first_m + idx % h, idx // h))
+    return out
+
+
+@pytest.mark.parametrize("tcm,tn", [(1, 1), (16, 16), (32, 32), (5, 7), (1, 64), (33, 2), (12, 9)])
+@pytest.mark.parametrize("raster,swz", [(1, 1), (1, 8), (2, 8), (2, 16), (3, 8)])
+def test_tile_orders_are_permutations(tcm, tn, raster, swz):
+    order = _order(raster, swz, tcm, tn)
+    assert sorted(order) == [(m, n) for m in range(tcm) for n in range(tn)]
+
+
+def test_hilbert_order_is_a_walk_of_neighbours():
+    order = _order(3, 0, 16, 16)
+    assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 for a, b in zip(order, order[1:]))
+    # a wave of 64 consecutive tiles covers an 8 x 8 block
+    wave = order[64:128]
+    assert max(m for m, _ in wave) - min(m for m, _ in wave) == 7
+    assert max(n for _, n in wave) - min(n for _, n in wave) == 7
+
+
+def test_tile_order_model_matches_the_header():
+    """The model above follows these lines of TileSched; if they change, update the model."""
+    src = (template_dir() / FAM.header).read_text()
+    for line in ("const int band = t / (swz * tiles_cm);", "cm = idx / w;", "n = first_n + idx % w;",
+                 "const int band = t / (swz * tiles_n);", "n = idx / h;", "cm = first_m + idx % h;",
+                 "const int rx = 1 & (d >> 1);", "const int ry = 1 & (d ^ rx);",
+                 "in = x < tiles_cm && y < tiles_n;"):
+        assert line in src, line
+
+
+# ---- builds (nvcc, no GPU) ----------------------------------------------------------------
+def _build(cfg):
+    from cudal2.build import build
+    r = build(FAM.build_spec(cfg, "sm_90a"))
+    assert r.ok, f"{cfg.label()}: {r.status}\n{r.log[-4000:]}"
+    return r
+
+
+def _exports(so_path) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", str(so_path)], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from PATH, next to nvcc, or pip's nvidia-cuda-cuobjdump wheel."""
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        from cudal2.toolchain import find_toolchain
+        cand = Path(find_toolchain().nvcc).parent / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    except Exception:
+        pass
+    for root in sys.path:
+        for cand in glob.glob(os.path.join(root, "nvidia", "*", "bin", "cuobjdump")):
+            return cand
+    return None
+
+
+CASES = [pytest.param(c, id=c.label().replace("wgmma:", "")) for c in FAM.defaults()]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", CASES)
+def test_builds_without_spills(cfg):
+    r = _build(cfg)
+    assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
+    assert r.resources and max(x.stack_bytes for x in r.resources) == 0
+    assert {"cudal2_hgemm", "cudal2_meta", "cudal2_workspace"} <= _exports(r.so_path)
+    ptx = r.ptx_path.read_text()
+    n = cfg.get("BN")
+    wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.(\w+)\.f16\.f16", ptx))
+    assert wgmma == {(f"m64n{n}k16", "f32")}, wgmma
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+    assert ("multicast::cluster" in ptx) == (cfg.get("CLUSTER_M") > 1)
+    assert ("setmaxnreg.inc.sync.aligned.u32" in ptx) == (cfg.get("CONSUMERS") > 1)
+    tma_store = cfg.get("EPILOGUE") == "tma"
+    assert ("stmatrix.sync.aligned.m8n8.x4" in ptx) == tma_store
+    assert ("cp.async.bulk.tensor.2d.global.shared::cta" in ptx) == tma_store
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", CASES)
+def test_sass_holds_hgmma(cfg):
+    """The sm_90a machine code runs the tensor cores through HGMMA (not HMMA/FFMA), and no
+    wgmma is serialised. Needs cuobjdump (pip install nvidia-cuda-cuobjdump); without it the
+    PTX check in test_builds_without_spills stands."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (PATH, next to nvcc, or pip nvidia-cuda-cuobjdump); "
+                    "the PTX wgmma check covers the accumulator type")
+    r = _build(cfg)
+    sass = subprocess.run([tool, "-sass", str(r.so_path)], capture_output=True, text=True).stdout
+    if "Function" not in sass:
+        pytest.skip(f"{tool} could not disassemble the sm_90a cubin")
+    hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32", sass)
+    assert hgmma and set(hgmma) == {str(cfg.get("BN"))}, set(hgmma)
+    assert "HMMA" not in sass.replace("HGMMA", "")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", CASES)
+def test_meta_and_argument_checks(cfg):
+    """cudal2_meta and the launcher's argument checks run on the host: no GPU needed."""
+    from cudal2.abi import abi_version, load_library, meta_options, parse_meta
+    from cudal2.templates import _wgmma_smem_bytes
+    r = _build(cfg)
+    lib = load_library(r.so_path)
+    raw = ctypes.CDLL(str(r.so_path)).cudal2_meta
+    raw.restype = ctypes.c_char_p
+    m = parse_meta(raw().decode())
+    p = cfg.as_dict()
+    assert m == lib.meta and abi_version(m) == 2
+    assert m["style"] == "wgmma" and m["family"] == "wgmma" and m["arch"] == "sm_90a"
+    assert m["acc"] == "f32" and m["layout"] == p["LAYOUT"] and m["params"] == p
+    assert m["tile"] == [p["BM"], p["BN"], p["BK"]] and m["any_shape"] is True
+    n8 = p["LAYOUT"] == "RR" or p["EPILOGUE"] == "tma"
+    assert m["divisible"] == [1, 8 if n8 else 1, 8]
+    assert m["smem_bytes"] == _wgmma_smem_bytes(p) <= SMEM_LIMIT["sm_90a"]
+    assert m["threads"] == 128 * (p["CONSUMERS"] + 1) and m["cluster"] == [p["CLUSTER_M"], 1, 1]
+    assert m["workspace_bytes"] == 0
+    assert [(o["name"], tuple(o["values"]), o["default"]) for o in meta_options(m)] == list(WGMMA_OPTIONS)
+    ws = ctypes.CDLL(str(r.so_path)).cudal2_workspace
+    ws.restype = ctypes.c_size_t
+    ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    assert ws(8192, 8192, 8192, None) == 0 and lib.workspace_bytes(64, 64, 64, lib.options()) == 0
+
+    P = 1 << 20   # fake aligned addresses: every call below returns before touching them
+    default = lib.options({})
+
+    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P, opts=default):
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, 0, options=opts)
+    rc = p["LAYOUT"] == "RC"
+    assert call(0, 64, 64, 64, 64, 64) == 0 and call(64, 0, 64, 64, 64, 64) == 0
+    assert call(0, 64, 64, 64, 64, 64, opts=None) == 0
+    assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, -1, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 56) == INVALID_VALUE                  # ldc < N
+    assert call(64, 64, 64, 56, 64, 64) == INVALID_VALUE                  # lda < K
+    assert call(64, 96, 64, 64, 56 if rc else 88, 96) == INVALID_VALUE    # ldb too small
+    assert call(64, 64, 64, 68, 64, 64) == INVALID_VALUE                  # lda % 8
+    assert call(64, 64, 64, 64, 68, 64) == INVALID_VALUE                  # ldb % 8
+    assert call(64, 64, 64, 64, 64, 64, a=P + 2) == INVALID_VALUE         # TMA: 16-byte aligned A
+    assert call(64, 64, 64, 64, 64, 64, b=P + 8) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, a=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, c=P + 1) == INVALID_VALUE         # not even 2-byte aligned
+    if p["EPILOGUE"] == "tma":
+        assert call(64, 60, 64, 64, 64, 60) == INVALID_VALUE              # ldc % 8 (TMA store)
+        assert call(64, 64, 64, 64, 64, 64, c=P + 8) == INVALID_VALUE
+    for bad in ((7, 8, 0), (0, 3, 0), (0, 8, 100), (-1, 8, 0)):
+        arr = (ctypes.c_int * 3)(*bad)
+        assert call(64, 64, 64, 64, 64, 64, opts=arr) == INVALID_VALUE, bad
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", CASES)
+def test_passes_the_harness_audit(cfg):
+    from cudal2.abi import load_library
+    from cudal2.harness.audit import audit_build
+    spec = FAM.build_spec(cfg, "sm_90a")
+    r = _build(cfg)
+    res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
+    assert res.ok, res.reasons
+    assert res.mma, "the audit saw no tensor-core instruction"
+
+
+# ---- correctness on a GPU -----------------------------------------------------------------
+GPU_SHAPES = [(128, 256, 64), (256, 512, 128), (4096, 4096, 4096), (1000, 1000, 1000),
+              (600, 1000, 2048), (77, 136, 264), (1, 8, 8), (3000, 2056, 520), (64, 8192, 64),
+              (8192, 64, 128), (100, 1003, 72), (64, 64, 0), (0, 64, 64), (63, 129, 257)]
+
+
+def _run(torch, lib, M, N, K, opts, *, lda=None, ldb=None, ldc=None):
+    rc = lib.meta["layout"] == "RC"
+    lda, ldb, ldc = lda or max(K, 1), ldb or max(K if rc else N, 1), ldc or max(N, 1)
+    g = torch.Generator(device="cuda").manual_seed(M * 7919 + N * 131 + K)
+    b_rows = N if rc else K
+    a_store = (torch.rand(max(M, 1) * lda + 64, device="cuda", generator=g) * 2 - 1).half()
+    b_store = (torch.rand(max(b_rows, 1) * ldb + 64, device="cuda", generator=g) * 2 - 1).half()
+    A = a_store[:M * lda].view(M, lda)[:, :K]
+    Bm = b_store[:b_rows * ldb].view(b_rows, ldb)[:, :(K if rc else N)]
+    B = Bm.t() if rc else Bm
+    c_store = torch.full((max(M, 1) * ldc + 64,), -7.0, device="cuda", dtype=torch.float16)
+    a0, b0 = a_store.clone(), b_store.clone()
+    err = lib.launch(a_store.data_ptr(), b_store.data_ptr(), c_store.data_ptr(), M, N, K, lda, ldb,
+                     ldc, 0, 0, torch.cuda.current_stream().cuda_stream, options=opts)
+    torch.cuda.synchronize()
+    assert err == 0, f"{M}x{N}x{K}: cudal2_hgemm returned {err}"
+    assert torch.equal(a_store, a0) and torch.equal(b_store, b0), "inputs modified"
+    if M == 0 or N == 0:
+        assert bool((c_store == -7.0).all())
+        return
+    C = c_store[:M * ldc].view(M, ldc)
+    ref = A.double() @ B.double() if K else torch.zeros(M, N, device="cuda", dtype=torch.float64)
+    tol = ref.abs() * 2.0 ** -10 + 2.0 ** -14 * (1 + math.sqrt(K))
+    bad = (C[:, :N].double() - ref).abs() > tol
+    assert not bool(bad.any()), f"{M}x{N}x{K} {opts and list(opts)}: {int(bad.sum())} elements off"
+    if ldc > N:
+        assert bool((C[:, N:] == -7.0).all()), "wrote into the padding of C"
+    assert bool((c_store[M * ldc:] == -7.0).all()), "wrote past the end of C"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CASES)
+def test_matches_torch(cfg):
+    import torch
+    from cudal2.abi import load_library, meta_accepts
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma kernels run on sm_90 (Hopper) only")
+    lib = load_library(_build(cfg).so_path)
+    meta = lib.meta
+    default = lib.options({})
+    for M, N, K in GPU_SHAPES:
+        if meta_accepts(meta, M, N, K):
+            assert FAM.accepts(cfg, M, N, K)
+            _run(torch, lib, M, N, K, default)
+        else:
+            assert not FAM.accepts(cfg, M, N, K)
+            P = 1 << 20
+            assert lib.launch(P, P, P, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0,
+                              options=default) == INVALID_VALUE, (M, N, K)
+    rc = meta["layout"] == "RC"
+    _run(torch, lib, 200, 136, 72, default, lda=80, ldb=80 if rc else 144, ldc=144)   # padded lds
+    _run(torch, lib, 333, 264, 136, None)                                              # options NULL
+    for raster in (0, 1, 2, 3):
+        for swizzle in ((1, 4, 16) if raster in (1, 2) else (8,)):
+            for sm_count in (0, 64, 130):
+                opts = lib.options({"raster": raster, "swizzle": swizzle, "sm_count": sm_count})
+                _run(torch, lib, 1536, 2304, 512, opts)
