@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gap-ms", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
@@ -69,10 +70,13 @@ def main(argv=None) -> int:
                 mm(a, b)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
+            outs = []                     # kept alive with the graph: replays write them
             with torch.cuda.graph(g):
                 for a, b in ops:
-                    mm(a, b)
-            graphs[(key, path)] = g
+                    outs.append(mm(a, b))
+            graphs[(key, path)] = (g, outs)
+            if args.verbose:
+                print(f"captured {key} {path}", flush=True)
         from cudal2 import dispatch
         served[key] = sum(1 for (M, N, K, layout), (a, b) in zip(s["gemms"], ops)
                           if dispatch._serving.get((0, M, N, K, "RC" if b.stride(0) == 1 else "RR"))
@@ -90,7 +94,7 @@ def main(argv=None) -> int:
             be.sleep(rng.expovariate(1.0 / (args.gap_ms / 1e3)))
             be.spin(20.0)
             s = be.record()
-            graphs[(key, path)].replay()
+            graphs[(key, path)][0].replay()
             e = be.record()
             times[key][path].append(be.elapsed_us(s, e))
     rows = []

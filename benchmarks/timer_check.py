@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--diagnose", nargs="*", default=[],
+                    help="shapes to time with the kernel timer at forced N (1, 3, 10, 30), with "
+                         "and without an untimed call before the start event")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("timer_check: not measured: no GPU")
@@ -83,9 +86,34 @@ def main(argv=None) -> int:
         print(f"{f'{M}x{N}x{K}':>18} {r['events']:9.2f} {r['graph10']:9.2f} {r['kernel']:9.2f} "
               f"{r['kernel_hot']:9.2f} {r['wall']:9.2f} {r['kernel_session']['calls_per_sample']:8d} "
               f"{r['operand_sets']:5d}")
+    diag = []
+    for spec in args.diagnose:
+        M, N, K = (int(x) for x in spec.split(","))
+        for operands in ("cold", "hot"):
+            n = KT.n_operand_sets(OperandPool.bytes_per_set(M, N, K), be.l2_bytes, operands)
+            pool = OperandPool(M, N, K, max(n, 2), "cuda")
+            c = torch.empty(M, N, dtype=torch.float16, device="cuda")
+            f = {"torch": lambda i: torch.matmul(pool.a(i), pool.b_rr(i), out=c)}
+            base = KT.calibrate(f, KT.KernelTimeConfig(), be, n_sets=n)
+            for calls in (1, 3, 10, 30):
+                for pre in (False, True):
+                    cal = KT.Calibration(base.gpu_us, base.host_us, calls,
+                                         {"torch": 1.5 * calls * base.host_us["torch"] + 50})
+                    kt = KT.time_kernels(f, KT.KernelTimeConfig(precall=pre, min_rounds=10,
+                                                                max_rounds=10), be, n_sets=n,
+                                         calibration=cal)
+                    t = kt.time("torch")
+                    diag.append({"shape": [M, N, K], "operands": operands, "calls": calls,
+                                 "precall": pre, "median_us": t.median, "lo_us": t.lo,
+                                 "hi_us": t.hi, "per_round": kt.per_round["torch"],
+                                 "session": kt.session_dict()})
+                    print(f"diagnose {M}x{N}x{K} {operands:>4} N={calls:>2} precall={pre!s:>5}: "
+                          f"{t.median:9.2f} us [{t.lo:.2f}, {t.hi:.2f}]")
+            del pool
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows}, fh, indent=1)
+            json.dump({"gpu": gpu, "torch": torch.__version__, "rows": rows, "diagnose": diag},
+                      fh, indent=1)
     return 0
 
 

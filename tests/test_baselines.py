@@ -119,20 +119,23 @@ def test_every_baseline_matches_the_reference_on_gpu(acc, layout, tmp_path):
     from cudal2.harness import check
     from cudal2.toolchain import detect_arch
 
+    from cudal2.harness.measure import OperandPool
+
     M, N, K = 256, 384, 512
     libs = baselines.build_baselines(detect_arch())
     run = baselines.BaselineRunners(libs, M, N, K, acc, layout)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a, b = check.random_inputs(M, N, K, g, "cuda")
-    b_rc = b.t().contiguous()
-    ref = check.reference(a, b)
-    inputs = [(a, b, b_rc)]
+    pool = OperandPool(M, N, K, 2, "cuda")
+    a, b, b_rc = pool.a(0), pool.b_rr(0), pool.b_rc(0)
 
     def verify(c, i):
-        cmp = check.compare(c, ref, K=K, acc=acc)
-        return None if cmp.ok else cmp.detail
-    run.autotune(inputs, torch.cuda.get_device_name(), verify=verify,
-                 cache=AutotuneCache(tmp_path / "at.json"))
+        return pool.verify(c, i, acc=acc)
+    entry = run.autotune(pool, torch.cuda.get_device_name(), verify=verify,
+                         cache=AutotuneCache(tmp_path / "at.json"))
+    assert entry["source"] == "tuned now" and entry["timer"] == "kernel"
+    again = baselines.BaselineRunners(libs, M, N, K, acc, layout)
+    assert again.autotune(pool, torch.cuda.get_device_name(), known={entry["key"]: entry},
+                          verify=verify)["source"] == "results DB"
+    again.close()
     names = ["torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned",
              "torch_cublas", "torch_cublaslt"]
     for name in names:

@@ -454,7 +454,7 @@ def test_kernel_time_of_a_tiny_gemm_is_gpu_time_not_host_time():
     assert 0 < kt < host_us, (kt, host_us)
     r = res.ratio("again", "torch")
     assert r.lo <= 1.0 <= r.hi or abs(r.median - 1.0) < 0.03, r   # the same call against itself
-    assert res.session_dict()["calls_per_sample"] > 1
+    assert res.session_dict()["calls_per_sample"] > 10       # ~0.5 ms of a few-us kernel
 
 
 @pytest.mark.gpu

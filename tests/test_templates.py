@@ -40,10 +40,10 @@ def test_config_is_sorted_frozen_and_hashable():
 
 
 def test_families_and_their_headers():
-    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90"}
+    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90", "wgmma"}
     assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
-    assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",)
-    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass"}
+    assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",) == FAMILIES["wgmma"].arches
+    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass", "wgmma"}
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
         assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())
@@ -525,13 +525,14 @@ def _run(lib, meta, M, N, K, *, lda=None, ldb=None, ldc=None, offset_a=0):
     B = Bm.t() if rc else Bm                   # logical K x N
     sentinel = -7.0
     c_store = torch.full((max(M, 1) * ldc + 64,), sentinel, device=dev, dtype=torch.float16)
-    ws_bytes = int(meta["workspace_bytes"])
+    opts = lib.options()                      # ABI 2: every option at its default; ABI 1: None
+    ws_bytes = lib.workspace_bytes(M, N, K, opts)
     ws = torch.empty(max(ws_bytes, 1), device=dev, dtype=torch.uint8)
     a_before, b_before = a_store.clone(), b_store.clone()
     stream = torch.cuda.current_stream()
     a_ptr = a_store.data_ptr() + 2 * offset_a
     err = lib.launch(a_ptr, b_store.data_ptr(), c_store.data_ptr(), M, N, K, lda, ldb, ldc,
-                     ws.data_ptr() if ws_bytes else 0, ws_bytes, stream.cuda_stream)
+                     ws.data_ptr() if ws_bytes else 0, ws_bytes, stream.cuda_stream, opts)
     torch.cuda.synchronize()
     assert err == 0, f"cudal2_hgemm returned {err}"
     assert torch.equal(a_store, a_before) and torch.equal(b_store, b_before), "inputs modified"
@@ -575,9 +576,9 @@ def test_kernels_match_torch(cfg):
             _run(lib, meta, M, N, K)
         else:
             P = 1 << 20   # fake aligned pointers: a refused shape must be refused before any access
-            assert lib.launch(P, P, P, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0) \
-                == INVALID_VALUE, (M, N, K)
-    if fam.name == "cutlass_sm90":
+            assert lib.launch(P, P, P, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0,
+                              lib.options()) == INVALID_VALUE, (M, N, K)
+    if fam.name in ("cutlass_sm90", "wgmma"):      # TMA: aligned operands, ld % 8 == 0
         _run(lib, meta, 200, 136, 72, ldc=144)                    # padded C (ldc % 8 == 0)
     else:
         _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores

@@ -57,6 +57,7 @@ class KernelTimeConfig:
     verify_every: int = 1          # check timed outputs every k rounds (and the last)
     early_stop: float | None = None  # screening: stop once a candidate's median is this factor
     #                                  above `reference_us` after min_rounds (clearly slower)
+    precall: bool = False          # one untimed call after the spin, before the start event
     seed: int = 0
 
     def __post_init__(self):
@@ -192,8 +193,11 @@ def calibrate(callables: dict[str, Callable[[int], None]], config: KernelTimeCon
     µs per call from the host clock; then N for `sample_us` of work and each callable's spin,
     long enough that the GPU never catches up with the host: spin >= N * (host - gpu) per call."""
     gpu, host = {}, {}
+    for fn in callables.values():      # first calls (lazy loads, handles) stay out of the probe
+        fn(0)
+    backend.synchronize()
     for name, fn in callables.items():
-        backend.spin(200.0)
+        backend.spin(200.0 + 100.0 * probe_calls)
         s = backend.record()
         h0 = backend.now()
         for i in range(probe_calls):
@@ -267,6 +271,8 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
                 if prepare is not None:
                     prepare(name)
                 backend.spin(spin[name])
+                if config.precall:            # warms what a first call pays (not its operands)
+                    fn((offset - 1) % n_sets)
                 s = backend.record()
                 for i in range(N):
                     fn((offset + i) % n_sets)

@@ -20,7 +20,8 @@
 # --budget-s is 80 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
 # GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
-# arguments for the tests stage (e.g. "-k kerneltime" for a smoke run).
+# arguments for the tests stage (e.g. "-k kerneltime" for a smoke run); TIMER_ARGS, TRACE_ARGS
+# and TRACE_ENV (e.g. CUDA_LAUNCH_BLOCKING=1) for those stages.
 # --allow-no-gpu: run on a machine without a GPU (CPU test of the plumbing; nothing is measured).
 set -uo pipefail
 T0=$(date +%s)
@@ -157,12 +158,14 @@ for s in "${STAGES[@]}"; do
           --baselines torch --timeout 30 --db "$d/results.db" --out "$d/report" --name hostile
       ;;
     timer)
+      # shellcheck disable=SC2086
       stage timer "$(budget timer "${BUDGET_TIMER:-90}")" \
-        $PY benchmarks/timer_check.py --json "$d/timer_check.json"
+        $PY benchmarks/timer_check.py --json "$d/timer_check.json" ${TIMER_ARGS:-}
       ;;
     trace)
+      # shellcheck disable=SC2086
       stage trace "$(budget trace "${BUDGET_TRACE:-90}")" \
-        $PY benchmarks/serving_trace.py --json "$d/serving_trace.json"
+        env ${TRACE_ENV:-} $PY benchmarks/serving_trace.py --json "$d/serving_trace.json" ${TRACE_ARGS:-}
       ;;
     campaign)
       if [ ! -f "$PACK/manifest.json" ]; then
