@@ -125,6 +125,18 @@ def test_a_too_short_spin_is_detected_and_retaken():
     assert res.time("k").median == pytest.approx(3.0, rel=1e-3)
 
 
+def test_precall_runs_one_untimed_call_on_the_previous_set():
+    gpu = FakeGpu({"k": 100.0})
+    cal = KT.Calibration({"k": 100.0}, {"k": 5.0}, calls=2, spin_us={"k": 30.0})
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.KernelTimeConfig(precall=True, min_rounds=3,
+                                                               max_rounds=3, warmup_ms=0.001),
+                          gpu, n_sets=4, calibration=cal)
+    assert res.time("k").median == pytest.approx(100.0)     # the pre-call is outside the bracket
+    timed = [i for _, i in gpu.calls[-9:]]                   # 3 rounds x (1 pre-call + 2 calls)
+    assert timed == [3, 0, 1, 1, 2, 3, 3, 0, 1]
+    assert KT.FINAL_CONFIG.precall and not KT.SCREEN_CONFIG.precall
+
+
 def test_calls_per_sample_sized_for_the_work_and_capped():
     gpu = FakeGpu({"k": 1000.0})
     cal = KT.calibrate(fns(gpu, ["k"]), KT.KernelTimeConfig(), gpu, n_sets=2)
