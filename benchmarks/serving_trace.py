@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             with torch.cuda.graph(g):
                 for a, b in ops:
                     outs.append(mm(a, b))
-            graphs[(key, path)] = (g, outs)
+            graphs[(key, path)] = (g, outs, ops)   # the graph reads these pointers: keep them
             if args.verbose:
                 print(f"captured {key} {path}", flush=True)
         from cudal2 import dispatch

@@ -18,6 +18,7 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import csv
 import datetime as _dt
 import gzip
@@ -452,12 +453,24 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     thr = Throughput()
     statuses: dict[str, int] = {}
     done_shapes, avg = 0, None
-    audits: dict = {}
     builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
     check_deps = not m.get("deps_checked", False)
+    # every build audited once, up front and in parallel (CPU work the GPU would wait for)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .harness.pipeline import audit_verdict
+    t0 = time.monotonic()
+    probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
+    srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
+    with ThreadPoolExecutor(8) as ex:
+        futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, builds[sha],
+                               check_deps=check_deps) for sha in builds}
+        audits = {sha: f.result() for sha, f in futs.items()}
+    log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
+        f"({sum(not a['ok'] for a in audits.values())} rejected)")
     from .harness.worker import WorkerPool
     screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
-    final_pool = gpu_pool(max_tasks=1, spare=1) if has_gpu else WorkerPool(1)
+    final_pool = gpu_pool(max_tasks=1, spare=2) if has_gpu else WorkerPool(1)
     try:
         for shape, pairs in plan_:
             now = time.monotonic()
@@ -511,7 +524,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                     evs += evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
                                           build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
                                           baseline_libs=base_libs, gpu=has_gpu, check_deps=check_deps,
-                                          lt_known=known_lt)
+                                          lt_known=known_lt, audits=audits)
                 thr.add("final", bucket, len(reqs), time.monotonic() - t0)
                 for ev in evs:
                     statuses[ev.status] = statuses.get(ev.status, 0) + 1

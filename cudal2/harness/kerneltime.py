@@ -81,7 +81,10 @@ SCREEN_CONFIG = KernelTimeConfig(sample_us=200.0, warmup_ms=2.0, min_rounds=3, m
                                  budget_s=0.5, target=0.02, early_stop=1.15)
 # Finals: every timed call follows a call of the same kind (one untimed call after the spin),
 # so no timed call is the first after the GPU sat in the one-thread spin.
-FINAL_CONFIG = KernelTimeConfig(precall=True)
+# 200 us of GPU work per sample: the host's enqueue time, not the GPU's, bounds a tiny kernel's
+# sample (N x ~30 us of torch's launch path on the H100 machine), and 0.2 ms is still 400x the
+# events' resolution.
+FINAL_CONFIG = KernelTimeConfig(precall=True, sample_us=200.0, max_calls=64)
 
 
 def n_operand_sets(bytes_per_set: int, l2_bytes: int, operands: str = "cold",
@@ -335,8 +338,8 @@ class ServerConfig:
     """Server mode: single calls after idle gaps of fixed lengths, L2 flushed before each."""
     gaps_ms: tuple[float, ...] = (1.0, 10.0)
     min_rounds: int = 5
-    max_rounds: int = 30
-    budget_s: float = 1.5          # per gap
+    max_rounds: int = 20
+    budget_s: float = 0.6          # per gap
     target: float = 0.02
     confidence: float = S.CONFIDENCE
     clock_tolerance: float = 1.0   # idle gaps lower the clock by design: nothing is discarded

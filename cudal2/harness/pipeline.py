@@ -153,12 +153,34 @@ def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
                       origin=request.origin, options=dict(request.options))
 
 
+def audit_verdict(request: EvalRequest, sha: str, build_result, *, env: dict | None = None,
+                  probe_pool=None, check_deps: bool = True) -> dict:
+    """Build (if no BuildResult is given) and audit one source once: the verdict the `audits`
+    caches of screen and evaluate_group hold by source sha (the audit does not depend on the
+    shape or the options)."""
+    probe = _base(replace(request, options=()), sha, env or {})
+    ok = _build_and_audit(replace(request, options=()), probe, build_result=build_result,
+                          probe_pool=probe_pool, check_deps=check_deps) is not None
+    return {"ok": ok, "status": probe.status, "detail": probe.detail, "build": probe.build,
+            "audit": probe.audit, "meta": probe.meta, "acc": probe.acc, "layout": probe.layout}
+
+
 def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None, probe_pool=None,
-                     probe_timeout_s: float = 30, check_deps: bool = True):
+                     probe_timeout_s: float = 30, check_deps: bool = True, audits: dict | None = None):
     """Fill ev's build and audit parts. Returns the BuildResult when the kernel may run, else
-    None with ev's status and detail set."""
+    None with ev's status and detail set. `audits` (sha -> audit_verdict) answers a source
+    audited before in this run (a campaign audits each build once)."""
     from ..build import BuildSpec, build
     from .audit import audit_build, check_includes
+    hit = (audits or {}).get(ev.source_sha)
+    if hit is not None and build_result is not None:
+        ev.build, ev.audit, ev.meta = hit["build"], hit["audit"], hit["meta"]
+        ev.acc = request.acc or hit["meta"].get("acc", "") or ""
+        ev.layout = hit["layout"]
+        if not hit["ok"]:
+            ev.status, ev.detail = hit["status"], hit["detail"]
+            return None
+        return _check_request(request, ev, build_result)
     pre = check_includes(request.source)      # before nvcc sees it: size, #include escapes
     if pre:
         ev.status, ev.detail = T.AUDIT_REJECTED, "; ".join(pre)[:1000]
@@ -183,14 +205,19 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
         ev.status = _LOAD_VERDICT.get(audit.verdict, T.AUDIT_REJECTED)
         ev.detail = "; ".join(audit.reasons)[:1000]
         return None
+    return _check_request(request, ev, br)
+
+
+def _check_request(request: EvalRequest, ev: Evaluation, br):
+    """What an audited kernel must still satisfy for this request: its options, its accumulator."""
     if request.options:
         from ..abi import AbiError, option_values
         try:
-            option_values(audit.meta, dict(request.options))
+            option_values(ev.meta, dict(request.options))
         except AbiError as exc:
             ev.status, ev.detail = T.AUDIT_REJECTED, f"options: {exc}"
             return None
-    if request.acc == "f32" and audit.meta.get("acc") == "f16":
+    if request.acc == "f32" and ev.meta.get("acc") == "f16":
         ev.status, ev.detail = T.WRONG, "kernel declares an f16 accumulator; the request needs f32"
         return None
     return br
@@ -271,7 +298,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
                    probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
                    probe_timeout_s: float = 30, check_deps: bool = True,
                    estimator: Callable[[Evaluation], object] | None = None,
-                   lt_known: dict | None = None) -> list[Evaluation]:
+                   lt_known: dict | None = None, audits: dict | None = None) -> list[Evaluation]:
     """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
     policy's kernels go one per evaluate()): every candidate's correctness suite, then one
     interleaved kernel-time session with all of them and every baseline. Rows in input order."""
@@ -294,7 +321,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         ev = _base(r, sha, env)
         br = _build_and_audit(r, ev, build_result=(build_results or [None] * len(requests))[i],
                               probe_pool=probe_pool, probe_timeout_s=probe_timeout_s,
-                              check_deps=check_deps)
+                              check_deps=check_deps, audits=audits)
         if br is None:
             out[i] = record(db, ev, r.source, estimator=estimator)
         elif not use_gpu:
@@ -434,12 +461,8 @@ def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm
         ev.env["settings"] = {"timer": req.timer, "operands": operands, "stage": "screen"}
         verdict = audits.get(sha)
         if verdict is None:
-            probe = _base(req, sha, env)
-            ok = _build_and_audit(replace(req, options=()), probe, build_result=c.build,
-                                  probe_pool=probe_pool, check_deps=check_deps) is not None
-            verdict = audits[sha] = {"ok": ok, "status": probe.status, "detail": probe.detail,
-                                     "build": probe.build, "audit": probe.audit, "meta": probe.meta,
-                                     "acc": probe.acc, "layout": probe.layout}
+            verdict = audits[sha] = audit_verdict(req, sha, c.build, env=env,
+                                                  probe_pool=probe_pool, check_deps=check_deps)
         ev.build, ev.audit, ev.meta = verdict["build"], verdict["audit"], verdict["meta"]
         ev.acc, ev.layout = verdict["acc"] or ev.acc, verdict["layout"]
         if not verdict["ok"]:

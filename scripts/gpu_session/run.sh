@@ -17,7 +17,7 @@
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
 # BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
-# --budget-s is 80 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
+# --budget-s is 40 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
 # GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
 # arguments for the tests stage (e.g. "-k kerneltime" for a smoke run); TIMER_ARGS, TRACE_ARGS
@@ -173,7 +173,7 @@ for s in "${STAGES[@]}"; do
         echo missing > "$d/rc"; pack "$s"; continue
       fi
       secs=$(budget campaign "${BUDGET_CAMPAIGN:-500}")
-      stage campaign "$secs" $PY -m cudal2 campaign run "$PACK" --budget-s $((secs - 80)) \
+      stage campaign "$secs" $PY -m cudal2 campaign run "$PACK" --budget-s $((secs - 40)) \
         --out "$d/reports" --kernels-out "$d/generated_kernels" ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
       ;;
     rl)
