@@ -155,6 +155,14 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
                 d.removed = old.file
                 d.reason += f"; the tuned row ({old.file}) measured again here fails the rule: removed"
                 changed = True
+            elif old is not None and old.tuned and old.speedup_lo is None and d.speedup_lo is not None:
+                # exported before the kernel timer (no interval behind it); this shape's finals
+                # ran here and nothing cleared the rule: cuBLAS serves it until something does
+                idx.remove(*d.key)
+                d.removed = old.file
+                d.reason += (f"; the tuned row ({old.file}) had no kernel-time interval and no "
+                             "finalist of this run clears the rule: removed")
+                changed = True
             continue
         src = source_for(d.source_sha)
         if src is None or sha256_text(src) != d.source_sha:

@@ -118,9 +118,19 @@ def test_export_options_travel_and_failing_tuned_rows_leave(tmp_path):
     idx = KernelIndex.load(root)
     assert idx.get("sm_90a", "f32", "RR", 64, 64, 64) is None
     assert idx.get("sm_90a", "f32", "RR", 128, 64, 64) is not None      # untouched
-    # a refused row for a kernel the table does not serve removes nothing
+    # a refused row for a kernel the table does not serve removes nothing when the tuned row
+    # has kernel-time evidence (an interval) behind it
     res = export([ev("c", (128, 64, 64), 10.0, BASE)], by_sha.get, root=root, report="run3")
     assert not res.removed and KernelIndex.load(root).get("sm_90a", "f32", "RR", 128, 64, 64)
+    # ... but a row exported before the kernel timer (no interval) goes when finals of its shape
+    # find nothing that clears the rule
+    idx = KernelIndex.load(root)
+    idx.add(SRC["d"], arch="sm_90a", acc="f32", layout="RR", M=256, N=64, K=64, family="mma",
+            tuned=True, mode="offline", report="old-timer run", speedups={"torch": 1.2})
+    idx.write()
+    res = export([ev("c", (256, 64, 64), 10.0, BASE)], by_sha.get, root=root, report="run4")
+    assert res.removed and "no kernel-time interval" in res.refused[0].reason
+    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 256, 64, 64) is None
 
 
 def test_export_refuses_unknown_source(tmp_path):
