@@ -224,7 +224,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not Path(args.db).exists():
         print(f"cudal2 export: no results DB at {args.db}", file=sys.stderr)
         return 2
-    db = ResultsDB(args.db)
+    db = ResultsDB(args.db, readonly=True)
     rows = db.rows()
     if args.arch:
         rows = [r for r in rows if r.arch == args.arch]

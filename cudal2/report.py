@@ -335,7 +335,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not Path(args.db).exists():
         print(f"cudal2 report: no results DB at {args.db}", file=sys.stderr)
         return 2
-    evs = ResultsDB(args.db).rows()
+    evs = ResultsDB(args.db, readonly=True).rows()
     rows = collect(evs, mode=args.mode, gpu=args.gpu)
     if not rows:
         print(f"cudal2 report: no measured candidate rows in {args.db} (mode {args.mode}); "

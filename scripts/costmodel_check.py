@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parents[1] / "reports"
     dbs = [Path(a) for a in argv] or sorted(p for p in root.glob("*/**/results.db")
                                             if p.relative_to(root).parts[0] != "cpu")
-    rows = [ev for p in dbs for ev in ResultsDB(p).rows() if ev.status == "ok" and not ev.estimated]
+    rows = [ev for p in dbs for ev in ResultsDB(p, readonly=True).rows() if ev.status == "ok" and not ev.estimated]
     print(f"{len(rows)} measured rows from {len(dbs)} DB(s)")
     if sweep:
         sweep_mem_exposed(rows)

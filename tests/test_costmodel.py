@@ -173,7 +173,7 @@ def test_fits_and_predicts_on_checked_in_measurements():
         pytest.skip("no checked-in GPU measurements under reports/<gpu>/ yet (awaiting a GPU run: "
                     "scripts/gpu_session/, docs/gpu_session.md)")
     from cudal2.harness.db import ResultsDB
-    evaluations = [ev for p in dbs for ev in ResultsDB(p).rows() if ev.status == "ok" and not ev.estimated]
+    evaluations = [ev for p in dbs for ev in ResultsDB(p, readonly=True).rows() if ev.status == "ok" and not ev.estimated]
     if len(evaluations) < 10:
         pytest.skip(f"only {len(evaluations)} measured rows in {[str(p) for p in dbs]}")
     held = held_out_rank_correlation(evaluations, holdout=0.3, seed=0)
@@ -207,7 +207,7 @@ def test_prior_explains_large_shapes_on_checked_in_measurements():
     dbs = _checked_in_measurement_dbs()
     if not dbs:
         pytest.skip("no checked-in GPU measurements under reports/<gpu>/ yet")
-    rows = [ev for p in dbs for ev in ResultsDB(p).rows() if ev.status == "ok" and not ev.estimated]
+    rows = [ev for p in dbs for ev in ResultsDB(p, readonly=True).rows() if ev.status == "ok" and not ev.estimated]
     big = [s for s in samples_from_evaluations(rows, mode="offline")
            if s.who == "candidate" and 2 * math.prod(s.shape) >= 1e12]
     if len(big) < 5:

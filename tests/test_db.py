@@ -84,6 +84,14 @@ def test_a_version_1_db_migrates_and_keeps_its_rows(tmp_path):
                 "'then', '{}', '{}', '{}', '{}', '{}', '{}', '{}')", (SHA,))
     con.commit()
     con.close()
+    before = path.read_bytes()
+    with ResultsDB(path, readonly=True) as db:             # a committed report's DB: read as is
+        (row,) = db.rows()
+        assert row.status == "ok" and row.options == {} and row.stage == "final"
+        assert db.schema_version == 1 and db.baseline_choices() == {}
+        with pytest.raises(sqlite3.OperationalError):
+            db.add(row, source="s")
+    assert path.read_bytes() == before
     with ResultsDB(path) as db:
         assert db.schema_version == SCHEMA_VERSION
         (row,) = db.rows()

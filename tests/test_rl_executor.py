@@ -48,7 +48,8 @@ def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
     assert len(built) == 2 and rf.n_evaluated == 2 and rf.db.count() == n_rows
     assert all(a.cached for a in rf.attempts[-1])
     # the row behind the reward: estimated and audited when there is no GPU
-    row = rf.db.lookup(rf.attempts[0][0].sha, Shape(64, 128, 256), "sm_90a", ex.gpu_name())
+    from cudal2.harness.pipeline import cached
+    row = cached(rf.db, rf._request(good, (64, 128, 256)), ex.gpu_name())
     assert row is not None and row.audit.get("ok")
     if not ex.gpu_name():
         assert row.estimated and row.speedups["offline"]["cublaslt_autotuned"] > 0

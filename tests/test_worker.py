@@ -289,5 +289,6 @@ def test_control_library_probe():
     with WorkerPool() as p:
         out = p.run(probe_library, _so("control_ok.cu"), timeout_s=30)
     assert out.ok
-    assert out.value["symbols"] == {"cudal2_hgemm": True, "cudal2_meta": True}
+    assert out.value["symbols"] == {"cudal2_hgemm": True, "cudal2_meta": True,
+                                    "cudal2_workspace": False}          # ABI 1: not exported
     assert out.value["meta"]["layout"] == "RR"

@@ -126,11 +126,30 @@ def _num(x: Any) -> float | None:
 class ResultsDB:
     """Append-only results store. Safe for several processes (WAL) and threads (one lock)."""
 
-    def __init__(self, path: str | Path, *, timeout: float = 60.0):
+    def __init__(self, path: str | Path, *, timeout: float = 60.0, readonly: bool = False):
+        """readonly=True: read a DB as it is (a committed report's), never migrated or written;
+        rows of an older schema read with the newer fields at their defaults."""
         self.path = Path(path)
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        if readonly:
+            if not self.path.is_file():
+                raise DBError(f"{path}: no such results DB")
+            # a closed DB (no -wal file: a committed report's) opens immutable, so reading it
+            # leaves no -shm/-wal files behind; a live one (a run still writing) read-only
+            live = Path(f"{self.path}-wal").exists()
+            uri = f"file:{self.path}?mode=ro" + ("" if live else "&immutable=1")
+            self._conn = sqlite3.connect(uri, uri=True, timeout=timeout,
+                                         check_same_thread=False, isolation_level=None)
+            self._conn.row_factory = sqlite3.Row
+            try:
+                self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+            except sqlite3.DatabaseError as e:
+                self._conn.close()
+                raise DBError(f"{path}: not a usable results DB ({e})") from None
+            return
         if str(path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.RLock()
         self._conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False,
                                      isolation_level=None)     # explicit transactions below
         self._conn.row_factory = sqlite3.Row
@@ -222,11 +241,13 @@ class ResultsDB:
 
     # -- reading
     def _to_eval(self, r: sqlite3.Row) -> Evaluation:
-        d = {k: json.loads(r[k]) for k in _JSON_COLS}
+        cols = r.keys()                 # a read-only DB of an older schema lacks newer columns
+        d = {k: json.loads(r[k]) for k in _JSON_COLS if k in cols}
         return Evaluation(status=r["status"], source_sha=r["source_sha"],
                           shape=Shape(r["M"], r["N"], r["K"]), arch=r["arch"], acc=r["acc"],
                           layout=r["layout"], estimated=bool(r["estimated"]), created=r["created"],
-                          origin=r["origin"], detail=r["detail"], id=r["id"], stage=r["stage"], **d)
+                          origin=r["origin"], detail=r["detail"], id=r["id"],
+                          stage=r["stage"] if "stage" in cols else "final", **d)
 
     def add_baseline_choice(self, key: str, entry: dict) -> None:
         """Record a cuBLASLt autotune choice (baselines.autotune_key -> entry); the latest per
@@ -245,7 +266,10 @@ class ResultsDB:
     def baseline_choices(self) -> dict[str, dict]:
         """{autotune key: the latest entry recorded for it}."""
         with self._lock:
-            rows = self._conn.execute("SELECT key, entry FROM baseline_choices ORDER BY id").fetchall()
+            try:
+                rows = self._conn.execute("SELECT key, entry FROM baseline_choices ORDER BY id").fetchall()
+            except sqlite3.OperationalError:       # a read-only DB of schema 1
+                return {}
         return {r["key"]: json.loads(r["entry"]) for r in rows}
 
     def rows(self, *, limit: int | None = None, **filters) -> list[Evaluation]:
