@@ -47,6 +47,17 @@ ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100",
 STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
 MEM_EXPOSED = 0.6            # fraction of min(compute, memory) not hidden by the other (H100 campaign: see dram_bytes)
 BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (ANCHORS: 792-795 of 989 TFLOP/s)
+# wgmma tiles above a 128x128 tile's operand reuse (64, see _feed_eff) keep the tensor cores fed
+# better: + TILE_GAIN per doubling of the reuse, at most TILE_GAIN_MAX (a prior, not measured:
+# the first campaign timed only 128x128 and smaller CUTLASS tiles).
+TILE_GAIN = 0.06
+TILE_GAIN_MAX = 1.10
+# Stream-K / split-K fixup: one CTA reads and writes a tile of partial sums through L2 at about
+# this rate (GB/s), once per extra peer of the tile; a call that needs a workspace also clears
+# its barrier flags with a memset on the stream (WORKSPACE_US).
+FIXUP_SM_GBPS = 80.0
+WORKSPACE_US = 1.5
+SK_MIN_ITERS = 8             # CUTLASS's min_iters_per_sk_unit_: fewer k tiles are never split
 
 FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
             "log_splitk", "log_intensity", "compute_bound", "style_mma", "style_ptx")
@@ -88,6 +99,12 @@ class KernelFacts:
     shared_bytes: int    # per CTA; 0 = unknown
     spills: int          # bytes
     swizzle: int = 1     # raster band width in tiles (mma/ptx grouped raster, CUTLASS max_swizzle_size)
+    cluster_m: int = 1   # thread-block cluster (CUTLASS): CTAs along M share B tiles by multicast
+    cluster_n: int = 1   # ... CTAs along N share A tiles
+    raster: int = 0      # CUTLASS raster option: 0 heuristic, 1 along M, 2 along N
+    scheduler: str = ""  # CUTLASS tile scheduler: "persistent" | "streamk" ("" = not CUTLASS)
+    splits: int = 1      # CUTLASS runtime K splits (stream-K builds)
+    decomposition: int = 0   # CUTLASS runtime decomposition: 0 heuristic, 1 DP, 2 split-K, 3 stream-K
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -97,9 +114,20 @@ def _meta_get(meta: dict, *names, default=None):
     return default
 
 
-def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
+def declared_options(meta: Any) -> dict[str, int]:
+    """The defaults of the runtime options a cudal2_meta declares (kernel ABI 2), {} otherwise."""
+    out = {}
+    for o in (meta.get("options") or []) if isinstance(meta, dict) else []:
+        if isinstance(o, dict) and "name" in o and "default" in o:
+            out[str(o["name"])] = int(o["default"])
+    return out
+
+
+def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) -> KernelFacts:
     """Normalise a cudal2_meta dict, a KernelConfig (or its params dict) and ptxas resources
-    (a dict with registers/shared_bytes/spills, a BuildResult, or KernelResources) into facts."""
+    (a dict with registers/shared_bytes/spills, a BuildResult, or KernelResources) into facts.
+    `options`: the runtime options of the call ({name: int}, kernel ABI 2); names left out take
+    the meta's declared defaults (a config, which declares none, takes CUTLASS's defaults)."""
     if hasattr(meta, "params") and hasattr(meta, "family"):      # KernelConfig
         d = dict(meta.params)
         d.setdefault("style", meta.family)
@@ -138,12 +166,29 @@ def kernel_facts(meta: Any, resources: Any = None) -> KernelFacts:
             spills = sum(r.spill_stores + r.spill_loads for r in rs)
     # dynamic shared memory is invisible to ptxas; the meta declares it
     smem = max(int(smem or 0), int(_meta_get(meta, "smem_bytes", default=0) or 0))
-    swizzle = _meta_get(meta, "SWIZZLE", "swizzle")
-    if swizzle is None and isinstance(meta.get("params"), dict):     # cudal2_meta nests the config
-        swizzle = meta["params"].get("SWIZZLE")
+    params = meta["params"] if isinstance(meta.get("params"), dict) else {}
+    opts = {**declared_options(meta), **dict(options or {})}
+    swizzle = opts.get("swizzle")
+    if swizzle is None:
+        swizzle = _meta_get(meta, "SWIZZLE", "swizzle")
+    if swizzle is None:                                             # cudal2_meta nests the config
+        swizzle = params.get("SWIZZLE")
+    cluster = meta.get("cluster")
+    if isinstance(cluster, (list, tuple)) and len(cluster) >= 2:
+        cm, cn = int(cluster[0]), int(cluster[1])
+    else:
+        cm = int(_meta_get(meta, "CLUSTER_M", default=params.get("CLUSTER_M", 1)) or 1)
+        cn = int(_meta_get(meta, "CLUSTER_N", default=params.get("CLUSTER_N", 1)) or 1)
+    scheduler = ""
+    if style.startswith("cutlass"):
+        scheduler = str(_meta_get(meta, "scheduler", "SCHEDULER",
+                                  default=params.get("SCHEDULER", "persistent")))
+    streamk = scheduler == "streamk"
     return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
                        max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0),
-                       max(int(swizzle or 1), 1))
+                       max(int(swizzle or 1), 1), max(cm, 1), max(cn, 1), int(opts.get("raster", 0) or 0),
+                       scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
+                       int(opts.get("decomposition", 0) or 0) if streamk else 0)
 
 
 def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
@@ -160,23 +205,114 @@ def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
     return max(1, min(limits))
 
 
+@dataclass(frozen=True)
+class CutlassSchedule:
+    """How CUTLASS 3's SM90 persistent / stream-K tile scheduler lays a problem out (host code of
+    cutlass/gemm/kernel/tile_scheduler_params.h, replayed): tile counts padded to whole clusters
+    and swizzle groups (padded tiles are computed on zeros: real work), the resolved raster,
+    the persistent grid, and the decomposition the call runs."""
+    tiles_m: int             # CTA tiles along M after cluster and swizzle padding
+    tiles_n: int
+    log_swizzle: int         # the swizzle CUTLASS keeps (clamped by the smaller tile count)
+    along_m: bool            # resolved raster: consecutive work walks along M
+    grid: int                # persistent CTAs (one per SM at most)
+    k_tiles: int             # BK tiles per output tile
+    mode: str                # "dp" | "splitk" | "streamk"
+    splits: int = 1          # K splits per output tile (split-K)
+    sk_tiles: int = 0        # output tiles shared by stream-K units
+    sk_units: int = 0        # stream-K work units (CTAs)
+
+    def effective(self) -> tuple:
+        """What the call runs: options with the same value behave the same."""
+        return (self.log_swizzle, self.along_m, self.mode, self.splits, self.sk_tiles, self.sk_units)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _max_ctas(cluster_size: int, sms: int) -> int:
+    """CUTLASS's get_max_cta_occupancy: whole clusters per GPC (18 SMs on GH100)."""
+    per_gpc = 18
+    gpcs = 1 if sms < per_gpc else sms // per_gpc
+    ctas = gpcs * (per_gpc - per_gpc % cluster_size)
+    resid = 0 if sms < per_gpc else sms % per_gpc
+    ctas += resid - resid % cluster_size
+    return min(sms, ctas)
+
+
+def cutlass_schedule(f: KernelFacts, shape, sms: int) -> CutlassSchedule:
+    """The CUTLASS SM90 scheduler's layout of `shape` for a kernel's facts (tile, cluster,
+    scheduler) and runtime options (swizzle, raster, splits, decomposition) on `sms` SMs."""
+    M, N, K = _shape(shape)
+    cm, cn = f.cluster_m, f.cluster_n
+    bm = _round_up(max(math.ceil(M / f.BM), 1), cm)
+    bn = _round_up(max(math.ceil(N / f.BN), 1), cn)
+    small = min(bm, bn)
+    sw = f.swizzle
+    log_sw = 3 if sw >= 8 and small >= 6 else 2 if sw >= 4 and small >= 3 else 1 if sw >= 2 and small >= 2 else 0
+    tm, tn = _round_up(bm, (1 << log_sw) * cm), _round_up(bn, (1 << log_sw) * cn)
+    along_m = {1: True, 2: False}.get(f.raster, tn > tm)
+    if min(tm // cm, tn // cn) == 1:      # one row or column of clusters: every raster is one order
+        along_m = tn > tm
+    k_tiles = max(math.ceil(K / f.BK), 1)
+    cs = cm * cn
+    per_device = _max_ctas(cs, sms) if cs > 1 else sms
+    tiles = tm * tn
+    if f.scheduler != "streamk":
+        return CutlassSchedule(tm, tn, log_sw, along_m, max(1, min(per_device, tiles)), k_tiles, "dp")
+    cpw = per_device                                      # stream-K grids are not truncated
+    dec, splits = f.decomposition, f.splits
+    if dec == 2 or (dec == 0 and splits > 1):             # split-K (CUTLASS's adjust_split_count)
+        s = max(1, min(splits, sms, k_tiles))
+        return CutlassSchedule(tm, tn, log_sw, along_m, cpw, k_tiles, "splitk" if s > 1 else "dp", s)
+    sk = 0
+    full, total = tiles // cpw, -(-tiles // cpw)
+    if dec != 1 and full != total and k_tiles > SK_MIN_ITERS:
+        sk = tiles - (full - 1 if full > 1 else 0) * cpw
+        if dec == 0 and 2 * (tiles - full * cpw) >= cpw:  # the heuristic: a tail over half full
+            sk = 0
+        sk = sk // cs * cs
+    units = min(cpw // cs * cs, (k_tiles * sk // SK_MIN_ITERS) // cs * cs) if sk else 0
+    if sk == 0 or units == 0:
+        return CutlassSchedule(tm, tn, log_sw, along_m, cpw, k_tiles, "dp")
+    if dec == 0 and sk < units and units % sk == 0:       # the heuristic's split-K of the sk tiles
+        return CutlassSchedule(tm, tn, log_sw, along_m, cpw, k_tiles, "splitk", units // sk, sk, units)
+    return CutlassSchedule(tm, tn, log_sw, along_m, cpw, k_tiles, "streamk", 1, sk, units)
+
+
 def dram_bytes(f: KernelFacts, shape, gpu: GpuSpec, slots: int) -> tuple[float, float]:
     """(bytes the kernel moves through DRAM, the ideal: each operand read once, C written once).
     The CTAs resident at once (one wave) read the A strips of the tile rows and the B strips of
     the tile columns they cover; the next wave covers other tiles and, unless an operand fits
     in half the L2, reads its strips again. Which tiles a wave covers follows the raster: a
     band of `swizzle` tiles in the minor dimension swept along the major one (mma/ptx: along N;
-    CUTLASS's heuristic: along the dimension with fewer tiles). On the first H100 campaign a
-    128x128 CUTLASS tile without swizzle fell from 620 to 320 TFLOP/s as shapes grew; this is
-    the term that predicts it."""
+    CUTLASS: the raster option, its heuristic walking along the dimension with fewer tiles, with
+    the swizzle CUTLASS keeps, in whole clusters). On the first H100 campaign a 128x128 CUTLASS
+    tile without swizzle fell from 620 to 320 TFLOP/s as shapes grew; this is the term that
+    predicts it."""
     M, N, K = _shape(shape)
-    tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
-    partials = 8.0 * M * N * f.splitk if f.splitk > 1 else 0.0
+    if f.style.startswith("cutlass"):
+        sch = cutlass_schedule(f, shape, gpu.sms)
+        tm, tn, along_m = sch.tiles_m, sch.tiles_n, sch.along_m
+        splits = sch.splits if sch.mode == "splitk" and not sch.sk_tiles else 1
+        band_w = (1 << sch.log_swizzle) * (f.cluster_n if along_m else f.cluster_m)
+        wave = max(1, min(tm * tn, sch.grid // splits))
+        if sch.mode == "splitk":
+            peers = sch.splits - 1
+            partials = 8.0 * f.BM * f.BN * peers * (sch.sk_tiles or tm * tn)
+        elif sch.mode == "streamk":
+            partials = 8.0 * f.BM * f.BN * sch.sk_tiles * max(1, -(-sch.sk_units // sch.sk_tiles) - 1)
+        else:
+            partials = 0.0
+    else:
+        tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
+        partials = 8.0 * M * N * f.splitk if f.splitk > 1 else 0.0
+        wave = max(1, min(tm * tn, slots // f.splitk))        # output tiles in flight at once
+        along_m, band_w = False, f.swizzle
     ideal = 2.0 * (M * K + K * N + M * N) + partials
-    wave = max(1, min(tm * tn, slots // f.splitk))            # output tiles in flight at once
-    along_m = f.style.startswith("cutlass") and tn > tm
     t_major, t_minor = (tm, tn) if along_m else (tn, tm)
-    band = min(f.swizzle, t_minor)
+    band = min(band_w, t_minor)
     if band * t_major >= wave:
         minor, major = band, min(t_major, math.ceil(wave / band))
     else:                                                     # a wave spans several bands
@@ -189,42 +325,83 @@ def dram_bytes(f: KernelFacts, shape, gpu: GpuSpec, slots: int) -> tuple[float, 
     return max(ideal, a_bytes + b_bytes + 2.0 * M * N + partials), ideal
 
 
+def _feed_eff(f: KernelFacts) -> float:
+    """How well a tile keeps the tensor cores fed from L2: operand reuse BM*BN / (bytes of A and
+    B a CTA loads per k step, with a cluster's multicast sharing them) against a 128x128 tile's
+    64. Below it the main loop starves (sqrt); above it wgmma tiles gain a little (TILE_GAIN)."""
+    reuse = f.BM * f.BN / (f.BM / f.cluster_n + f.BN / f.cluster_m)
+    if reuse <= 64.0 or not f.style.startswith("cutlass"):
+        return min(1.0, math.sqrt(reuse / 64.0))
+    return min(TILE_GAIN_MAX, 1.0 + TILE_GAIN * math.log2(reuse / 64.0))
+
+
+def _cutlass_compute(f: KernelFacts, shape, gpu: GpuSpec, sm_tflops: float) -> tuple[float, float, int]:
+    """(main-loop + fixup us, extra launch us, work units) of a CUTLASS SM90 kernel."""
+    sch = cutlass_schedule(f, shape, gpu.sms)
+    t_k = 2.0 * f.BM * f.BN * f.BK / (sm_tflops * 1e6)       # one k tile on one SM, us
+    t_fix = 8.0 * f.BM * f.BN / (FIXUP_SM_GBPS * 1e3)         # one partial tile in and out, us
+    tiles, cpw = sch.tiles_m * sch.tiles_n, sch.grid
+    if sch.mode == "dp":
+        return math.ceil(tiles / cpw) * sch.k_tiles * t_k, 0.0, tiles
+    if sch.mode == "splitk" and not sch.sk_tiles:
+        units = tiles * sch.splits
+        waves = math.ceil(units / cpw)
+        t = waves * math.ceil(sch.k_tiles / sch.splits) * t_k + waves * (sch.splits - 1) * t_fix
+        return t, WORKSPACE_US, units
+    # stream-K (or the heuristic's split-K of the stream-K tiles): data-parallel waves, then the
+    # stream-K tiles' k tiles spread over the units, and the peers' fixup
+    dp = tiles - sch.sk_tiles
+    peers = max(2, -(-sch.sk_units // sch.sk_tiles))
+    t = (math.ceil(dp / cpw) * sch.k_tiles * t_k
+         + math.ceil(sch.sk_tiles * sch.k_tiles / sch.sk_units) * t_k + (peers - 1) * t_fix)
+    return t, WORKSPACE_US, dp + sch.sk_units
+
+
 def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     """(prior_us, feature vector in FEATURES order)."""
     M, N, K = _shape(shape)
-    tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
-    ctas = tm * tn * f.splitk
     occ = occupancy(f, gpu)
-    slots = gpu.sms * occ
-    waves = math.ceil(ctas / slots)
-    wave_eff = ctas / (waves * slots)
     # Compute: padded tile work, spread over the SMs actually busy in each wave.
     eff = STYLE_EFF.get(f.style, 0.5)
     # Small tiles re-load operands from L2 more per flop: below a 128x128 tile's reuse
-    # (BM*BN/(BM+BN) = 64) the main loop is fed, not compute, bound.
-    eff *= min(1.0, math.sqrt(f.BM * f.BN / (f.BM + f.BN) / 64.0))
+    # (BM*BN/(BM+BN) = 64) the main loop is fed, not compute, bound; clusters share loads.
+    eff *= _feed_eff(f)
     # One CTA alone on an SM reaches a fraction of the SM's peak that grows with its warps.
     per_sm_fill = min(1.0, occ * f.threads / 256)
-    k_per_split = math.ceil(K / f.splitk)
-    cta_flops = 2.0 * f.BM * f.BN * k_per_split
     sm_tflops = gpu.tflops * eff * per_sm_fill / gpu.sms
-    t_cta = cta_flops / (sm_tflops * 1e6)
-    full, rem = divmod(ctas, slots)
-    # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
-    compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
+    extra_us = 0.0
+    splits = f.splitk
+    if f.style.startswith("cutlass"):
+        compute_us, extra_us, ctas = _cutlass_compute(f, shape, gpu, sm_tflops)
+        slots = gpu.sms                                 # persistent: one CTA per SM
+        sch = cutlass_schedule(f, shape, gpu.sms)
+        splits = sch.splits if sch.mode == "splitk" else 1
+    else:
+        tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
+        ctas = tm * tn * f.splitk
+        slots = gpu.sms * occ
+        k_per_split = math.ceil(K / f.splitk)
+        cta_flops = 2.0 * f.BM * f.BN * k_per_split
+        t_cta = cta_flops / (sm_tflops * 1e6)
+        full, rem = divmod(ctas, slots)
+        # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
+        compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
+        # split-K adds a second (reduction) kernel on the stream
+        extra_us = gpu.launch_us * 0.5 if f.splitk > 1 else 0.0
+    waves = math.ceil(ctas / slots)
+    wave_eff = ctas / (waves * slots)
     # Memory: what the raster makes the waves read (dram_bytes), output once, split-K partials twice.
     moved, bytes_moved = dram_bytes(f, shape, gpu, slots)
     mem_us = moved / (gpu.tbps * 0.9 * 1e6)           # ~90% of DRAM peak is reachable
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
-    # split-K adds a second (reduction) kernel on the stream
     # Main loop and DRAM traffic overlap only partly: MEM_EXPOSED of the shorter one stays exposed.
-    prior = (gpu.launch_us * (1.5 if f.splitk > 1 else 1.0) + max(compute_us, mem_us)
+    prior = (gpu.launch_us + extra_us + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
     intensity = 2.0 * M * N * K / bytes_moved
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([
         1.0, math.log(prior), math.log(wave_eff), math.log(occ), float(f.spills > 0),
-        math.log(f.stages), math.log(f.splitk), math.log(intensity), float(intensity > ridge),
+        math.log(f.stages), math.log(splits), math.log(intensity), float(intensity > ridge),
         float(f.style == "mma"), float(f.style == "ptx"),
     ])
     return prior, x
@@ -282,6 +459,7 @@ class Sample:
     gpu: str = ""
     who: str = "candidate"         # "candidate" or a baseline name
     arch: str = ""                 # the build target: the spec to use when `gpu` is not a known name
+    options: dict = field(default_factory=dict)   # runtime options of the call (kernel ABI 2)
 
 
 def samples_from_evaluations(evaluations: Iterable, mode: str = "offline",
@@ -299,7 +477,8 @@ def samples_from_evaluations(evaluations: Iterable, mode: str = "offline",
         arch = getattr(ev, "arch", "") or ""
         if ev.status == "ok" and cand.get("median_us"):
             out.append(Sample(dict(getattr(ev, "meta", None) or {}), dict(ev.build or {}), shape,
-                              float(cand["median_us"]), gpu, "candidate", arch))
+                              float(cand["median_us"]), gpu, "candidate", arch,
+                              dict(getattr(ev, "options", None) or {})))
         if include_baselines:
             for who, rec in t.items():
                 if who != "candidate" and rec and rec.get("median_us"):
@@ -329,12 +508,29 @@ class CostModel:
         return gpu_for(gpu=self.gpu)
 
     # -- prediction ---------------------------------------------------------------------
-    def predict_us(self, meta: Any, resources: Any, shape) -> float:
-        """Estimated median time (us) of one call of the kernel on `shape`."""
-        prior, x = _features(kernel_facts(meta, resources), shape, self.spec)
+    def predict_us(self, meta: Any, resources: Any, shape, options: dict | None = None) -> float:
+        """Estimated median time (us) of one call of the kernel on `shape` with these runtime
+        options ({name: int}, kernel ABI 2; None or missing names: the declared defaults)."""
+        prior, x = _features(kernel_facts(meta, resources, options), shape, self.spec)
         if not self.weights:
             return prior
         return float(math.exp(float(np.dot(self.weights, x))))
+
+    def rank_options(self, meta: Any, resources: Any, shape, candidates: Iterable[dict]) -> list[tuple[float, dict]]:
+        """(predicted us, options) for each option combination, fastest first; combinations that
+        run the same schedule on this shape (CUTLASS clamps the swizzle by the tile counts, the
+        heuristic raster resolves to one of the others) are kept once, the first listed."""
+        out, seen = [], set()
+        for opts in candidates:
+            f = kernel_facts(meta, resources, opts)
+            key = (cutlass_schedule(f, shape, self.spec.sms).effective()
+                   if f.style.startswith("cutlass") else tuple(sorted(opts.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((self.predict_us(meta, resources, shape, opts), dict(opts)))
+        out.sort(key=lambda r: r[0])
+        return out
 
     def predict_baseline_us(self, shape, baseline: str = "cublaslt_autotuned") -> float:
         """An ideal cuBLAS (~80% of peak, roofline + launch), corrected per baseline by DB data."""
@@ -368,7 +564,8 @@ class CostModel:
         spec = model.spec
         cand = [s for s in samples if s.who == "candidate"]
         if len(cand) >= min_samples:
-            X = np.array([_features(kernel_facts(s.meta, s.resources), s.shape, spec)[1] for s in cand])
+            X = np.array([_features(kernel_facts(s.meta, s.resources, s.options), s.shape, spec)[1]
+                          for s in cand])
             y = np.log([s.median_us for s in cand])
             # Fit the residual over the prior: w_prior starts at (0, 1, 0...) = the prior itself.
             base = np.zeros(len(FEATURES))
@@ -399,7 +596,7 @@ class CostModel:
         samples += samples_from_evaluations([d for d in data if not isinstance(d, Sample)],
                                             mode=mode, include_baselines=False)
         cand = [s for s in samples if s.who == "candidate"]
-        pred = [self.predict_us(s.meta, s.resources, s.shape) for s in cand]
+        pred = [self.predict_us(s.meta, s.resources, s.shape, s.options) for s in cand]
         return spearman(pred, [s.median_us for s in cand])
 
     def to_json(self) -> dict:

@@ -28,6 +28,7 @@ from .costmodel import CostModel
 from .harness.types import BASELINES, MODES, Shape
 
 MAX_ENUMERATE = 200_000        # above this a family's product space is sampled, not listed
+MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -114,6 +115,9 @@ class Candidate:
     source: str
     shapes: list[Shape] = field(default_factory=list)   # the shapes this one build serves
     build: Any = None                                     # BuildResult once built
+    # per served shape: the runtime options (kernel ABI 2) worth timing, best predicted first;
+    # [{}] for ABI 1 builds (one way to call them)
+    options: dict[Shape, list[dict]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -127,24 +131,49 @@ class BuildPlan:
     candidates: list[Candidate]            # unique by source
     per_shape: dict[Shape, list[Candidate]]
     pairs: int                             # (shape, candidate) pairs: what per-shape builds would cost
+    evaluations: int = 0                   # (shape, candidate, options) triples: what the GPU times
+    acc: str = "f32"
+    layout: str = "RR"
+
+    def sweeps(self, shape: Shape) -> list[tuple[Candidate, dict]]:
+        """What to time for `shape`: (candidate, runtime options) pairs, per candidate in the
+        order plan() ranked them (best predicted first)."""
+        return [(c, o) for c in self.per_shape.get(shape, []) for o in c.options.get(shape, [{}])]
 
 
 def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
          limit_per_shape: int | None = None, model: CostModel | None = None,
-         acc: str = "f32", layout: str = "RR") -> BuildPlan:
-    """Candidates for every shape, deduplicated: one Candidate per distinct source.
-    With `limit_per_shape` each shape keeps its best configs by the cost model's prior."""
+         acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS) -> BuildPlan:
+    """Candidates for every shape, deduplicated: one Candidate per distinct source, planned for
+    one (accumulator, layout) target. Runtime options are not build parameters, so a build is
+    planned once and carries, per shape it serves, the option combinations worth timing:
+    all of them (after dropping combinations CUTLASS runs identically on that shape) when there
+    are at most `max_options` (None: no cap), else the cost model's best `max_options`.
+    With `limit_per_shape` each shape keeps its best configs by the cost model's prior, a
+    config scored by its best option combination."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
     per_shape: dict[Shape, list[Candidate]] = {}
-    pairs = 0
+    pairs = evaluations = 0
     spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
+    metas: dict[Any, dict] = {}
+    option_spaces: dict[Any, list[dict]] = {}
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.serves(c, shape.M, shape.N, shape.K)]
+        ranked: dict[Any, list[tuple[float, dict]]] = {}
+        for fam, cfg in fitting:
+            if cfg not in metas:
+                metas[cfg] = config_meta(cfg)
+                option_spaces[cfg] = fam.option_space(cfg)
+            if limit_per_shape or len(option_spaces[cfg]) > 1:
+                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[cfg])
+            else:                                  # nothing to rank: one way to call it
+                ranked[cfg] = [(float("nan"), dict(option_spaces[cfg][0]))]
         if limit_per_shape:
-            fitting = _pick(fitting, shape, model, limit_per_shape, src_of)
+            fitting = _pick(fitting, shape, model, limit_per_shape, src_of,
+                            times={cfg: r[0][0] for cfg, r in ranked.items()})
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -155,21 +184,26 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                 cand = by_source[src] = Candidate(fam.name, cfg, src)
             if shape not in cand.shapes:
                 cand.shapes.append(shape)
+            opts = [o for _, o in ranked[cfg]]
+            cand.options[shape] = opts[:max_options] if max_options else opts
+            evaluations += len(cand.options[shape])
             cands.append(cand)
         per_shape[shape] = cands
         pairs += len(cands)
-    return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs)
+    return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs, evaluations,
+                     acc, layout)
 
 
 def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_elsewhere,
-          per_tie: int = 2) -> list:
+          per_tie: int = 2, times: dict | None = None) -> list:
     """A shape's `limit` candidates: best predicted first, among near-ties (within 2%) a config
     another shape already chose (one build serves more shapes), and at most `per_tie` from one
     near-tie group before the next group gets a turn: configs the model cannot tell apart (on
-    the H100 plan, four cluster shapes of one tile) would otherwise fill every slot."""
+    the H100 plan, four cluster shapes of one tile) would otherwise fill every slot. `times`:
+    each config's predicted time (default: the model at its default options)."""
     ranked = []
     for fc in fitting:
-        t = model.predict_us(config_meta(fc[1]), None, shape)
+        t = times[fc[1]] if times and fc[1] in times else model.predict_us(config_meta(fc[1]), None, shape)
         ranked.append(((round(math.log(t) / math.log(1.02)), fc[1] not in chosen_elsewhere), fc))
     ranked.sort(key=lambda r: r[0])
     first, rest, per_group = [], [], {}
@@ -398,6 +432,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="build every candidate for the shape list (no GPU) and report counts, time, memory")
     parser.add_argument("--limit-per-shape", type=int, default=None,
                         help="keep the N best configs per shape by the cost model's prior")
+    parser.add_argument("--max-options", type=int, default=MAX_OPTIONS,
+                        help="runtime-option combinations (kernel ABI 2) kept per shape and build, the "
+                             f"cost model's best (default {MAX_OPTIONS}; 0 = all)")
     parser.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: all cores)")
     parser.add_argument("--budget-evals", type=int, default=32, help="evaluations per shape")
     parser.add_argument("--budget-s", type=float, default=600.0, help="seconds per shape")
@@ -417,7 +454,7 @@ def run_cli(args: argparse.Namespace) -> int:
             "A100" if arch.startswith("sm_8") else "H100")
         if args.build_only:
             p = plan(shapes, arch, families=args.families, limit_per_shape=args.limit_per_shape, model=model,
-                     acc=args.acc, layout=args.layout)
+                     acc=args.acc, layout=args.layout, max_options=args.max_options or None)
         else:
             families_for(arch, args.families)
     except ValueError as exc:
@@ -425,7 +462,8 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     if args.build_only:
         print(f"tune --build-only: {len(shapes)} shapes from {args.shapes}, {len(p.candidates)} unique "
-              f"candidates ({p.pairs} shape x candidate pairs) for {arch}")
+              f"candidates ({p.pairs} shape x candidate pairs, {p.evaluations} with their runtime "
+              f"options) for {arch}")
         n = [0]
 
         def progress(r):

@@ -219,3 +219,135 @@ def test_prior_explains_large_shapes_on_checked_in_measurements():
     cfg = FAMILIES["cutlass_sm90"].default().with_(BM=128, BN=128, BK=64, CLUSTER_M=1, CLUSTER_N=1)
     m, shape = CostModel.default("H100"), (12288, 16384, 16384)
     assert m.predict_us(cfg.with_(SWIZZLE=8), None, shape) < 0.8 * m.predict_us(cfg.with_(SWIZZLE=1), None, shape)
+
+
+# ---- CUTLASS SM90: clusters, tiles above 128x128, tile order and decomposition (runtime options)
+def _cutlass(**changes):
+    from cudal2.templates import FAMILIES
+    from cudal2.tune import config_meta
+    cfg = FAMILIES["cutlass_sm90"].default().with_(BM=128, BN=128, CLUSTER_M=1, CLUSTER_N=1)
+    return config_meta(cfg.with_(**changes))
+
+
+def test_cutlass_schedule_replays_cutlass_host_code():
+    """cutlass_schedule: CUTLASS clamps max_swizzle_size by the smaller (cluster-padded) tile
+    count and pads both tile counts to whole swizzle groups x clusters (padded tiles are
+    computed); the heuristic raster walks along M when N has more tiles; the stream-K
+    heuristic keeps data-parallel when the tail wave is over half full, else splits."""
+    from cudal2.costmodel import cutlass_schedule
+    def sch(meta, shape, **opts):
+        return cutlass_schedule(kernel_facts(meta, None, opts), shape, 132)
+    s = sch(_cutlass(), (9 * 128, 9 * 128, 4096), swizzle=8)
+    assert (s.log_swizzle, s.tiles_m, s.tiles_n, s.mode) == (3, 16, 16, "dp")   # 9 -> 16: padding
+    s = sch(_cutlass(), (5 * 128, 40 * 128, 4096), swizzle=8)
+    assert (s.log_swizzle, s.tiles_m, s.along_m) == (2, 8, True)                # min 5 tiles: 4 kept
+    assert sch(_cutlass(), (5 * 128, 40 * 128, 4096), swizzle=8, raster=2).along_m is False
+    assert sch(_cutlass(), (128, 40 * 128, 4096), swizzle=8).log_swizzle == 0
+    assert sch(_cutlass(), (128, 40 * 128, 4096)).grid == 40                    # persistent grid: min(SMs, tiles)
+    assert sch(_cutlass(CLUSTER_M=2), (3 * 128, 5 * 128, 4096)).tiles_m == 4    # whole clusters
+    sk = _cutlass(SCHEDULER="streamk")
+    assert sch(sk, (2304, 2304, 8192)).mode == "streamk"          # 324 tiles: 60-tile tail
+    assert sch(sk, (2688, 2304, 8192)).mode == "dp"               # 378 tiles: 114-tile tail
+    assert sch(sk, (2688, 2304, 8192), decomposition=3).mode == "streamk"
+    assert sch(sk, (2304, 2304, 8192), decomposition=1).mode == "dp"
+    s = sch(sk, (2304, 2304, 8192), splits=4)
+    assert (s.mode, s.splits) == ("splitk", 4)
+    assert sch(sk, (512, 512, 64), splits=8).splits == 1         # one k tile: nothing to split
+    assert sch(_cutlass(), (2304, 2304, 8192), splits=4).mode == "dp"   # a persistent build has no splits
+
+
+def test_prior_knows_clusters_tiles_and_tile_order():
+    m = CostModel.default("H100")
+    big = (12288, 16384, 16384)
+    t = lambda meta, **o: m.predict_us(meta, None, big, o or None)
+    # tile order (the runtime options): the first campaign's 128x128 tile lost half its speed
+    # to an unswizzled raster on this shape; raster along the wrong dimension costs more
+    assert t(_cutlass(), swizzle=8) < 0.7 * t(_cutlass(), swizzle=1)
+    assert t(_cutlass(), raster=2) > t(_cutlass(), raster=1) == t(_cutlass())   # heuristic: along M here
+    # clusters: multicast shares operand loads, so a 2x1 cluster beats 1x1 with the same tile
+    wide = _cutlass(BN=256)
+    assert t(_cutlass(BN=256, CLUSTER_M=2), swizzle=8) < t(wide, swizzle=8)
+    assert t(_cutlass(BM=256, CLUSTER_N=2), swizzle=8) < t(_cutlass(BM=256), swizzle=8)
+    # tiles above 128x128 keep the tensor cores better fed (all else equal: swizzled, big shape)
+    assert t(wide, swizzle=8) < t(_cutlass(), swizzle=8)
+    # but on a small problem a big tile and a cluster leave SMs idle
+    small = (1024, 1024, 1024)
+    assert m.predict_us(_cutlass(), None, small) < m.predict_us(_cutlass(BN=256, CLUSTER_M=2), None, small)
+    # the meta's declared defaults are what options=None means
+    meta = dict(_cutlass(), options=[{"name": "swizzle", "values": [1, 2, 4, 8], "default": 8},
+                                     {"name": "raster", "values": [0, 1, 2], "default": 0}])
+    assert m.predict_us(meta, None, big) == pytest.approx(t(_cutlass(), swizzle=8))
+    assert m.predict_us(meta, None, big, {"swizzle": 1}) == pytest.approx(t(_cutlass()))
+
+
+def test_prior_knows_stream_k_and_split_k():
+    m = CostModel.default("H100")
+    sk = _cutlass(SCHEDULER="streamk")
+    t = lambda shape, **o: m.predict_us(sk, None, shape, o)
+    # wave quantisation: 324 tiles on 132 SMs; stream-K spreads the 60-tile tail
+    assert t((2304, 2304, 8192)) < 0.95 * t((2304, 2304, 8192), decomposition=1)
+    # 16 output tiles, 256 k tiles each: split-K / stream-K use the idle SMs
+    assert t((512, 512, 16384), splits=8, decomposition=2) < 0.5 * t((512, 512, 16384), decomposition=1)
+    # a full machine gains nothing from splitting K (partials and fixup cost extra)
+    assert t((4096, 4096, 4096), splits=4, decomposition=2) > t((4096, 4096, 4096), decomposition=1)
+
+
+def test_rank_options_drops_combinations_that_run_the_same_schedule():
+    from cudal2.templates import FAMILIES
+    fam = FAMILIES["cutlass_sm90"]
+    cfg = fam.default().with_(BN=128, CLUSTER_M=1)
+    meta = _cutlass()
+    m = CostModel.default("H100")
+    tiny = m.rank_options(meta, None, (128, 128, 4096), fam.option_space(cfg))
+    assert len(tiny) == 1 and tiny[0][1] == {"swizzle": 1, "raster": 0}         # one tile: one schedule
+    ranked = m.rank_options(meta, None, (12288, 16384, 16384), fam.option_space(cfg))
+    assert [r[0] for r in ranked] == sorted(r[0] for r in ranked)
+    assert ranked[0][1]["swizzle"] == 8 and 4 < len(ranked) < 12
+    # ABI 1 kernels: the single empty combination
+    assert m.rank_options(_meta(128, 128, 32, 8, 3), None, (64, 64, 64), [{}])[0][1] == {}
+
+
+def test_samples_carry_options_into_fit_and_ranking():
+    """A measured row's options reach the features: the same kernel on the same shape at two
+    swizzles is two different predictions (SYNTHETIC times)."""
+    m = CostModel.default("H100")
+    big = (12288, 16384, 16384)
+    rows = [Sample(_cutlass(), {}, big, m.predict_us(_cutlass(), None, big, {"swizzle": sw}), "H100 (synthetic)",
+                   options={"swizzle": sw}) for sw in (1, 2, 4, 8)]
+    assert m.rank_correlation(rows) == pytest.approx(1.0)
+    ev = Evaluation(status="ok", source_sha="a" * 64, shape=Shape(*big), arch="sm_90a", acc="f32", layout="RR",
+                    build={}, timings={"offline": {"candidate": {"median_us": 9000.0}}}, meta=_cutlass())
+    from cudal2.costmodel import samples_from_evaluations
+    assert samples_from_evaluations([ev])[0].options == {}      # rows without options: the defaults
+
+
+@pytest.mark.compile
+def test_cutlass_schedule_agrees_with_cutlass_workspace_sizes():
+    """The decomposition cutlass_schedule replays, checked against CUTLASS's own host code: a
+    stream-K build's cudal2_workspace (Gemm::get_workspace_size, on 132 SMs without a GPU) is 0
+    for data-parallel, partials of every output tile for split-K, of the stream-K tiles only for
+    stream-K."""
+    from cudal2.abi import load_library
+    from cudal2.build import build
+    from cudal2.costmodel import cutlass_schedule
+    from cudal2.templates import FAMILIES
+    from cudal2.tune import config_meta
+    fam = FAMILIES["cutlass_sm90"]
+    cfg = next(c for c in fam.defaults() if c.get("SCHEDULER") == "streamk")
+    r = build(fam.build_spec(cfg, "sm_90a"))
+    assert r.ok, r.log[-3000:]
+    lib = load_library(r.so_path)
+    meta = config_meta(cfg)
+    bm, bn = cfg.get("BM"), cfg.get("BN")
+    up = lambda x, m: -(-x // m) * m
+    checked = set()
+    for shape in [(2304, 2304, 8192), (2688, 2304, 8192), (512, 512, 16384), (1000, 1000, 1000),
+                  (4096, 4096, 4096), (128, 4096, 4096), (8192, 1024, 512), (777, 3000, 2048)]:
+        for opts in fam.option_space(cfg):
+            s = cutlass_schedule(kernel_facts(meta, None, opts), shape, 132)
+            n = (s.tiles_m * s.tiles_n if s.mode == "splitk" else s.sk_tiles if s.mode == "streamk" else 0)
+            want = up(up(n * bm * bn * 4, 128) + up(n * 2 * 4, 128), 16) if n else 0
+            got = lib.workspace_bytes(*shape, lib.options(opts))
+            assert got == want, (shape, opts, s, got, want)
+            checked.add(s.mode)
+    assert checked == {"dp", "splitk", "streamk"}

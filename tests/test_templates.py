@@ -90,8 +90,14 @@ def test_default_instantiations():
     ("cutlass_sm90", dict(BN=72), "BN"),
     ("cutlass_sm90", dict(BK=32), "BK"),
     ("cutlass_sm90", dict(CLUSTER_M=4, CLUSTER_N=2), "cluster"),
-    ("cutlass_sm90", dict(SWIZZLE=3), "SWIZZLE"),
+    ("cutlass_sm90", dict(SWIZZLE=8), "unknown parameter SWIZZLE"),   # a runtime option now
     ("cutlass_sm90", dict(SCHEDULE="stream"), "SCHEDULE"),
+    ("cutlass_sm90", dict(SCHEDULER="stream"), "SCHEDULER"),
+    ("cutlass_sm90", dict(SCHEDULE="pingpong", BN=128, SCHEDULER="streamk"), "stream-K"),
+    ("cutlass_sm90", dict(BM=256, BN=64, CLUSTER_M=1), "BN=128"),
+    ("cutlass_sm90", dict(BM=256, BN=256), "accumulator registers"),
+    ("cutlass_sm90", dict(BK=128), "BK"),
+    ("cutlass_sm90", dict(CLUSTER_M=2, CLUSTER_N=2), "cluster"),
 ])
 def test_valid_rejects_bad_configs(family, changes, why):
     fam = FAMILIES[family]
@@ -127,12 +133,13 @@ def test_accepts():
     assert cut.accepts(cc, 1, 8, 8) and cut.accepts(cc, 4097, 64, 8192)
     assert not cut.accepts(cc, 64, 129, 256) and not cut.accepts(cc, 64, 128, 257)
     assert not mma.accepts(c.with_(WM=48), 128, 128, 128)   # invalid configs accept nothing
-    # serves = accepts + the ABI's tile rule for kernels that do not claim any_shape: the H100
-    # campaign planned a 128x192 CUTLASS tile for N = 8192 and the harness called it wrong
+    # serves = accepts + the ABI's shape rule. CUTLASS kernels claim any_shape (ABI 2, with
+    # "divisible": [1, 8, 8]): TMA zero-fills the residues, so a 128x192 tile serves N = 8192
     assert mma.serves(c, 63, 129, 257) and cut.serves(cc, 4096, 4096, 4096)
     wide = cc.with_(BN=192)
-    assert cut.accepts(wide, 4096, 16384, 8192) and not cut.serves(wide, 4096, 16384, 8192)
-    assert not cut.serves(cc, 4097, 64, 8192) and cut.serves(wide, 128, 12288, 64)
+    assert cut.accepts(wide, 4096, 16384, 8192) and cut.serves(wide, 4096, 16384, 8192)
+    assert cut.serves(cc, 4097, 64, 8192) and cut.serves(wide, 128, 12288, 64) and cut.serves(cc, 1, 8, 8)
+    assert not cut.serves(cc, 64, 129, 256) and not cut.serves(cc, 64, 128, 257)
 
 
 def test_space_values_are_reachable():
@@ -171,9 +178,43 @@ def test_instantiate_is_deterministic_and_self_contained():
     assert "begin mma_hgemm.cuh (inlined)" in ptx and "cudal2_ptx_kstep" in ptx
     f16 = instantiate(FAMILIES["mma"].default().with_(ACC="f16", LAYOUT="RC"))
     assert "#define ACC_F16 1\n" in f16 and "#define LAYOUT_RC 1\n" in f16
-    coop, ping = FAMILIES["cutlass_sm90"].defaults()
+    coop, ping, streamk = FAMILIES["cutlass_sm90"].defaults()[:3]
     assert "#define SCHEDULE_PINGPONG 0\n" in instantiate(coop)
     assert "#define SCHEDULE_PINGPONG 1\n" in instantiate(ping)
+    assert "#define SCHEDULER_STREAMK 0\n" in instantiate(coop)
+    assert "#define SCHEDULER_STREAMK 1\n" in instantiate(streamk)
+    assert "#define SWIZZLE" not in instantiate(coop)          # a runtime option, not a macro
+
+
+def test_runtime_options_of_each_family():
+    """ABI 2 (cutlass_sm90): one build takes swizzle and raster (stream-K builds also splits and
+    decomposition) at run time; ABI 1 families (mma, ptx) declare none."""
+    cut = FAMILIES["cutlass_sm90"]
+    for name in ("mma", "ptx"):
+        f = FAMILIES[name]
+        assert f.options(f.default()) == {} and f.option_decls(f.default()) == []
+        assert f.option_defaults(f.default()) == {} and f.option_space(f.default()) == [{}]
+        assert f.option_problems(f.default(), {"swizzle": 8})       # none declared
+    pers, streamk = cut.default(), cut.default().with_(BN=128, SCHEDULER="streamk")
+    assert cut.options(pers) == {"swizzle": [1, 2, 4, 8], "raster": [0, 1, 2]}
+    assert list(cut.options(streamk)) == ["swizzle", "raster", "splits", "decomposition"]
+    assert cut.options(streamk)["decomposition"] == [0, 1, 2, 3]
+    assert cut.option_defaults(streamk) == {"swizzle": 1, "raster": 0, "splits": 1, "decomposition": 0}
+    # values and CUTLASS's rule: a split count needs the heuristic or split-K decomposition
+    assert cut.option_problems(pers, {}) == [] and cut.option_problems(pers, {"swizzle": 8, "raster": 2}) == []
+    assert any("swizzle=3" in p for p in cut.option_problems(pers, {"swizzle": 3}))
+    assert any("splits" in p for p in cut.option_problems(pers, {"splits": 2}))   # persistent: none
+    assert cut.option_problems(streamk, {"splits": 4, "decomposition": 2}) == []
+    assert cut.option_problems(streamk, {"splits": 4}) == []                      # heuristic -> split-K
+    assert any("decomposition" in p for p in cut.option_problems(streamk, {"splits": 4, "decomposition": 3}))
+    # the sweep: every valid combination once, defaults first, without CUTLASS's synonyms
+    space = cut.option_space(pers)
+    assert space[0] == cut.option_defaults(pers) and len(space) == 4 * 3
+    sk = cut.option_space(streamk)
+    assert sk[0] == cut.option_defaults(streamk)
+    assert len(sk) == len({tuple(sorted(o.items())) for o in sk}) == 4 * 3 * 6
+    assert all(cut.option_problems(streamk, o) == [] for o in sk)
+    assert {(o["splits"], o["decomposition"]) for o in sk} == {(1, 0), (1, 1), (1, 3), (2, 2), (4, 2), (8, 2)}
 
 
 def test_instantiate_unknown_family():
@@ -439,35 +480,82 @@ def test_raw_kernels_meta_and_argument_checks(cfg, arch):
         assert call(big, big, 64, 64, big, big, wsb=1 << 40) == INVALID_VALUE   # M*N over the cap
 
 
+def _cutlass_id(c) -> str:
+    return (f"{c.get('BM')}x{c.get('BN')}-{c.get('CLUSTER_M')}x{c.get('CLUSTER_N')}-{c.get('SCHEDULE')}"
+            f"-{c.get('SCHEDULER')}-{c.get('ACC')}-{c.get('LAYOUT')}")
+
+
+def _int_array(*values):
+    return (ctypes.c_int * len(values))(*values)
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg", FAMILIES["cutlass_sm90"].defaults(), ids=lambda c: c.get("SCHEDULE"))
+@pytest.mark.parametrize("cfg", FAMILIES["cutlass_sm90"].defaults(), ids=_cutlass_id)
 def test_cutlass_kernels_build(cfg):
+    """Every cutlass_sm90 default: zero spills, the ABI 2 symbols, wgmma/TMA of the declared
+    accumulator, a meta that declares the family's runtime options, cudal2_workspace, and the
+    argument and option checks, all on the host (no GPU)."""
+    fam = FAMILIES["cutlass_sm90"]
     r = _build(cfg, "sm_90a")
     assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
-    assert {"cudal2_hgemm", "cudal2_meta"} <= _exports(r.so_path)
+    assert r.resources and max(x.stack_bytes for x in r.resources) == 0
+    assert {"cudal2_hgemm", "cudal2_meta", "cudal2_workspace"} <= _exports(r.so_path)
     ptx = r.ptx_path.read_text()
     wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.(\w+)\.f16\.f16", ptx))
-    assert wgmma == {"f32"}, wgmma
+    assert wgmma == {cfg.get("ACC")}, wgmma
     assert "cp.async.bulk.tensor" in ptx      # TMA loads
-    from cudal2.abi import load_library
+    from cudal2.abi import load_library, parse_meta
     lib = load_library(r.so_path)
-    m, p = lib.meta, cfg.as_dict()
+    raw = lib._meta_fn().decode()
+    m, p = parse_meta(raw), cfg.as_dict()
+    assert m == lib.meta and m["abi"] == 2 and lib.abi == 2
     assert m["style"] == "cutlass" and m["family"] == "cutlass_sm90" and m["arch"] == "sm_90a"
-    assert m["acc"] == "f32" and m["layout"] == "RR" and m["tile"] == [p["BM"], p["BN"], p["BK"]]
-    assert m["schedule"] == p["SCHEDULE"] and m["any_shape"] is False and m["divisible"] == [1, 8, 8]
-    assert m["workspace_bytes"] == 0 and m["stages"] >= 2 and m["warps"] == 12
-    assert m["params"] == p
+    assert m["acc"] == p["ACC"] and m["layout"] == p["LAYOUT"] and m["tile"] == [p["BM"], p["BN"], p["BK"]]
+    assert m["cluster"] == [p["CLUSTER_M"], p["CLUSTER_N"], 1]
+    assert m["schedule"] == p["SCHEDULE"] and m["scheduler"] == p["SCHEDULER"]
+    assert m["any_shape"] is True and m["divisible"] == [1, 8, 8]
+    assert m["stages"] >= 2 and m["warps"] == 12 and m["params"] == p
+    # the meta's options are the family's, in call order, with the same defaults
+    assert m["options"] == [{"name": n, "values": list(v), "default": d} for n, v, d in fam.option_decls(cfg)]
+    streamk = p["SCHEDULER"] == "streamk"
+    # workspace (no GPU here: cudal2_workspace assumes 132 SMs): the persistent scheduler needs
+    # none; split-K keeps partials of every output tile; stream-K of < 2 waves of tiles
+    if streamk:
+        need = lib.workspace_bytes(4096, 4096, 4096, lib.options({"splits": 4, "decomposition": 2}))
+        assert need >= 4096 * 4096 * m["workspace_per_mn"]
+        assert lib.workspace_bytes(4096, 4096, 4096, lib.options({"decomposition": 1})) == 0   # data-parallel
+        assert 0 < lib.workspace_bytes(1000, 1000, 4096, lib.options({"decomposition": 3})) <= m["workspace_bytes"]
+        assert m["workspace_bytes"] > 0 and m["workspace_per_mn"] == (2 if p["ACC"] == "f16" else 4)
+    else:
+        assert m["workspace_bytes"] == 0
+        for o in fam.option_space(cfg):
+            assert lib.workspace_bytes(4096, 4096, 4096, lib.options(o)) == 0
+    assert lib.workspace_bytes(0, 64, 64, None) == 0
     P = 1 << 20
+    n_opts = len(m["options"])
 
-    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P):
-        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, 0)
+    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P, options=None):
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, 0, options=options)
     assert call(0, 64, 64, 64, 64, 64) == 0
+    assert call(0, 64, 64, 64, 64, 64, options=lib.options({"swizzle": 8, "raster": 2})) == 0
     assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
     assert call(64, 64, 64, 64, 64, 56) == INVALID_VALUE        # ldc < N
     assert call(64, 64, 60, 64, 64, 64) == INVALID_VALUE        # K % 8
     assert call(64, 60, 64, 64, 64, 64) == INVALID_VALUE        # N % 8
     assert call(64, 64, 64, 68, 64, 64) == INVALID_VALUE        # lda % 8
     assert call(64, 64, 64, 64, 64, 64, a=P + 2) == INVALID_VALUE   # 16-byte alignment
+    # option values the meta does not list: refused before anything else (even an empty C)
+    good = [o["default"] for o in m["options"]]
+    for i, bad in [(0, 3), (0, 0), (0, 16), (1, 3), (1, -1)] + ([(2, 3), (2, 0), (3, 4)] if streamk else []):
+        vals = list(good)
+        vals[i] = bad
+        assert call(0, 64, 64, 64, 64, 64, options=_int_array(*vals)) == INVALID_VALUE, (i, bad)
+        assert lib.workspace_bytes(64, 64, 64, _int_array(*vals)) == 0
+    if streamk:   # CUTLASS's rule: splits > 1 with data-parallel or stream-K decomposition
+        for dec in (1, 3):
+            assert call(0, 64, 64, 64, 64, 64, options=_int_array(1, 0, 2, dec)) == INVALID_VALUE
+        assert call(0, 64, 64, 64, 64, 64, options=_int_array(1, 0, 2, 2)) == 0
+    assert n_opts == (4 if streamk else 2)
 
 
 @pytest.mark.compile
@@ -508,7 +596,7 @@ def tolerance(ref, K: int, acc: str):
     return out_round + 6 * 2.0 ** -11 * (math.sqrt(K) / 3 + 1) * math.sqrt(K)
 
 
-def _run(lib, meta, M, N, K, *, lda=None, ldb=None, ldc=None, offset_a=0):
+def _run(lib, meta, M, N, K, *, lda=None, ldb=None, ldc=None, offset_a=0, options=None):
     import torch
     dev = torch.device("cuda")
     rc = meta["layout"] == "RC"
@@ -525,14 +613,14 @@ def _run(lib, meta, M, N, K, *, lda=None, ldb=None, ldc=None, offset_a=0):
     B = Bm.t() if rc else Bm                   # logical K x N
     sentinel = -7.0
     c_store = torch.full((max(M, 1) * ldc + 64,), sentinel, device=dev, dtype=torch.float16)
-    opts = lib.options()                      # ABI 2: every option at its default; ABI 1: None
+    opts = lib.options(options) if meta.get("abi") == 2 else None     # ABI 1: None
     ws_bytes = lib.workspace_bytes(M, N, K, opts)
     ws = torch.empty(max(ws_bytes, 1), device=dev, dtype=torch.uint8)
     a_before, b_before = a_store.clone(), b_store.clone()
     stream = torch.cuda.current_stream()
     a_ptr = a_store.data_ptr() + 2 * offset_a
     err = lib.launch(a_ptr, b_store.data_ptr(), c_store.data_ptr(), M, N, K, lda, ldb, ldc,
-                     ws.data_ptr() if ws_bytes else 0, ws_bytes, stream.cuda_stream, opts)
+                     ws.data_ptr() if ws_bytes else 0, ws_bytes, stream.cuda_stream, options=opts)
     torch.cuda.synchronize()
     assert err == 0, f"cudal2_hgemm returned {err}"
     assert torch.equal(a_store, a_before) and torch.equal(b_store, b_before), "inputs modified"
@@ -584,6 +672,62 @@ def test_kernels_match_torch(cfg):
         _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores
         _run(lib, meta, 65, 72, 136, lda=137, offset_a=1)         # misaligned A: guarded loads
         _run(lib, meta, 33, 40, 24, ldb=(29 if meta["layout"] == "RC" else 43))   # odd ldb
+
+
+def _cutlass_space_cases():
+    """The whole cutlass_sm90 space for f32/RR (48 configs: tune.enumerate_space), plus the
+    register- and layout-heaviest corners again as f32/RC and f16/RR."""
+    from cudal2 import tune
+    fam = FAMILIES["cutlass_sm90"]
+    cases = tune.enumerate_space(fam, arch="sm_90a", acc="f32", layout="RR")
+    corners = [dict(BM=128, BN=256, SCHEDULE="cooperative", SCHEDULER="streamk"),
+               dict(BM=256, BN=128, SCHEDULE="cooperative", SCHEDULER="streamk"),
+               dict(BM=64, BN=256, SCHEDULE="pingpong", SCHEDULER="persistent"),
+               dict(BM=128, BN=128, SCHEDULE="pingpong", SCHEDULER="persistent")]
+    for acc, layout in (("f32", "RC"), ("f16", "RR")):
+        cases += [fam.default().with_(CLUSTER_M=2, CLUSTER_N=1, ACC=acc, LAYOUT=layout, **c) for c in corners]
+    return cases
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", _cutlass_space_cases(), ids=_cutlass_id)
+def test_cutlass_space_builds_without_spills(cfg):
+    """Every config Family.valid lets into the cutlass_sm90 space compiles for sm_90a with zero
+    spills and no stack (~55 s and ~3.5 GB each: 56 builds, about 50 minutes on one core; run
+    with -m "compile and slow"). All 56 were compiled on a 2-core CPU machine (nvcc 13.0, CUTLASS
+    4.2.0) when the space was set: 48 f32/RR (the whole space) and 8 f32/RC, f16/RR corners."""
+    assert FAMILIES["cutlass_sm90"].valid(cfg, "sm_90a")
+    r = _build(cfg, "sm_90a")
+    assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
+    assert r.resources and max(x.stack_bytes for x in r.resources) == 0
+    assert {"cudal2_hgemm", "cudal2_meta", "cudal2_workspace"} <= _exports(r.so_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", FAMILIES["cutlass_sm90"].defaults(), ids=_cutlass_id)
+def test_cutlass_runtime_options_match_torch(cfg):
+    """Every runtime option combination of each CUTLASS default (swizzle, raster; stream-K
+    builds: splits, decomposition) on residue, wave-quantised and long-K shapes, each with the
+    workspace cudal2_workspace asks for; a workspace one byte short is refused. Buffers are
+    reallocated per call, so the launcher's Params cache sees both new and reused addresses."""
+    from cudal2.abi import load_library
+    fam = FAMILIES["cutlass_sm90"]
+    lib = load_library(_build(cfg, "sm_90a").so_path)
+    meta = lib.meta
+    for M, N, K in [(200, 136, 72), (1000, 1000, 1024), (2304, 2304, 1024), (256, 256, 8192)]:
+        for o in fam.option_space(cfg):
+            _run(lib, meta, M, N, K, options=o)
+    if cfg.get("SCHEDULER") == "streamk":
+        import torch
+        opts = lib.options({"splits": 4, "decomposition": 2})
+        need = lib.workspace_bytes(256, 256, 8192, opts)
+        assert need > 0
+        ws = torch.empty(need, device="cuda", dtype=torch.uint8)
+        x = torch.zeros(256 * 8192 + 8, device="cuda", dtype=torch.float16)
+        err = lib.launch(x.data_ptr(), x.data_ptr(), x.data_ptr(), 256, 256, 8192, 8192, 256, 256,
+                         ws.data_ptr(), need - 1, torch.cuda.current_stream().cuda_stream, options=opts)
+        assert err == INVALID_VALUE
 
 
 @pytest.mark.compile

@@ -151,4 +151,46 @@ def test_plan_spreads_a_shapes_slots_over_configs_the_model_can_tell_apart():
     cfgs = [c.config.as_dict() for c in p.per_shape[shape]]
     assert len(cfgs) == 4
     assert len({(c["BM"], c["BN"], c["SCHEDULE"]) for c in cfgs}) >= 2, cfgs
-    assert cfgs[0]["SWIZZLE"] == 8       # the raster term: a large GEMM wants a swizzled raster
+    # the raster term: a large GEMM wants a swizzled raster, now a runtime option of the build
+    first = p.per_shape[shape][0]
+    assert first.options[shape][0]["swizzle"] == 8
+
+
+def test_plan_carries_runtime_options_per_shape():
+    """A build is planned once per (accumulator, layout) target; per shape it serves, the plan
+    carries the runtime options (kernel ABI 2) worth timing: every combination CUTLASS runs
+    differently on that shape when there are few, else the cost model's best max_options."""
+    from cudal2.templates import FAMILIES
+    cut = FAMILIES["cutlass_sm90"]
+    shapes = [Shape(12288, 16384, 16384), Shape(512, 512, 16384), Shape(64, 64, 64)]
+    p = tune.plan(shapes, "sm_90a", families=["cutlass_sm90", "mma"], limit_per_shape=3, max_options=5)
+    assert (p.acc, p.layout) == ("f32", "RR")
+    assert p.evaluations == sum(len(p.sweeps(s)) for s in shapes)
+    assert p.evaluations == sum(len(c.options[s]) for s in shapes for c in p.per_shape[s])
+    for s in shapes:
+        for c in p.per_shape[s]:
+            fam = FAMILIES[c.family]
+            opts = c.options[s]
+            assert 1 <= len(opts) <= 5
+            assert all(fam.option_problems(c.config, o) == [] for o in opts)
+            if c.family == "mma":
+                assert opts == [{}]                  # ABI 1: one way to call it
+            else:
+                assert set(opts[0]) == set(fam.options(c.config))
+        for c, o in p.sweeps(s):
+            assert o in c.options[s]
+    # small MN, long K: a stream-K build's best way to run it splits K
+    small = Shape(512, 512, 16384)
+    sk = [c for c in p.per_shape[small] if c.config.get("SCHEDULER") == "streamk"]
+    assert sk and (sk[0].options[small][0]["splits"] > 1 or sk[0].options[small][0]["decomposition"] == 3)
+    # without a cap: every combination that runs differently on the shape, once
+    one_tile = Shape(64, 64, 4096)
+    q = tune.plan([one_tile], "sm_90a", families=["cutlass_sm90"], max_options=None)
+    cfg = cut.default().with_(BN=128, CLUSTER_M=1, SCHEDULER="streamk")
+    cand = next(c for c in q.candidates if c.config == cfg)
+    full = cand.options[one_tile]
+    # one output tile: swizzle and raster collapse, the K decompositions stay
+    assert len(full) == len({(o["splits"], o["decomposition"]) for o in full}) > 1
+    assert len(full) < len(cut.option_space(cfg))
+    assert [o for o in q.per_shape[one_tile][0].options[one_tile]]         # every build has options
+    assert len(q.candidates) == len(tune.enumerate_space(cut))

@@ -78,7 +78,11 @@ _ENUM_MACROS: dict[str, tuple[str, dict[str, int]]] = {
     "ACC": ("ACC_F16", {"f32": 0, "f16": 1}),
     "LAYOUT": ("LAYOUT_RC", {"RR": 0, "RC": 1}),
     "SCHEDULE": ("SCHEDULE_PINGPONG", {"cooperative": 0, "pingpong": 1}),
+    "SCHEDULER": ("SCHEDULER_STREAMK", {"persistent": 0, "streamk": 1}),
 }
+
+# A runtime option a build declares (kernel ABI 2, docs/abi.md): (name, values, default).
+OptionDecl = tuple[str, tuple[int, ...], int]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,12 @@ class Family:
     _problems: Callable[["Family", dict, str | None], list[str]] = field(repr=False, default=None)
     _accepts: Callable[[dict, int, int, int], bool] = field(repr=False, default=None)
     any_shape: bool = True                      # the meta's any_shape (False: tile multiples only)
+    # ABI 2 families: the runtime options a config's build declares, in call order; a rule
+    # refusing combinations (reasons, empty = fine); one marking combinations that behave like
+    # another listed one (the sweep skips them). None: an ABI 1 family, no options.
+    _options: Callable[[dict], list[OptionDecl]] | None = field(repr=False, default=None)
+    _option_rule: Callable[[dict, dict], list[str]] | None = field(repr=False, default=None)
+    _option_redundant: Callable[[dict, dict], bool] | None = field(repr=False, default=None)
 
     # -- the tuner's view
     def space(self) -> dict[str, list[Value]]:
@@ -153,13 +163,65 @@ class Family:
 
     def serves(self, config: KernelConfig, M: int, N: int, K: int) -> bool:
         """Whether the harness and the dispatcher will let this config serve the shape: it
-        accepts it, and (the ABI, DESIGN.md) a kernel that does not claim any_shape is served
-        only multiples of its tile. CUTLASS's kernels compute residue shapes correctly (GPU
-        tests) but declare any_shape false, so the planner must not give them one."""
+        accepts it, and (the ABI, docs/abi.md) a kernel that does not claim any_shape is served
+        only multiples of its tile."""
         from ..abi import meta_accepts
         p = config.as_dict()
         return self.accepts(config, M, N, K) and meta_accepts(
             {"any_shape": self.any_shape, "tile": [p["BM"], p["BN"], p["BK"]]}, M, N, K)
+
+    # -- runtime options (kernel ABI 2): values one build serves without a rebuild
+    def option_decls(self, config: KernelConfig) -> list[OptionDecl]:
+        """(name, values, default) of every runtime option the build of `config` declares in its
+        meta, in the order of the options array; [] for ABI 1 families (mma, ptx)."""
+        if self._options is None:
+            return []
+        return [(n, tuple(v), d) for n, v, d in self._options(config.as_dict())]
+
+    def options(self, config: KernelConfig) -> dict[str, list[int]]:
+        """Runtime option name -> the values its build accepts, in call order ({} for ABI 1):
+        what a planner sweeps per shape without rebuilding."""
+        return {n: list(v) for n, v, _ in self.option_decls(config)}
+
+    def option_defaults(self, config: KernelConfig) -> dict[str, int]:
+        """The value each option takes when the caller passes NULL."""
+        return {n: d for n, _, d in self.option_decls(config)}
+
+    def option_problems(self, config: KernelConfig, chosen: dict) -> list[str]:
+        """Why the build of `config` would refuse these options (cudaErrorInvalidValue); empty
+        when it takes them. Names left out take their defaults."""
+        decls = self.option_decls(config)
+        names = [n for n, _, _ in decls]
+        out = [f"option {k} is not declared by {config.label()} (it takes {names or 'none'})"
+               for k in chosen if k not in names]
+        full = {**self.option_defaults(config), **{k: v for k, v in chosen.items() if k in names}}
+        for n, values, _ in decls:
+            if full[n] not in values:
+                out.append(f"option {n}={full[n]!r} is not one of {list(values)}")
+        if not out and self._option_rule is not None:
+            out += self._option_rule(config.as_dict(), full)
+        return out
+
+    def option_space(self, config: KernelConfig) -> list[dict[str, int]]:
+        """Every combination of the options the build accepts, fully spelt out, in a fixed order
+        (defaults first), without combinations that behave like an earlier one; [{}] for an ABI
+        1 family (one way to call it)."""
+        decls = self.option_decls(config)
+        if not decls:
+            return [{}]
+        import itertools
+        names = [n for n, _, _ in decls]
+        # each option's default first, so the first combination is the NULL-options call
+        axes = [[d] + [v for v in values if v != d] for _, values, d in decls]
+        out = []
+        for combo in itertools.product(*axes):
+            chosen = dict(zip(names, combo))
+            if self._option_rule is not None and self._option_rule(config.as_dict(), chosen):
+                continue
+            if self._option_redundant is not None and self._option_redundant(config.as_dict(), chosen):
+                continue
+            out.append(chosen)
+        return out
 
     # -- source
     def macros(self, config: KernelConfig) -> list[tuple[str, int]]:
@@ -262,6 +324,9 @@ _CUTLASS_FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG")
 
 
 def _cutlass_problems(family: Family, p: dict, arch: str | None) -> list[str]:
+    """What CUTLASS 3.x (4.2) cannot build, or the space does not cover (every config this
+    accepts was compiled for sm_90a with zero spills:
+    tests/test_templates.py::test_cutlass_space_builds_without_spills)."""
     out = []
     BM, BN, BK = p["BM"], p["BN"], p["BK"]
     coop = p["SCHEDULE"] == "cooperative"
@@ -271,13 +336,17 @@ def _cutlass_problems(family: Family, p: dict, arch: str | None) -> list[str]:
         out.append(f"pingpong schedule: BM must be 64 or 128, got {BM}")
     if BN % 16 or not 16 <= BN <= 256:
         out.append(f"BN={BN} must be a multiple of 16 in [16, 256] (wgmma N)")
-    if BK not in (64, 128):
-        out.append(f"BK={BK} must be 64 or 128")
+    if BM == 256 and BN != 128:
+        out.append(f"BM=256 pairs with BN=128 only (the CUTLASS profiler's 256-row tile; 256x{BN} "
+                   "is not in the compiled space)")
+    if BK != 64:
+        out.append(f"BK={BK} must be 64 (128 bytes of fp16, one TMA swizzle atom: the compiled space)")
     cm, cn = p["CLUSTER_M"], p["CLUSTER_N"]
-    if cm not in (1, 2, 4) or cn not in (1, 2, 4) or cm * cn > 4:
-        out.append(f"cluster {cm}x{cn}: each side 1, 2 or 4, at most 4 CTAs")
-    if p["SWIZZLE"] not in (1, 2, 4, 8):
-        out.append(f"SWIZZLE={p['SWIZZLE']} must be 1, 2, 4 or 8")
+    if (cm, cn) not in ((1, 1), (2, 1), (1, 2)):
+        out.append(f"cluster {cm}x{cn}: one of 1x1, 2x1, 1x2 (the compiled space)")
+    if p["SCHEDULER"] == "streamk" and not coop:
+        out.append("SCHEDULER=streamk needs the cooperative schedule (CUTLASS's ping-pong kernel "
+                   "has no stream-K scheduler)")
     # accumulator registers per consumer thread (128 threads per warpgroup)
     rows = BM // 2 if coop else BM
     per_thread = rows * BN // 128 // (2 if p["ACC"] == "f16" else 1)
@@ -291,6 +360,30 @@ def _cutlass_problems(family: Family, p: dict, arch: str | None) -> list[str]:
 
 def _cutlass_accepts(p: dict, M: int, N: int, K: int) -> bool:
     return N % 8 == 0 and K % 8 == 0
+
+
+# Runtime options of a cutlass_sm90 build (cutlass_sm90.cuh's header has their meaning).
+_CUTLASS_OPTIONS: list[OptionDecl] = [("swizzle", (1, 2, 4, 8), 1), ("raster", (0, 1, 2), 0)]
+_STREAMK_OPTIONS: list[OptionDecl] = [("splits", (1, 2, 4, 8), 1), ("decomposition", (0, 1, 2, 3), 0)]
+
+
+def _cutlass_options(p: dict) -> list[OptionDecl]:
+    return _CUTLASS_OPTIONS + (_STREAMK_OPTIONS if p["SCHEDULER"] == "streamk" else [])
+
+
+def _cutlass_option_rule(p: dict, o: dict) -> list[str]:
+    # CUTLASS's stream-K can_implement: a split count needs the heuristic or split-K decomposition
+    if o.get("splits", 1) > 1 and o.get("decomposition", 0) not in (0, 2):
+        return [f"splits={o['splits']} needs decomposition 0 (heuristic) or 2 (split-K), "
+                f"got {o['decomposition']}"]
+    return []
+
+
+def _cutlass_option_redundant(p: dict, o: dict) -> bool:
+    """CUTLASS turns a heuristic decomposition with splits > 1 into split-K, and split-K with
+    one split is data-parallel: those spellings repeat another combination."""
+    splits, dec = o.get("splits", 1), o.get("decomposition", 0)
+    return (dec == 0 and splits > 1) or (dec == 2 and splits == 1)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -316,19 +409,25 @@ _register(Family(
     _defaults=(_MMA_DEFAULT,),
     _problems=_mma_problems, _accepts=_mma_accepts))
 
-_COOP = dict(BM=128, BN=256, BK=64, CLUSTER_M=2, CLUSTER_N=1, SCHEDULE="cooperative", SWIZZLE=1,
-             ACC="f32", LAYOUT="RR")
+_COOP = dict(BM=128, BN=256, BK=64, CLUSTER_M=2, CLUSTER_N=1, SCHEDULE="cooperative",
+             SCHEDULER="persistent", ACC="f32", LAYOUT="RR")
 _PING = dict(_COOP, BM=128, BN=128, SCHEDULE="pingpong")
+_STREAMK = dict(_COOP, BN=128, CLUSTER_M=1, SCHEDULER="streamk")
+_TALL = dict(_COOP, BM=256, BN=128, CLUSTER_M=1, CLUSTER_N=2)
 _register(Family(
     name="cutlass_sm90", arches=("sm_90a",), header="cutlass_sm90.cuh", style="cutlass",
     flags=_CUTLASS_FLAGS,
-    description="CUTLASS 3.x SM90 TMA warp-specialised GEMM (cooperative or pingpong) from the "
-                "CollectiveBuilders; needs N % 8 == 0 and K % 8 == 0, 16-byte aligned operands",
-    _space={"BM": (64, 128, 256), "BN": (64, 128, 192, 256), "BK": (64, 128),
+    description="CUTLASS 3.x SM90 TMA warp-specialised GEMM (cooperative or pingpong, persistent "
+                "or stream-K scheduler) from the CollectiveBuilders, kernel ABI 2 (runtime "
+                "swizzle, raster, splits, decomposition); any M, N % 8 == 0, K % 8 == 0, "
+                "16-byte aligned operands",
+    _space={"BM": (64, 128, 256), "BN": (64, 128, 192, 256), "BK": (64,),
             "CLUSTER_M": (1, 2), "CLUSTER_N": (1, 2), "SCHEDULE": ("cooperative", "pingpong"),
-            "SWIZZLE": (1, 2, 4, 8)},
-    _fixed=_ACC_LAYOUT, _defaults=(_COOP, _PING),
-    _problems=_cutlass_problems, _accepts=_cutlass_accepts, any_shape=False))
+            "SCHEDULER": ("persistent", "streamk")},
+    _fixed=_ACC_LAYOUT, _defaults=(_COOP, _PING, _STREAMK, _TALL),
+    _problems=_cutlass_problems, _accepts=_cutlass_accepts, any_shape=True,
+    _options=_cutlass_options, _option_rule=_cutlass_option_rule,
+    _option_redundant=_cutlass_option_redundant))
 
 
 def default_configs(families: Iterable[str] | None = None) -> list[KernelConfig]:
