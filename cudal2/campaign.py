@@ -79,21 +79,6 @@ def _dir_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
-def option_sweep(family: str, config, limit: int = 16) -> list[dict]:
-    """The runtime-option combinations screening tries for one build: every combination of the
-    options its family declares for the config (ABI 2), at most `limit`; [{}] for ABI 1."""
-    import itertools
-
-    from .templates import FAMILIES
-    fam = FAMILIES.get(family)
-    space = fam.options(config) if fam is not None and hasattr(fam, "options") else {}
-    if not space:
-        return [{}]
-    names = sorted(space)
-    combos = [dict(zip(names, vals)) for vals in itertools.product(*(space[n] for n in names))]
-    return combos[:limit]
-
-
 def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
     """The tuned rows of the kernel table for this arch, accumulator and layout."""
     from .kernels import KernelIndex
@@ -145,7 +130,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         (out / "builds" / sha[:16] / "kernel.cu").write_text(c.source)
         cands.append({"sha": sha, "dir": f"builds/{sha[:16]}", "family": c.family, "label": c.label,
                       "params": [[k, v] for k, v in c.config.params],
-                      "options": option_sweep(c.family, c.config),
+                      # per served shape, the runtime options screening tries (the plan's sweep)
+                      "sweeps": [[[s.M, s.N, s.K], c.options.get(s, [{}])] for s in c.shapes],
                       "shapes": [[s.M, s.N, s.K] for s in c.shapes], **fields})
     if tuned:
         from .dispatch import family_flags
@@ -167,14 +153,16 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                 (out / "builds" / sha[:16] / "kernel.cu").write_text(spec.source)
                 entry = by_sha[sha] = {"sha": sha, "dir": f"builds/{sha[:16]}",
                                        "family": rows[0].family, "label": f"tuned:{rows[0].file}",
-                                       "params": [], "options": [], "shapes": [], **fields}
+                                       "params": [], "sweeps": [], "shapes": [], **fields}
                 cands.append(entry)
-            for t in rows:
+            for t in rows:                     # the options dispatch serves the shape with
                 if [t.M, t.N, t.K] not in entry["shapes"]:
                     entry["shapes"].append([t.M, t.N, t.K])
-                if t.options_dict not in entry["options"]:
-                    entry["options"].append(t.options_dict)
-            entry["options"] = entry["options"] or [{}]
+                sweep = next((sw for sh, sw in entry["sweeps"] if sh == [t.M, t.N, t.K]), None)
+                if sweep is None:
+                    entry["sweeps"].append([[t.M, t.N, t.K], [t.options_dict]])
+                elif t.options_dict not in sweep:
+                    sweep.append(t.options_dict)
     bases = []
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
@@ -195,7 +183,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     manifest = {"schema": SCHEMA, "deps_checked": True, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
-        "screenings": sum(len(c["shapes"]) * len(c["options"]) for c in cands),
+        "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
         "candidates": cands, "baselines": bases,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -354,8 +342,16 @@ def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
     for shape in dict.fromkeys(order):
         cs = per_shape.get(shape, [])
         cs.sort(key=lambda c: model.predict_us(_meta(c), c["resources"], shape))
-        out.append((shape, [(c, o) for c in cs for o in (c.get("options") or [{}])]))
+        out.append((shape, [(c, o) for c in cs for o in _sweep(c, shape)]))
     return out
+
+
+def _sweep(c: dict, shape: tuple) -> list[dict]:
+    """The runtime options screening tries for candidate `c` on `shape` ([{}]: defaults)."""
+    for sh, opts in c.get("sweeps") or ():
+        if tuple(sh) == tuple(shape):
+            return opts or [{}]
+    return [{}]
 
 
 def _copy_db(src: Path, dest: Path) -> None:

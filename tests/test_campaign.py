@@ -122,9 +122,10 @@ def test_finalists_top_few_and_near_ties():
     assert f([(0, None)]) == []
 
 
-def test_option_sweep_and_throughput_table():
-    from cudal2.templates import FAMILIES
-    assert campaign.option_sweep("mma", FAMILIES["mma"].default()) == [{}]
+def test_sweeps_and_throughput_table():
+    assert campaign._sweep({"sweeps": [[[64, 64, 64], [{"swizzle": 8}, {"swizzle": 1}]]]},
+                           (64, 64, 64)) == [{"swizzle": 8}, {"swizzle": 1}]
+    assert campaign._sweep({"sweeps": [[[64, 64, 64], [{}]]]}, (128, 64, 64)) == [{}]
     t = campaign.Throughput()
     t.add("screen", "<1e9", 30, 1.5)
     t.add("final", "<1e9", 2, 3.0)
@@ -152,7 +153,7 @@ def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):
                          jobs=2, kernels_root=root, log=lambda *a: None)
     assert m["tuned_shapes"] == [[128, 64, 64]] and m["shapes"][0] == [128, 64, 64]
     tuned = [c for c in m["candidates"] if [128, 64, 64] in c["shapes"]]
-    assert tuned and any(c["options"] == [{}] for c in tuned)
+    assert tuned and any(campaign._sweep(c, (128, 64, 64)) == [{}] for c in tuned)
     order = campaign._per_shape(m, __import__("cudal2.costmodel", fromlist=["CostModel"]).CostModel.default())
     assert order[0][0] == (128, 64, 64)
 

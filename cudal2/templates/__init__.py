@@ -644,4 +644,8 @@ _register(Family(
     _fixed={"ACC": ("f32",), "LAYOUT": ("RR", "RC")},
     _defaults=(_WGMMA_BIG, {**_WGMMA_BIG, "LAYOUT": "RC"}, _WGMMA_128, _WGMMA_SIMPLE,
                {**_WGMMA_SIMPLE, "LAYOUT": "RC"}),
-    _problems=_wgmma_problems, _accepts=_wgmma_accepts))
+    _problems=_wgmma_problems, _accepts=_wgmma_accepts,
+    _options=lambda p: list(WGMMA_OPTIONS),
+    # swizzle is the group size of rasters 1 and 2 only: with 0 (heuristic) or 3 (Hilbert)
+    # every swizzle value runs the same order
+    _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8))

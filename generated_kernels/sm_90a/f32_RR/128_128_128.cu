@@ -485,6 +485,10 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   }
   if (A == nullptr || B == nullptr || lda < K || ldb < (LAYOUT_RC ? K : N))
     return cudaErrorInvalidValue;
+  // fp16 operands are at least 2-byte aligned (the guarded path loads 2 bytes at a time).
+  if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B) |
+       reinterpret_cast<uintptr_t>(C)) % 2 != 0)
+    return cudaErrorInvalidValue;
 
   const long long tiles = (long long)((M + BM - 1) / BM) * (long long)((N + BN - 1) / BN);
   if (tiles > 2147483647LL) return cudaErrorInvalidValue;
