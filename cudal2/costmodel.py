@@ -34,7 +34,7 @@ class GpuSpec:
     l2_bytes: int = 50 * 2**20
 
 
-# Datasheet peaks (../shared/ANCHORS.md "Physical limits").
+# Datasheet peaks (NVIDIA's H100 and A100 datasheets; cudal2.harness.bounds holds the same figures).
 GPUS = {
     "H100": GpuSpec("H100", 989.4, 3.35, 132, 227 * 1024),
     "H200": GpuSpec("H200", 989.4, 4.8, 132, 227 * 1024, l2_bytes=60 * 2**20),
@@ -46,7 +46,7 @@ ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100",
 # fitted correction learns the rest). wgmma-based CUTLASS ~ cuBLAS; mma.sync tops out lower.
 STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
 MEM_EXPOSED = 0.6            # fraction of min(compute, memory) not hidden by the other (H100 campaign: see dram_bytes)
-BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (ANCHORS: 792-795 of 989 TFLOP/s)
+BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (cuBLAS at 8192^3 bf16: 792-795 of 989 TFLOP/s)
 # wgmma tiles above a 128x128 tile's operand reuse (64, see _feed_eff) keep the tensor cores fed
 # better: + TILE_GAIN per doubling of the reuse, at most TILE_GAIN_MAX (a prior, not measured:
 # the first campaign timed only 128x128 and smaller CUTLASS tiles).

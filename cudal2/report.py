@@ -20,7 +20,7 @@ from typing import Iterable
 
 from .harness.types import BASELINES
 
-# Flop buckets (../shared/ANCHORS.md): upper bounds on 2*M*N*K, the last open.
+# Flop buckets (docs/measurement.md): upper bounds on 2*M*N*K, the last open.
 BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
 
 

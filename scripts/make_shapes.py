@@ -20,7 +20,7 @@ shapes/llm_trace.csv -- the linear layers of Llama-3 8B and 70B at token counts
   Report a time-weighted speedup as  1 / sum(weight_i / speedup_i)  (cudal2.report).
 
 shapes/stratified_100.csv -- 100 shapes of the 1000-shape grid {64..16384}^3, 25 drawn (seed 0,
-  numpy default_rng) from each flop bucket of ../shared/ANCHORS.md: < 1e9, < 1e11, < 1e12, >= 1e12
+  numpy default_rng) from each flop bucket of cudal2.report.BUCKETS: < 1e9, < 1e11, < 1e12, >= 1e12
   (2*M*N*K), sorted by M, N, K.
 
 Usage: python scripts/make_shapes.py [--out shapes/]
