@@ -22,7 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("cudal2.export", "copy measured winners from the results DB into generated_kernels/"),
     "campaign": ("cudal2.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
     "report": ("cudal2.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
-    "rl": ("rl.train", "RL training with trl GRPO (`cudal2 rl train ...` = `python -m rl.train ...`)"),
+    "rl": ("rl.train", "RL training with trl GRPO (`cudal2 rl train ...` = `python -m cudal2_rl.train ...`)"),
 }
 
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "rl":
         if rest[:1] == ["train"]:
             rest = rest[1:]
-        return int(importlib.import_module("rl.train").main(rest) or 0)
+        return int(importlib.import_module("cudal2_rl.train").main(rest) or 0)
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", description=VERBS[verb][1])
     module.configure_parser(parser)

@@ -48,8 +48,14 @@ def disabled() -> bool:
 
 
 def kernels_dir() -> Path:
+    """CUDAL2_KERNELS, else the table that ships with the package: cudal2/generated_kernels in an
+    installed wheel (packaged from the repository's top-level generated_kernels/), the
+    repository's generated_kernels/ in a source checkout or editable install."""
     value = _get("CUDAL2_KERNELS")
-    return Path(value).expanduser() if value else _REPO_ROOT / "generated_kernels"
+    if value:
+        return Path(value).expanduser()
+    packaged = Path(__file__).resolve().parent / "generated_kernels"
+    return packaged if packaged.is_dir() else _REPO_ROOT / "generated_kernels"
 
 
 def default_arch() -> str | None:

@@ -383,7 +383,7 @@ def main(argv=None) -> int:
     try:
         rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe)
     except ValueError as exc:
-        print(f"rl.policy: error: {exc}", file=sys.stderr)
+        print(f"cudal2_rl.policy: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(rep))
     return 0

@@ -272,7 +272,7 @@ def run(cfg: RLConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     log = RunLog(out / "log.jsonl")
     shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed)
-    print(f"rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
+    print(f"cudal2_rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
           f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
           f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
           f"reward vs {cfg.baseline} ({cfg.mode}); output -> {out}", flush=True)
@@ -368,7 +368,7 @@ def run_cli(args) -> int:
     try:
         run(from_args(args))
     except (ValueError, FileNotFoundError) as e:
-        print(f"rl.train: error: {e}", file=sys.stderr)
+        print(f"cudal2_rl.train: error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -18,8 +18,8 @@ def _good():
 def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
     import cudal2.build as B
     from cudal2.harness.db import ResultsDB
-    from rl.executor import LocalExecutor
-    from rl.reward import PENALTIES, KernelReward
+    from cudal2_rl.executor import LocalExecutor
+    from cudal2_rl.reward import PENALTIES, KernelReward
 
     built = []
     real = B.build_many
@@ -59,7 +59,7 @@ def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
 @pytest.mark.compile
 def test_ray_executor_local_cluster(tmp_path):
     pytest.importorskip("ray")
-    from rl.executor import RayExecutor
+    from cudal2_rl.executor import RayExecutor
     good = _good()
     ex = RayExecutor(None, num_cpus=2)
     try:
@@ -83,7 +83,7 @@ def test_evaluate_one_calls_the_function_after_the_submodule_was_imported():
     import cudal2.harness.pipeline  # noqa: F401 - the import order under test
     import cudal2.harness
     assert callable(cudal2.harness.evaluate)
-    from rl.executor import _evaluate_one
+    from cudal2_rl.executor import _evaluate_one
     ev = _evaluate_one(EvalRequest(source='#include "/etc/passwd"\n', shape=Shape(64, 64, 64),
                                    arch="sm_90a", origin="rl"))
     assert ev.status != "error", ev.detail

@@ -1,5 +1,5 @@
 """rl.extract: the kernel file out of a completion, and its verdicts."""
-from rl.extract import NO_CODE, NOT_ABI, OK, TWO_FILES, completion_text, extract, template_headers
+from cudal2_rl.extract import NO_CODE, NOT_ABI, OK, TWO_FILES, completion_text, extract, template_headers
 
 H = frozenset({"mma_hgemm.cuh", "ptx_hgemm.cuh"})
 SHORT = '#define BM 64\n#define BN 64\n#include "mma_hgemm.cuh"\n'

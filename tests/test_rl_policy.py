@@ -1,8 +1,8 @@
-"""rl.policy's --policy argument: a bad path or an unusable directory is an error naming it
+"""cudal2_rl.policy's --policy argument: a bad path or an unusable directory is an error naming it
 (before transformers is asked, which would answer with a Hub-name parse error or a download try)."""
 import pytest
 
-from rl.policy import is_builtin, resolve_policy
+from cudal2_rl.policy import is_builtin, resolve_policy
 
 
 def test_missing_policy_path_is_named(tmp_path):

@@ -1,9 +1,9 @@
 """rl.prompts: what the policy is told (compact and full styles, references, feedback)."""
 import pytest
 
-from rl import prompts as P
-from rl.extract import extract
-from rl.reward import Attempt
+from cudal2_rl import prompts as P
+from cudal2_rl.extract import extract
+from cudal2_rl.reward import Attempt
 
 
 def test_compact_prompt_names_shape_arch_acc():

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from cudal2.harness.types import STATUSES, Evaluation, Shape
-from rl import reward as R
+from cudal2_rl import reward as R
 
 SHORT = '#define BM 64\n#define BN 64\n#define BK 32\n#define WM 32\n#define WN 32\n#include "mma_hgemm.cuh"\n'
 
@@ -172,7 +172,7 @@ def test_rl_does_not_reuse_a_row_timed_another_way(tmp_path):
 def test_attempt_round_trips_through_the_log():
     """--resume rebuilds Attempts from log.jsonl records (to_dict, then JSON)."""
     import json
-    from rl.reward import Attempt
+    from cudal2_rl.reward import Attempt
     a = Attempt((64, 128, 256), "ok", 0.5, 1.6, True, "ab" * 32, 7, False, "d", {"regs": 96},
                 "torch", "// src")
     b = Attempt.from_dict(json.loads(json.dumps(a.to_dict())), source="// src")

@@ -10,13 +10,13 @@ pytestmark = [pytest.mark.compile, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def small_policy():
-    from rl.policy import SMALL_RECIPE, build_builtin
+    from cudal2_rl.policy import SMALL_RECIPE, build_builtin
     return build_builtin(SMALL_RECIPE, log=lambda *a: None)
 
 
 def test_builtin_policy_has_chat_template_and_builds_kernels(small_policy):
     from transformers import AutoTokenizer
-    from rl.policy import SMALL_RECIPE, build_check
+    from cudal2_rl.policy import SMALL_RECIPE, build_check
     tok = AutoTokenizer.from_pretrained(small_policy)
     assert tok.chat_template and tok.eos_token == "<|end|>"
     text = tok.apply_chat_template([{"role": "user", "content": "hgemm M=64 N=64 K=64"}],
@@ -30,8 +30,8 @@ def test_builtin_policy_has_chat_template_and_builds_kernels(small_policy):
 
 
 def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
-    from rl.config import RLConfig
-    from rl.train import run
+    from cudal2_rl.config import RLConfig
+    from cudal2_rl.train import run
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("M,N,K\n64,128,256\n256,256,512\n1024,64,128\n")
     kdir = tmp_path / "generated_kernels"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU machine: build everything a GPU session carries, into ignored folders of the repo root.
 #   .gpu_cache/     CUDAL2_CACHE: the GPU tests' kernels + baselines (prefill.py) and the
-#                   built-in RL policy (rl.policy build); hits on the GPU machine when its nvcc
+#                   built-in RL policy (cudal2_rl.policy build); hits on the GPU machine when its nvcc
 #                   has the same version, else that machine rebuilds (nvcc there, 16 cores)
 #   .gpu_campaign/  `cudal2 campaign prepare` pack (binaries, no nvcc needed there)
 #   .whl/           wheels the GPU image lacks: trl + datasets (+ dill, multiprocess) for the RL
@@ -55,7 +55,7 @@ if [ $PREFILL = 1 ]; then
 fi
 if [ $POLICY = 1 ]; then
   echo "== built-in RL policy into $CUDAL2_CACHE/rl"
-  $PY -m rl.policy build
+  $PY -m cudal2_rl.policy build
 fi
 if [ $CAMPAIGN = 1 ]; then
   echo "== campaign pack $ROOT/.gpu_campaign"

@@ -13,7 +13,7 @@
 #             with idle gaps, cudal2.matmul (the shipped table) vs torch.matmul           issue 10
 #   campaign  cudal2 campaign run .gpu_campaign (screen + finals: kernel time, e2e,
 #             server; five baselines; export by the export rule)                        issue 10, 11
-#   rl        python -m rl.train --policy builtin: a measured GRPO run                    issue 4
+#   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run                    issue 4
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
 # BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
@@ -48,6 +48,9 @@ mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/session.log") 2>&1
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+# the RL package installs as cudal2_rl (pyproject maps it to rl/); nothing is installed here
+mkdir -p "$WORK/pkgs" && ln -sfn "$REPO/rl" "$WORK/pkgs/cudal2_rl"
+export PYTHONPATH=$PYTHONPATH:$WORK/pkgs
 [ -d .gpu_cache ] && export CUDAL2_CACHE=$REPO/.gpu_cache
 
 # Wheels the image lacks (trl, datasets, ..., nvidia-cutlass): into /tmp/site, after the repo.
@@ -179,14 +182,14 @@ for s in "${STAGES[@]}"; do
     rl)
       # shellcheck disable=SC2086
       stage rl "$(budget rl "${BUDGET_RL:-540}")" \
-        $PY -m rl.train ${RL_ARGS:---policy builtin --steps 20 --sample 4} \
+        $PY -m cudal2_rl.train ${RL_ARGS:---policy builtin --steps 20 --sample 4} \
           --out "$d/run" --kernels-dir "$d/generated_kernels"
       # a run stopped at its budget wrote no curve: draw it from the steps it logged
       if [ -f "$d/run/log.jsonl" ] && [ ! -f "$d/run/reward_curve.png" ]; then
         $PY - "$d/run" <<'EOF' || true
 import json, sys
 from pathlib import Path
-from rl.train import plot_curve
+from cudal2_rl.train import plot_curve
 out = Path(sys.argv[1])
 recs = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines() if l.strip()]
 steps = [r for r in recs if r.get("type") == "step"]
