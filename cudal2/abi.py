@@ -132,8 +132,8 @@ def _preload_cuda_runtime() -> None:
     except ImportError:
         pass
     try:
-        from .toolchain import _pip_cuda_roots
-        for root in _pip_cuda_roots():
+        from .toolchain import pip_cuda_roots
+        for root in pip_cuda_roots():
             for lib in sorted((root / "lib").glob("libcudart.so.*")):
                 ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
                 return

@@ -26,14 +26,20 @@ from pathlib import Path
 
 from . import knobs
 from .kernels import sha256_text as source_sha  # noqa: F401 - one definition of a source's id
-from .toolchain import ToolchainError, cutlass_include_dirs, find_toolchain, normalise_arch
+from .toolchain import (ToolchainError, cutlass_include_dirs, find_toolchain, normalise_arch,
+                        nvcc_root, pip_cuda_roots)
 
 ABI_VERSION = 1
+# What a cache entry holds; part of the key, so older entries are rebuilt, not misread.
+# 2: build.json records the files the compile read (nvcc -MD) and the roots they may come from.
+CACHE_FORMAT = 2
 BASE_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-DNDEBUG", "-std=c++17",
               "--expt-relaxed-constexpr", "-cudart", "shared", "-Xptxas", "-v")
 NVCC_MEMORY_LIMIT = 12 << 30   # bytes of address space per nvcc process tree member
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+# The system's C/C++ headers a host compiler reads.
+SYSTEM_INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/include"))
 
 OK, COMPILE_ERROR, TIMEOUT, TOOLCHAIN_ERROR = "ok", "compile_error", "timeout", "toolchain_error"
 
@@ -68,6 +74,8 @@ class BuildResult:
     seconds: float = 0.0
     cached: bool = False
     name: str = "kernel"
+    deps: tuple[str, ...] = ()           # every file the compile read (nvcc -MD), the source aside
+    include_roots: tuple[str, ...] = ()  # the folders the build allowed headers from
 
     @property
     def ok(self) -> bool:
@@ -157,9 +165,39 @@ def _uses_cutlass(source: str) -> bool:
     return any(n.startswith(("cutlass/", "cute/")) for t in texts for n in _INCLUDE_RE.findall(t))
 
 
+def include_roots(*, header_dirs: bool = False) -> list[Path]:
+    """Folders a kernel build may read headers from: the toolkit (nvcc's root, /usr/local/cuda*,
+    CUDA/CCCL headers from pip), CUTLASS, our templates and the system's C/C++ headers. With
+    header_dirs, the -I style folders themselves (where a quoted "cutlass/gemm.h" resolves),
+    for the audit's check of a source's quoted includes before it is built."""
+    tc = find_toolchain()
+    root = nvcc_root(Path(tc.nvcc))
+    cuda = [root, *Path("/usr/local").glob("cuda*")]
+    try:
+        cutlass = list(cutlass_include_dirs())
+    except Exception:  # noqa: BLE001 - no CUTLASS here: a kernel including it fails to build
+        cutlass = []
+    if header_dirs:
+        roots = [*tc.include_dirs, TEMPLATE_DIR, *cutlass, Path("/usr/include")]
+        for c in cuda:
+            roots += [c / "include", *c.glob("targets/*/include")]
+        roots += list(Path("/usr/include/c++").glob("*"))
+    else:
+        roots = [*cuda, *tc.include_dirs, TEMPLATE_DIR, *cutlass, *pip_cuda_roots(),
+                 *SYSTEM_INCLUDE_ROOTS]
+    return sorted({r.resolve() for r in roots if r.exists()})
+
+
+def parse_deps(text: str, source_name: str = "kernel.cu") -> tuple[str, ...]:
+    """The files a Makefile-style dependency file (nvcc -MD) lists, the source itself aside."""
+    body = text.replace("\\\n", " ").split(":", 1)[-1].split()
+    return tuple(sorted({str(Path(d).resolve()) for d in body if d != source_name}))
+
+
 def cache_key(spec: BuildSpec, nvcc_version: str) -> str:
     h = hashlib.sha256()
-    for part in (f"abi={ABI_VERSION}", f"arch={normalise_arch(spec.arch)}", f"nvcc={nvcc_version}",
+    for part in (f"abi={ABI_VERSION}", f"format={CACHE_FORMAT}", f"arch={normalise_arch(spec.arch)}",
+                 f"nvcc={nvcc_version}",
                  "flags=" + "\x00".join(BASE_FLAGS + spec.flags), "libs=" + ",".join(spec.libraries)):
         h.update(part.encode() + b"\x00")
     for header in _template_headers(spec.source):
@@ -186,13 +224,21 @@ def _load_entry(entry: Path, name: str) -> BuildResult | None:
         ptx = entry / "kernel.ptx"
         if so is not None and not so.exists():
             raise ValueError("kernel.so missing")
-        return BuildResult(status=meta["status"], key=meta["key"], so_path=so,
-                           ptx_path=ptx if ptx.exists() else None, log=meta["log"],
-                           resources=tuple(KernelResources(**r) for r in meta["resources"]),
-                           seconds=meta["seconds"], cached=True, name=name)
+        return result_from_json(meta, so_path=so, ptx_path=ptx if ptx.exists() else None,
+                                name=name)
     except (ValueError, KeyError, TypeError, json.JSONDecodeError):
         shutil.rmtree(entry, ignore_errors=True)
         return None
+
+
+def result_from_json(meta: dict, *, so_path, ptx_path, name: str = "kernel") -> BuildResult:
+    """A BuildResult from a cache entry's build.json (also a campaign pack's copy of one)."""
+    return BuildResult(status=meta["status"], key=meta["key"], so_path=so_path, ptx_path=ptx_path,
+                       log=meta.get("log", ""),
+                       resources=tuple(KernelResources(**r) for r in meta.get("resources", ())),
+                       seconds=float(meta.get("seconds", 0.0)), cached=True, name=name,
+                       deps=tuple(meta.get("deps", ())),
+                       include_roots=tuple(meta.get("include_roots", ())))
 
 
 def _limit_memory() -> None:
@@ -229,9 +275,11 @@ def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildRes
     try:
         (work / "kernel.cu").write_text(spec.source)
         (work / "keep").mkdir()
+        # -MD -MF: the compile writes the files it read (the audit checks them; no second nvcc)
         cmd = [str(tc.nvcc), *BASE_FLAGS, "-gencode", f"arch={compute},code={arch}",
                *tc.compile_flags(), *includes, *spec.flags, "--keep", "--keep-dir", "keep",
-               "kernel.cu", "-o", "kernel.so", *tc.link_flags(spec.libraries)]
+               "-MD", "-MF", "kernel.d", "kernel.cu", "-o", "kernel.so",
+               *tc.link_flags(spec.libraries)]
         start = time.perf_counter()
         code, log = _run_nvcc(cmd, work, timeout)
         seconds = time.perf_counter() - start
@@ -245,9 +293,13 @@ def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildRes
         shutil.rmtree(work / "keep", ignore_errors=True)
         if status != OK:
             (work / "kernel.so").unlink(missing_ok=True)
+        deps_file = work / "kernel.d"
+        deps = parse_deps(deps_file.read_text()) if deps_file.exists() else ()
+        deps_file.unlink(missing_ok=True)
         (work / "build.json").write_text(json.dumps({
             "status": status, "key": key, "log": log, "seconds": seconds, "name": spec.name,
-            "arch": arch, "nvcc": tc.version, "resources": [asdict(r) for r in resources]}))
+            "arch": arch, "nvcc": tc.version, "resources": [asdict(r) for r in resources],
+            "deps": list(deps), "include_roots": [str(r) for r in include_roots()]}))
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(work, entry)  # atomic: readers see all of the entry or none of it
     finally:

@@ -95,7 +95,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     from .build import BuildSpec, build_many, source_sha
     from .costmodel import CostModel
     from .harness.types import Shape
-    from .tune import _family_flags, build_plan, plan, read_shapes
+    from .tune import build_plan, plan, read_shapes
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -120,8 +120,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         if not c.build.ok:
             log(f"  dropped {c.label}: {c.build.status}")
             continue
-        # the audit's include check needs nvcc, which the GPU machine may lack: run it here
-        reasons, _ = check_dependencies(c.source, arch, flags=_family_flags(c.family))
+        reasons = check_dependencies(c.build)     # the files the build read (carried with it)
         if reasons:
             log(f"  dropped {c.label}: audit: {'; '.join(reasons)}")
             continue
@@ -180,7 +179,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         nvcc = find_toolchain().version
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
         nvcc = f"unknown ({exc})"
-    manifest = {"schema": SCHEMA, "deps_checked": True, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
         "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
@@ -269,8 +268,8 @@ def probe_baseline(so_path: str, exports: list) -> dict:
     from .abi import _preload_cuda_runtime
     _preload_cuda_runtime()
     try:   # the .so needs libcublas(Lt).so.N by soname: load pip's copies first, as abi does cudart
-        from .toolchain import _pip_cuda_roots
-        for root in _pip_cuda_roots():
+        from .toolchain import pip_cuda_roots
+        for root in pip_cuda_roots():
             for pat in ("libcublasLt.so.*", "libcublas.so.*"):
                 for f in sorted((root / "lib").glob(pat))[:1]:
                     ctypes.CDLL(str(f), mode=ctypes.RTLD_GLOBAL)
@@ -288,7 +287,7 @@ def pack_build_result(pack, entry: dict, workdir):
     """A cudal2.build.BuildResult for a packed build, for evaluate(build_result=...): the GPU
     machine times the carried binary and never calls nvcc (it may lack nvcc or CUTLASS headers).
     The gzipped PTX (the audit reads its mma types) is unpacked into `workdir`."""
-    from .build import BuildResult, KernelResources
+    from .build import result_from_json
 
     d = Path(pack) / entry["dir"]
     info = json.loads((d / "build.json").read_text())
@@ -299,10 +298,8 @@ def pack_build_result(pack, entry: dict, workdir):
             ptx.parent.mkdir(parents=True, exist_ok=True)
             with gzip.open(d / "kernel.ptx.gz", "rb") as g, ptx.open("wb") as f:
                 shutil.copyfileobj(g, f)
-    return BuildResult(status=info["status"], key=info["key"], so_path=(d / "kernel.so").resolve(),
-                       ptx_path=ptx, log=info.get("log", ""),
-                       resources=tuple(KernelResources(**r) for r in info.get("resources", ())),
-                       seconds=float(info.get("seconds", 0.0)), cached=True, name=entry.get("label", "kernel"))
+    return result_from_json(info, so_path=(d / "kernel.so").resolve(), ptx_path=ptx,
+                            name=entry.get("label", "kernel"))
 
 
 def packed_baselines(pack, m: dict, log=print) -> dict | None:
@@ -450,7 +447,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     statuses: dict[str, int] = {}
     done_shapes, avg = 0, None
     builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
-    check_deps = not m.get("deps_checked", False)
     # every build audited once, up front and in parallel (CPU work the GPU would wait for)
     from concurrent.futures import ThreadPoolExecutor
 
@@ -459,8 +455,8 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
     srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
     with ThreadPoolExecutor(8) as ex:
-        futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, builds[sha],
-                               check_deps=check_deps) for sha in builds}
+        futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, builds[sha])
+                for sha in builds}
         audits = {sha: f.result() for sha, f in futs.items()}
     log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
         f"({sum(not a['ok'] for a in audits.values())} rejected)")
@@ -492,8 +488,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                 ref = {}
                 if todo:
                     got, ref = screen(S, [cands[i] for i in todo], arch=m["arch"], acc=m.get("acc"),
-                                      db=db, pool=screen_pool, gpu=has_gpu, check_deps=check_deps,
-                                      audits=audits)
+                                      db=db, pool=screen_pool, gpu=has_gpu, audits=audits)
                     for i, r in zip(todo, got):
                         rows[i] = r
                 thr.add("screen", bucket, len(todo), time.monotonic() - t0)
@@ -519,7 +514,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                 for js in by_layout.values():
                     evs += evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
                                           build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
-                                          baseline_libs=base_libs, gpu=has_gpu, check_deps=check_deps,
+                                          baseline_libs=base_libs, gpu=has_gpu,
                                           lt_known=known_lt, audits=audits)
                 thr.add("final", bucket, len(reqs), time.monotonic() - t0)
                 for ev in evs:

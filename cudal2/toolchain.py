@@ -53,7 +53,7 @@ class Toolchain:
         return flags
 
 
-def _pip_cuda_roots() -> list[Path]:
+def pip_cuda_roots() -> list[Path]:
     """site-packages/nvidia/cu*/ folders that pip's nvidia-* wheels installed."""
     roots: list[Path] = []
     try:
@@ -79,7 +79,7 @@ def _nvcc_candidates() -> list[tuple[str, Path]]:
     on_path = shutil.which("nvcc")
     if on_path:
         found.append(("PATH", Path(on_path)))
-    for root in _pip_cuda_roots():
+    for root in pip_cuda_roots():
         found.append(("nvidia-cuda-nvcc", root / "bin" / "nvcc"))
     return found
 
@@ -103,7 +103,7 @@ def _find_file(names: tuple[str, ...], dirs: list[Path]) -> Path | None:
     return None
 
 
-def _nvcc_root(nvcc: Path) -> Path:
+def nvcc_root(nvcc: Path) -> Path:
     # /usr/local/bin/nvcc may be a wrapper script: ask the resolved path, else the parent.
     real = nvcc.resolve()
     if real.parent.name == "bin" and (real.parent.parent / "include").is_dir():
@@ -153,10 +153,10 @@ def _find_toolchain(cache_key: str) -> Toolchain:
             + "). Install a CUDA toolkit and set CUDA_HOME, or `pip install nvidia-cuda-nvcc "
             "nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl` (or `pip install cudal2[build]`).")
 
-    root = _nvcc_root(nvcc)
+    root = nvcc_root(nvcc)
     search_lib = [root / "lib64", root / "lib", root / "targets" / "x86_64-linux" / "lib"]
     search_inc = [root / "include", root / "targets" / "x86_64-linux" / "include"]
-    for pip_root in _pip_cuda_roots():
+    for pip_root in pip_cuda_roots():
         search_lib.append(pip_root / "lib")
         search_inc.append(pip_root / "include")
 

@@ -192,7 +192,7 @@ def _reference(family, **changes):
 def test_reference_kernels_accepted(family, changes, pool):
     spec, br = _reference(family, **changes)
     assert br.ok, br.log[-2000:]
-    res = A.audit_build(spec.source, br, "sm_90a", pool=pool, flags=spec.flags)
+    res = A.audit_build(spec.source, br, "sm_90a", pool=pool)
     assert res.ok, res.line()
     assert res.mma and all(f".{res.meta['acc']}.f16.f16" in k for k in res.mma)
 
@@ -204,7 +204,7 @@ def test_reference_cutlass_sm90_accepted(pool):
     Shares its build with tests/test_templates.py through the build cache."""
     spec, br = _reference("cutlass_sm90")
     assert br.ok, br.log[-2000:]
-    res = A.audit_build(spec.source, br, "sm_90a", pool=pool, flags=spec.flags)
+    res = A.audit_build(spec.source, br, "sm_90a", pool=pool)
     assert res.ok, res.line()
     assert "cudaGetDriverEntryPointByVersion" in res.imports or "cudaGetDriverEntryPoint" in res.imports
     assert any(k.startswith("wgmma.mma_async") and ".f32.f16.f16" in k for k in res.mma)
@@ -222,3 +222,29 @@ def test_cli_exit_codes(capsys):
     out = capsys.readouterr().out.splitlines()
     assert rc == 1 and len(out) == 2
     assert "synchronises.cu: REJECTED" in out[1] and "cudaDeviceSynchronize" in out[1]
+
+
+def test_dependency_check_reads_the_builds_own_list():
+    """The audit judges the files the compile read (recorded by the build with nvcc -MD) against
+    the include roots the build allowed; a build without a list is refused."""
+    from cudal2.build import BuildResult, parse_deps
+    deps = parse_deps("kernel.so : kernel.cu \\\n /usr/include/stdio.h \\\n /opt/secret/x.h\n")
+    assert deps == ("/opt/secret/x.h", "/usr/include/stdio.h")
+    br = BuildResult("ok", "k", None, None, "", deps=deps, include_roots=("/usr/include",))
+    (why,) = A.check_dependencies(br)
+    assert "/opt/secret/x.h" in why and "outside" in why
+    ok = BuildResult("ok", "k", None, None, "", deps=deps[1:], include_roots=("/usr/include",))
+    assert A.check_dependencies(ok) == []
+    assert "no dependency list" in A.check_dependencies(BuildResult("ok", "k", None, None, ""))[0]
+
+
+@pytest.mark.compile
+def test_a_build_records_what_it_read(tmp_cache):
+    from cudal2.build import TEMPLATE_DIR, BuildSpec, build
+    from cudal2.templates import FAMILIES
+    spec = FAMILIES["mma"].build_spec(FAMILIES["mma"].default(), "sm_90a")
+    br = build(spec)
+    assert br.ok and any(d.endswith("cuda_runtime.h") for d in br.deps)
+    assert str(TEMPLATE_DIR.resolve()) in br.include_roots
+    assert A.check_dependencies(br) == []
+    assert build(spec).deps == br.deps               # the cache entry keeps the list

@@ -141,7 +141,7 @@ def test_unreadable_file_is_data(tmp_path):
 def test_pip_nvcc_without_toolkit(tmp_cache, monkeypatch):
     """A machine without a toolkit: nvcc, headers and cudart from pip's nvidia-* packages."""
     from cudal2 import toolchain
-    pip_roots = [r for r in toolchain._pip_cuda_roots() if (r / "bin" / "nvcc").exists()]
+    pip_roots = [r for r in toolchain.pip_cuda_roots() if (r / "bin" / "nvcc").exists()]
     if not pip_roots:
         pytest.skip("nvidia-cuda-nvcc is not installed")
     monkeypatch.delenv("CUDA_HOME", raising=False)
@@ -156,7 +156,7 @@ def test_missing_nvcc_is_one_clear_error(tmp_cache, monkeypatch):
     from cudal2 import toolchain
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr(toolchain, "_pip_cuda_roots", lambda: [])
+    monkeypatch.setattr(toolchain, "pip_cuda_roots", lambda: [])
     with pytest.raises(ToolchainError, match="nvcc not found.*pip install nvidia-cuda-nvcc"):
         find_toolchain()
     res = build(BuildSpec(TINY, arch="sm_90a"))

@@ -193,10 +193,6 @@ _INCLUDE_LINE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*(?P<form>[<"])(?P<pat
 _INCLUDE_ANY_RE = re.compile(r'^[ \t]*#[ \t]*include\b(?P<rest>.*)$', re.M)
 
 
-def _template_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "templates"
-
-
 MAX_SOURCE_BYTES = 1 << 20        # a kernel file is a few tens of KB; more is an attack on the compiler
 
 
@@ -207,7 +203,8 @@ def check_includes(source: str) -> list[str]:
     size = len(source.encode("utf-8", "surrogatepass"))
     if size > MAX_SOURCE_BYTES:
         return [f"source is {size} bytes (> {MAX_SOURCE_BYTES} allowed for one kernel file)"]
-    templates = {p.name for p in _template_dir().glob("*.cuh")}
+    from ..build import TEMPLATE_DIR
+    templates = {p.name for p in TEMPLATE_DIR.glob("*.cuh")}
     for m in _INCLUDE_ANY_RE.finditer(source):
         line = m.group(0).strip()
         lm = _INCLUDE_LINE_RE.match(m.group(0))
@@ -229,91 +226,24 @@ def check_includes(source: str) -> list[str]:
 def _under_roots(path: str) -> bool:
     """A quoted include is fine when it names a header inside an include root (e.g.
     "cutlass/cutlass.h"): the build compiles in an empty folder, so it resolves there."""
+    from ..build import include_roots
     try:
-        roots = _include_roots(with_cutlass_subdirs=True)
+        roots = include_roots(header_dirs=True)
     except Exception:          # no toolchain: only the template names are known
         return False
     return any((r / path).is_file() for r in roots)
 
 
-@functools.lru_cache(maxsize=4)
-def _include_roots(with_cutlass_subdirs: bool = False) -> list[Path]:
-    from ..toolchain import cutlass_include_dirs, find_toolchain
-    tc = find_toolchain()
-    roots = [_nvcc_root(tc.nvcc), *tc.include_dirs, _template_dir(),
-             Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/cuda"),
-             Path("/usr/local/include")]
-    roots += [p for p in Path("/usr/local").glob("cuda*")]
-    try:
-        roots += list(cutlass_include_dirs())
-    except Exception:
-        pass
-    try:  # pip's nvidia wheels (headers of cudart/cccl/cublas when they come from PyPI)
-        from ..toolchain import _pip_cuda_roots
-        roots += _pip_cuda_roots()
-    except Exception:
-        pass
-    if with_cutlass_subdirs:   # the -I dirs themselves, where "a/b.h" resolves
-        cuda_roots = [_nvcc_root(tc.nvcc), *Path("/usr/local").glob("cuda*")]
-        roots = [*tc.include_dirs, _template_dir(), *_cutlass_dirs(), Path("/usr/include")]
-        for c in cuda_roots:
-            roots += [c / "include", *c.glob("targets/*/include")]
-        roots += list(Path("/usr/include/c++").glob("*"))
-    return sorted({r.resolve() for r in roots if r.exists()})
-
-
-def _nvcc_root(nvcc) -> Path:
-    try:
-        from ..toolchain import _nvcc_root as root   # resolves wrapper scripts
-        return root(Path(nvcc))
-    except (ImportError, OSError):
-        return Path(nvcc).resolve().parent.parent
-
-
-def _cutlass_dirs() -> list[Path]:
-    from ..toolchain import cutlass_include_dirs
-    try:
-        return list(cutlass_include_dirs())
-    except Exception:
-        return []
-
-
-def check_dependencies(source: str, arch: str = "sm_90a", timeout: float = 300,
-                       flags: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
-    """`nvcc -M`: every file the preprocessor reads must be under an include root.
-    Returns (reasons, notes)."""
-    from ..toolchain import cutlass_include_dirs, find_toolchain, normalise_arch
-    tc = find_toolchain()
-    roots = _include_roots()
-    with tempfile.TemporaryDirectory(prefix="cudal2-audit-") as tmp:
-        src = Path(tmp) / "kernel.cu"
-        src.write_text(source)
-        inc = ["-I", str(_template_dir())]
-        try:
-            for d in cutlass_include_dirs():
-                inc += ["-I", str(d)]
-        except Exception:
-            pass
-        arch = normalise_arch(arch)
-        cmd = [str(tc.nvcc), "-M", "-std=c++17", "--expt-relaxed-constexpr", "-x", "cu",
-               f"-arch={arch}", *tc.compile_flags(), *inc, *flags, str(src)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            return [f"preprocessing (nvcc -M) took over {timeout:.0f} s"], []
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-            return [], [f"nvcc -M failed (the build reports why): {' | '.join(tail)[:300]}"]
-        deps = out.stdout.replace("\\\n", " ").split(":", 1)[-1].split()
-        reasons = []
-        for d in deps:
-            p = Path(d).resolve()
-            if p == src.resolve():
-                continue
-            if not any(p.is_relative_to(r) for r in roots):
-                reasons.append(f"reads {d} during compilation, outside the toolkit/CUTLASS/system/"
-                               "template include roots")
-        return reasons[:10], []
+def check_dependencies(build_result) -> list[str]:
+    """Every file the compile read (the build's own nvcc -MD list) must lie under one of the
+    include roots the build allowed (recorded with it, so a build carried to another machine is
+    judged by where it was made). Returns the reasons (empty = fine)."""
+    deps, roots = build_result.deps, [Path(r) for r in build_result.include_roots]
+    if not deps or not roots:
+        return ["the build recorded no dependency list: rebuild it with this cudal2"]
+    out = [f"reads {d} during compilation, outside the toolkit/CUTLASS/system/template "
+           "include roots" for d in deps if not any(Path(d).is_relative_to(r) for r in roots)]
+    return out[:10]
 
 
 # ---- binary rules ------------------------------------------------------------------------------
@@ -481,8 +411,7 @@ def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
 
 # ---- the audit --------------------------------------------------------------------------------
 def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = "kernel",
-                pool=None, check_deps: bool = True, meta: dict | None = None,
-                flags: tuple[str, ...] = (), probe_timeout_s: float = 30) -> AuditResult:
+                pool=None, meta: dict | None = None, probe_timeout_s: float = 30) -> AuditResult:
     """Audit an already-built kernel. `meta` skips the worker probe when the caller already
     read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None)."""
     res = AuditResult(name=name, ok=False, verdict="rejected",
@@ -497,10 +426,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
                            if build_result is not None else "not built")
         return res
     res.resources = [asdict(r) for r in build_result.resources]
-    if check_deps:
-        r, n = check_dependencies(source, arch, flags=flags)
-        res.reasons += r
-        res.notes += n
+    res.reasons += check_dependencies(build_result)
     r, n, res.imports, res.needed = check_binary(build_result.so_path)
     res.reasons += r
     res.notes += n

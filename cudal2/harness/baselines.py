@@ -81,12 +81,12 @@ def _preload_cublas() -> list[str]:
     cudal2.abi does for kernels, then pip's cuBLASLt and cuBLAS (the wheels torch depends on)
     globally. cuBLASLt first: libcublas needs it. Returns what was loaded."""
     from ..abi import _preload_cuda_runtime
-    from ..toolchain import _pip_cuda_roots
+    from ..toolchain import pip_cuda_roots
 
     _preload_cuda_runtime()
     loaded = []
     for stem in ("libcublasLt.so.", "libcublas.so."):
-        for root in _pip_cuda_roots():
+        for root in pip_cuda_roots():
             # sonames only (libcublas.so.13), not versioned file names (libcublas.so.13.1.0)
             libs = [p for p in sorted((root / "lib").glob(stem + "*"))
                     if p.name[len(stem):].isdigit()]

@@ -154,19 +154,19 @@ def _base(request: EvalRequest, sha: str, env: dict) -> Evaluation:
 
 
 def audit_verdict(request: EvalRequest, sha: str, build_result, *, env: dict | None = None,
-                  probe_pool=None, check_deps: bool = True) -> dict:
+                  probe_pool=None) -> dict:
     """Build (if no BuildResult is given) and audit one source once: the verdict the `audits`
     caches of screen and evaluate_group hold by source sha (the audit does not depend on the
     shape or the options)."""
     probe = _base(replace(request, options=()), sha, env or {})
     ok = _build_and_audit(replace(request, options=()), probe, build_result=build_result,
-                          probe_pool=probe_pool, check_deps=check_deps) is not None
+                          probe_pool=probe_pool) is not None
     return {"ok": ok, "status": probe.status, "detail": probe.detail, "build": probe.build,
             "audit": probe.audit, "meta": probe.meta, "acc": probe.acc, "layout": probe.layout}
 
 
 def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None, probe_pool=None,
-                     probe_timeout_s: float = 30, check_deps: bool = True, audits: dict | None = None):
+                     probe_timeout_s: float = 30, audits: dict | None = None):
     """Fill ev's build and audit parts. Returns the BuildResult when the kernel may run, else
     None with ev's status and detail set. `audits` (sha -> audit_verdict) answers a source
     audited before in this run (a campaign audits each build once)."""
@@ -194,7 +194,7 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
         ev.status, ev.detail = T.BUILD_ERROR, f"build {br.status}"
         return None
     audit = audit_build(request.source, br, request.arch, name=request.origin or ev.source_sha[:12],
-                        pool=probe_pool, probe_timeout_s=probe_timeout_s, check_deps=check_deps)
+                        pool=probe_pool, probe_timeout_s=probe_timeout_s)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
                 "mma": audit.mma, "load": audit.load}
@@ -276,7 +276,7 @@ def _record_lt(db, outs: Iterable[dict], known: dict | None = None) -> None:
 
 def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
              probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
-             probe_timeout_s: float = 30, check_deps: bool = True,
+             probe_timeout_s: float = 30,
              estimator: Callable[[Evaluation], object] | None = None,
              lt_known: dict | None = None) -> Evaluation:
     """Build, audit and (with a GPU) run the finals of one request; record and return the row.
@@ -284,19 +284,18 @@ def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
     db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
     gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
     probe_pool: the CPU pool that reads meta. baseline_libs: built baseline libraries (default:
-    built here, cached). gpu: force GPU use on/off (default: whether torch sees one). check_deps:
-    the audit's `nvcc -M` include check (off only where it ran at prepare time). estimator:
+    built here, cached). gpu: force GPU use on/off (default: whether torch sees one). estimator:
     prices a not_measured row before it is recorded (RL without a GPU)."""
     return evaluate_group([request], db=db, pool=pool,
                           build_results=[build_result] if build_result is not None else None,
                           probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=gpu,
-                          probe_timeout_s=probe_timeout_s, check_deps=check_deps,
+                          probe_timeout_s=probe_timeout_s,
                           estimator=estimator, lt_known=lt_known)[0]
 
 
 def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_results=None,
                    probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
-                   probe_timeout_s: float = 30, check_deps: bool = True,
+                   probe_timeout_s: float = 30,
                    estimator: Callable[[Evaluation], object] | None = None,
                    lt_known: dict | None = None, audits: dict | None = None) -> list[Evaluation]:
     """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
@@ -321,7 +320,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         ev = _base(r, sha, env)
         br = _build_and_audit(r, ev, build_result=(build_results or [None] * len(requests))[i],
                               probe_pool=probe_pool, probe_timeout_s=probe_timeout_s,
-                              check_deps=check_deps, audits=audits)
+                              audits=audits)
         if br is None:
             out[i] = record(db, ev, r.source, estimator=estimator)
         elif not use_gpu:
@@ -361,7 +360,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         for i, ev, br in runnable:
             out[i] = evaluate(requests[i], db=db, pool=None if own else pool, build_result=br,
                               probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=use_gpu,
-                              check_deps=check_deps, lt_known=known)
+                              lt_known=known)
     else:
         for i, ev, _ in runnable:
             out[i] = record(db, _outcome_verdict(ev, res), requests[i].source)
@@ -439,7 +438,7 @@ class ScreenCandidate:
 def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm_90a",
            acc: str | None = "f32", db=None, pool=None, gpu: bool | None = None,
            operands: str = "cold", reference_us: float | None = None, trusted: bool = True,
-           check_deps: bool = True, probe_pool=None, audits: dict | None = None,
+           probe_pool=None, audits: dict | None = None,
            timeout_s: float = 120.0) -> tuple[list[Evaluation], dict]:
     """Screen candidates of one shape: audit each distinct build once (`audits` caches verdicts
     by source sha across calls), then smoke check and time every (build, options) in ONE warm
@@ -462,7 +461,7 @@ def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm
         verdict = audits.get(sha)
         if verdict is None:
             verdict = audits[sha] = audit_verdict(req, sha, c.build, env=env,
-                                                  probe_pool=probe_pool, check_deps=check_deps)
+                                                  probe_pool=probe_pool)
         ev.build, ev.audit, ev.meta = verdict["build"], verdict["audit"], verdict["meta"]
         ev.acc, ev.layout = verdict["acc"] or ev.acc, verdict["layout"]
         if not verdict["ok"]:
