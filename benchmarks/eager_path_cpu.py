@@ -3,7 +3,7 @@
 The kernel path only runs on CUDA tensors, so on a CPU machine this script drives it with
 stand-ins: CPU fp16 tensors (their attribute reads cost what a CUDA tensor's do), a serving-table
 entry for the shape made by dispatch from a stub kernel library (the ABI's two symbols in C,
-compiled here with the system C compiler, loaded by cudal2.abi; cudal2_hgemm returns 0), device -1 (what a CPU tensor's get_device() returns) and stream 0. What it cannot see:
+compiled here with the system C compiler, loaded by cudal2.core.abi; cudal2_hgemm returns 0), device -1 (what a CPU tensor's get_device() returns) and stream 0. What it cannot see:
 cudaLaunchKernel inside the real kernel (torch.matmul pays the same for its cuBLAS launch) and
 the CUDA caching allocator (torch.matmul allocates its output too).
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from cudal2 import abi, dispatch
+from cudal2.runtime import hot, loader, matmul, resolve
+from cudal2.core import abi
 
 _STUB = r"""
 #include <stddef.h>
@@ -69,14 +70,14 @@ def main(argv=None) -> int:
     b = torch.randn(K, N).half()
     with tempfile.TemporaryDirectory() as tmp:
         lib = stub_library(Path(tmp))
-        dispatch.reset()
-        dispatch._init_cuda_fns()
+        resolve.reset()
+        hot._init_cuda_fns()
         # Stand-ins for the CUDA-only pieces: the current device is the CPU tensors' "device"
         # (-1), the current stream is 0, and the shape is served by the stub.
-        dispatch._cur_device = lambda: -1
-        dispatch._raw_stream = lambda dev: 0
-        dispatch._serving[(-1, M, N, K, "RR")] = served = dispatch._launcher(lib, M, N, K)
-        plain, cuda_matmul = dispatch._PLAIN, dispatch._cuda_matmul
+        hot._cur_device = lambda: -1
+        hot._raw_stream = lambda dev: 0
+        resolve.serving[(-1, M, N, K, "RR")] = served = loader.launcher(lib, M, N, K)
+        plain, cuda_matmul = matmul._PLAIN, matmul._cuda_matmul
 
         def path(a, b):  # cudal2.matmul's first line with is_cuda -> is_cpu, then its body
             if type(a) in plain and type(b) in plain and a.is_cpu:
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
         assert path(a, b) is not None and path(a, b).shape == (M, N), "stub path not taken"
         pa, pb, pc = a.data_ptr(), b.data_ptr(), a.data_ptr()
         raw, _, ws_c, _ = served
-        vp, null = ctypes.c_void_p, dispatch._NULL
+        vp, null = ctypes.c_void_p, hot._NULL
         mm = torch.matmul
         with torch.no_grad():
             pieces = {
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
             }
             per_call_us(pieces["cudal2 eager path (simulated)"], args.calls, 3)  # warm-up
             res = {name: per_call_us(f, args.calls, args.repeats) for name, f in pieces.items()}
-    dispatch.reset()
+    resolve.reset()
     whole = res["cudal2 eager path (simulated)"]
     rest = whole - res["  a.new_empty(M, N)"] - res["  ctypes call of the stub"]
     print(f"host time per call, {M}x{N}x{K} fp16, median of {args.repeats} batches of "

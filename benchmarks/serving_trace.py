@@ -51,8 +51,9 @@ def main(argv=None) -> int:
         print("serving_trace: not measured: no GPU")
         return 0
     import cudal2
-    from cudal2.harness.kerneltime import CudaKernelBackend
-    from cudal2.harness.stats import interval, paired_ratios
+    from cudal2.runtime.resolve import TORCH, serving
+    from cudal2.timing.kerneltime import CudaKernelBackend
+    from cudal2.timing.stats import interval, paired_ratios
 
     seqs = read_sequences(args.trace)
     be = CudaKernelBackend()
@@ -77,10 +78,9 @@ def main(argv=None) -> int:
             graphs[(key, path)] = (g, outs, ops)   # the graph reads these pointers: keep them
             if args.verbose:
                 print(f"captured {key} {path}", flush=True)
-        from cudal2 import dispatch
         served[key] = sum(1 for (M, N, K, layout), (a, b) in zip(s["gemms"], ops)
-                          if dispatch._serving.get((0, M, N, K, "RC" if b.stride(0) == 1 else "RR"))
-                          not in (None, dispatch._TORCH))
+                          if serving.get((0, M, N, K, "RC" if b.stride(0) == 1 else "RR"))
+                          not in (None, TORCH))
     rng = random.Random(args.seed)
     keys = list(seqs)
     weights = [seqs[k]["weight"] for k in keys]

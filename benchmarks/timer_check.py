@@ -24,7 +24,7 @@ SHAPES = ("64,64,64", "256,256,256", "1024,1024,1024", "128,8192,64", "4096,4096
 def main(argv=None) -> int:
     import torch
 
-    from cudal2.harness import kerneltime as KT
+    from cudal2.timing import kerneltime as KT
     from cudal2.harness.measure import OperandPool, _WallBackend
     from cudal2.harness.timing import TimingConfig, run_schedule
 

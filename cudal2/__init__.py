@@ -14,21 +14,19 @@ import importlib
 
 __version__ = "0.1.0"
 
-# Sub-modules reachable as cudal2.<name> without importing them up front.
-_LAZY_MODULES = (
-    "abi", "build", "campaign", "cli", "costmodel", "dispatch", "export", "harness", "kernels",
-    "knobs", "overhead", "report", "templates", "toolchain", "tune",
-)
+# The layers (docs/internals.md), reachable as cudal2.<name> without importing them up front.
+_LAZY_MODULES = ("core", "timing", "runtime", "harness", "templates", "search", "runs", "cli")
 # Names re-exported from a sub-module on first use.
 _LAZY_NAMES = {
-    "matmul": "dispatch",
-    "patch": "dispatch",
-    "patched": "dispatch",
-    "unpatch": "dispatch",
-    "plan": "dispatch",
-    "Decision": "dispatch",
-    "KernelIndex": "kernels",
-    "IndexRow": "kernels",
+    "matmul": "runtime.matmul",
+    "patch": "runtime.patch",
+    "patched": "runtime.patch",
+    "unpatch": "runtime.patch",
+    "hgemm": "runtime.op",
+    "plan": "runtime.plan",
+    "Decision": "runtime.plan",
+    "KernelIndex": "core.store",
+    "IndexRow": "core.store",
 }
 
 __all__ = ["__version__", *_LAZY_NAMES]

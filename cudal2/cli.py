@@ -1,7 +1,8 @@
 """The `cudal2` command: one verb per module, each a thin wrapper over that module.
 
 Each module that backs a verb defines `configure_parser(parser)` and `run_cli(args) -> int`.
-Only the chosen verb's module is imported, so `cudal2 build` never loads pandas or trl.
+Only the chosen verb's module is imported, so `cudal2 build` never loads pandas or trl. RL
+stands above the library and has its own command (`cudal2-rl`, = `python -m cudal2_rl.train`).
 """
 from __future__ import annotations
 
@@ -10,19 +11,18 @@ import importlib
 import logging
 import sys
 
-from . import knobs
+from cudal2.core import knobs
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "templates": ("cudal2.templates", "write reference kernel files from the template families (`--list`, `--defaults DIR`)"),
-    "build": ("cudal2.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
+    "templates": ("cudal2.templates.cli", "write reference kernel files from the template families (`--list`, `--defaults DIR`)"),
+    "build": ("cudal2.core.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
     "audit": ("cudal2.harness.audit", "build and audit kernel files: imports, includes, accumulator, resources"),
-    "bench": ("cudal2.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),
-    "tune": ("cudal2.tune", "search the template families per shape (`--build-only` on CPU machines)"),
-    "export": ("cudal2.export", "copy measured winners from the results DB into generated_kernels/"),
-    "campaign": ("cudal2.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
-    "report": ("cudal2.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
-    "rl": ("rl.train", "RL training with trl GRPO (`cudal2 rl train ...` = `python -m cudal2_rl.train ...`)"),
+    "bench": ("cudal2.runs.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),
+    "tune": ("cudal2.search.tune", "search the template families per shape (`--build-only` on CPU machines)"),
+    "export": ("cudal2.runs.export", "copy measured winners from the results DB into generated_kernels/"),
+    "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
+    "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
 }
 
 
@@ -46,12 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name = VERBS[verb][0]
     if verb == "bench" and "--overhead" in rest:
-        module_name = "cudal2.overhead"
+        module_name = "cudal2.runs.overhead"
         rest = [a for a in rest if a != "--overhead"]
-    if verb == "rl":
-        if rest[:1] == ["train"]:
-            rest = rest[1:]
-        return int(importlib.import_module("cudal2_rl.train").main(rest) or 0)
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", description=VERBS[verb][1])
     module.configure_parser(parser)

@@ -31,7 +31,7 @@ def _evaluate_one(request, pool=None):
         return evaluate(request, pool=pool, gpu=pool is not None)
     except Exception as e:   # the harness's own failure: a row that yields no reward, never a crash
         from cudal2.harness.types import Evaluation
-        from cudal2.build import source_sha
+        from cudal2.core.identity import source_sha
         return Evaluation(status="error", source_sha=source_sha(request.source), shape=request.shape,
                           arch=request.arch, origin=request.origin,
                           detail=f"harness error: {type(e).__name__}: {e}"[:500])
@@ -65,7 +65,7 @@ class LocalExecutor(Executor):
     name = "local"
 
     def __init__(self, jobs: int | None = None):
-        from cudal2 import knobs
+        from cudal2.core import knobs
         self.jobs = max(1, jobs or knobs.build_jobs())
         self._gpu = visible_gpu_name()
         self._pool = None           # harness WorkerPool for the GPU, created on first use

@@ -72,7 +72,7 @@ SMALL_RECIPE = BuiltinRecipe(hidden=64, layers=2, heads=2, intermediate=192, sft
 
 
 def builtin_dir(recipe: BuiltinRecipe = BuiltinRecipe(), root: Path | None = None) -> Path:
-    from cudal2 import knobs
+    from cudal2.core import knobs
     root = Path(root) if root else knobs.cache_dir() / "rl"
     return root / f"builtin-{recipe.key()}"
 
@@ -102,7 +102,7 @@ def _sample_configs(family, rng: random.Random, n: int, arch: str | None = None,
 
 def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int]]]:
     """(prompt, completion, shape) pairs: per shape, the cost model's top configs."""
-    from cudal2.costmodel import CostModel
+    from cudal2.search.costmodel import CostModel
     from cudal2.templates import FAMILIES
     from .prompts import compact_prompt, template_file
     rng = random.Random(recipe.seed)
@@ -120,7 +120,7 @@ def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int
             for f in fams:
                 cands = rng.sample(pools[f.name], min(recipe.candidates_per_shape, len(pools[f.name])))
                 for cfg in cands:
-                    cfg = _with_acc(cfg, acc)
+                    cfg = with_acc(cfg, acc)
                     if cfg is None or not f.valid(cfg, recipe.arch) or not f.serves(cfg, *shape):
                         continue
                     ranked.append((model.predict_us(cfg, None, shape), cfg.label(), cfg))
@@ -129,15 +129,6 @@ def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int
             for _t, _l, cfg in ranked[:recipe.configs_per_shape]:
                 pairs.append((prompt, template_file(cfg), shape))
     return pairs
-
-
-def _with_acc(cfg, acc: str):
-    names = dict(cfg.params)
-    if "ACC" in names:
-        return cfg.with_(ACC=acc)
-    if "ACC_F16" in names:
-        return cfg.with_(ACC_F16=int(acc == "f16"))
-    return cfg if acc == "f32" else None
 
 
 # -- tokenizer and model --------------------------------------------------------------------
@@ -335,7 +326,7 @@ def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 
 def build_check(policy: str = "builtin", *, samples: int = 16, shapes=None, arch: str = "sm_90a",
                 seed: int = 0, recipe: BuiltinRecipe | None = None, log=print) -> dict:
     """Sample completions for random grid shapes, extract and build them; the fraction that build."""
-    from cudal2.build import BuildSpec, build_many
+    from cudal2.core.build import BuildSpec, build_many
     from .extract import extract
     from .prompts import compact_prompt, full_prompt
     model, tok = load_policy(policy, recipe=recipe, log=log)

@@ -51,16 +51,15 @@ def template_file(config) -> str:
 def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 2) -> list[tuple[str, str]]:
     """(title, kernel file) for each template family on `arch` whose default config (with the
     accumulator set) accepts the shape; the cost model's favourite first."""
-    from cudal2.costmodel import CostModel
-    from cudal2.templates import FAMILIES
-    from .policy import _with_acc
+    from cudal2.search.costmodel import CostModel
+    from cudal2.templates import FAMILIES, with_acc
     M, N, K = _shape(shape)
     model = CostModel.default(arch=arch)
     refs = []
     for fam in FAMILIES.values():
         if arch not in getattr(fam, "arches", (arch,)):
             continue
-        cfg = _with_acc(fam.default(), acc)
+        cfg = with_acc(fam.default(), acc)
         if cfg is None or not fam.valid(cfg, arch) or not fam.serves(cfg, M, N, K):
             continue
         t = model.predict_us(cfg, None, (M, N, K))

@@ -40,7 +40,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
-from cudal2.build import source_sha      # the DB's key for a kernel text: one definition
+from cudal2.core.identity import source_sha      # the DB's key for a kernel text: one definition
 from . import extract as _extract
 
 DEFAULT_BASELINE = "cublaslt_autotuned"
@@ -208,7 +208,7 @@ class KernelReward:
     def cost_model(self):
         """The cost model fitted to this DB's measured rows for our arch (the prior without)."""
         if self._cost_model is None:
-            from cudal2.costmodel import CostModel
+            from cudal2.search.costmodel import CostModel
             measured = [e for e in self.db.rows(arch=self.arch) if not e.estimated and e.status == "ok"]
             # the measured rows name their GPU (an H200 is not priced as an H100); none: the arch's
             self._cost_model = CostModel.fit(measured) if measured else CostModel.default(arch=self.arch)

@@ -5,7 +5,7 @@ the harness (build, audit, check, time; cached in the results DB) and maps verdi
 trl's GRPOTrainer updates the policy. A callback prints one line per step (reward mean/max,
 fractions compiled / correct / faster than the baseline, best speedup so far per shape), appends
 it to log.jsonl and exports each step's new measured winners into generated_kernels/ through
-cudal2.export (the tuner's path). Without a GPU rewards come from the cost model and every line
+cudal2.runs.export (the tuner's path). Without a GPU rewards come from the cost model and every line
 says so; nothing estimated is ever exported.
 
 Outputs in --out: results.db, log.jsonl, reward_curve.png, best_kernels.csv, kernels/ (best
@@ -43,7 +43,7 @@ class RunLog:
 
 
 def pick_shapes(path: str, sample: int, seed: int) -> list[tuple[int, int, int]]:
-    from cudal2.tune import read_shapes
+    from cudal2.search.tune import read_shapes
     shapes = [(s.M, s.N, s.K) for s in read_shapes(path)]
     if sample and sample < len(shapes):
         shapes = sorted(random.Random(seed).sample(shapes, sample))
@@ -135,12 +135,12 @@ def _quiet_libraries():
 
 
 def _export(reward, cfg: RLConfig, improved, log: RunLog, out: Path, step: int):
-    """New best kernels -> generated_kernels/ through cudal2.export (measured winners only)."""
+    """New best kernels -> generated_kernels/ through cudal2.runs.export (measured winners only)."""
     if reward.estimated:
         log(f"  export: {len(improved)} shape(s) improved on estimates only; nothing exported "
             f"(export admits measured winners, and there is no GPU)", type="export", step=step, exported=0)
         return
-    from cudal2.export import export, sources_from
+    from cudal2.runs.export import export, sources_from
     evs = [ev for (sha, shape), ev in reward.evaluations.items() if shape in set(improved)]
     res = export(evs, sources_from(reward.db, [out / "sources"]), root=cfg.kernels_dir or None,
                  mode=cfg.mode, report=str(out), gpu=reward.gpu or None)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cudal2.costmodel import CostModel, held_out_rank_correlation, samples_from_evaluations, spearman
+from cudal2.search.costmodel import CostModel, held_out_rank_correlation, samples_from_evaluations, spearman
 from cudal2.harness.db import ResultsDB
 
 
 def sweep_mem_exposed(rows) -> None:
-    import cudal2.costmodel as cm
+    import cudal2.search.costmodel as cm
     s = [x for x in samples_from_evaluations(rows, mode="offline")
          if x.who == "candidate" and 2 * math.prod(x.shape) >= 1e11]
     meas = np.array([x.median_us for x in s])

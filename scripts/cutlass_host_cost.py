@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _default_builds() -> list[tuple[str, Path]]:
-    from cudal2.build import build
+    from cudal2.core.build import build
     from cudal2.templates import FAMILIES
     fam = FAMILIES["cutlass_sm90"]
     out = []
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("cutlass_host_cost: no CUDA GPU visible; this benchmark needs one", file=sys.stderr)
         return 2
-    from cudal2.abi import load_library
+    from cudal2.core.abi import load_library
     kernels = [(Path(p).name, Path(p)) for p in args.so] if args.so else _default_builds()
     M, N, K = args.shape
     dev = torch.device("cuda")

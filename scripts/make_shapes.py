@@ -17,10 +17,10 @@ shapes/llm_trace.csv -- the linear layers of Llama-3 8B and 70B at token counts
   both proportional to N*K: the flop share is the time share whether the layer is compute- or
   bandwidth-bound. The layer count multiplies every GEMM of a model alike and cancels.
   Attention itself, embeddings and the LM head are not linear layers of the block and are left out.
-  Report a time-weighted speedup as  1 / sum(weight_i / speedup_i)  (cudal2.report).
+  Report a time-weighted speedup as  1 / sum(weight_i / speedup_i)  (cudal2.runs.report).
 
 shapes/stratified_100.csv -- 100 shapes of the 1000-shape grid {64..16384}^3, 25 drawn (seed 0,
-  numpy default_rng) from each flop bucket of cudal2.report.BUCKETS: < 1e9, < 1e11, < 1e12, >= 1e12
+  numpy default_rng) from each flop bucket of cudal2.runs.report.BUCKETS: < 1e9, < 1e11, < 1e12, >= 1e12
   (2*M*N*K), sorted by M, N, K.
 
 Usage: python scripts/make_shapes.py [--out shapes/]
@@ -41,7 +41,7 @@ MODELS = {
     "llama3-70b": dict(hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128, layers=80),
 }
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from cudal2.report import BUCKETS, size_bucket as bucket  # noqa: E402  (one definition of the buckets)
+from cudal2.runs.report import BUCKETS, size_bucket as bucket  # noqa: E402  (one definition of the buckets)
 
 
 def linear_layers(cfg: dict) -> list[tuple[str, int, int]]:

@@ -71,7 +71,7 @@ def find_libraries(args) -> list[Path]:
         else:
             log(f"warning: {p} does not exist")
     if args.build or not out:
-        from cudal2.build import build
+        from cudal2.core.build import build
         from cudal2.templates import FAMILIES
         fam = FAMILIES["wgmma"]
         for cfg in fam.defaults():
@@ -143,7 +143,7 @@ class Case:
 
 
 def correctness(torch, lib, meta) -> list[str]:
-    from cudal2.abi import meta_accepts
+    from cudal2.core.abi import meta_accepts
     rc = meta["layout"] == "RC"
     stream = torch.cuda.current_stream().cuda_stream
     fails = []
@@ -325,7 +325,7 @@ def find_lt(args):
 def export(folder: Path) -> int:
     """Build here (nvcc, no GPU) what a GPU run of this script needs and copy it to `folder`."""
     import shutil
-    from cudal2.build import build
+    from cudal2.core.build import build
     from cudal2.templates import FAMILIES
     folder.mkdir(parents=True, exist_ok=True)
     fam = FAMILIES["wgmma"]
@@ -365,7 +365,7 @@ def main(argv=None) -> int:
         return export(args.export)
 
     import torch
-    from cudal2.abi import load_library, meta_accepts
+    from cudal2.core.abi import load_library, meta_accepts
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     t0 = time.time()

@@ -1,6 +1,5 @@
 """Test tiers by hardware need: unit (pure Python), compile (nvcc, no GPU), gpu (marked, skipped
 with a reason on machines without a CUDA device). Nothing here touches the GPU at import time."""
-import os
 
 import pytest
 

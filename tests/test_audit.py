@@ -141,7 +141,7 @@ def test_hostile_load_is_a_verdict(name, pool):
 
 @pytest.mark.compile
 def test_hang_in_meta_times_out(pool):
-    from cudal2.build import build_file
+    from cudal2.core.build import build_file
     br = build_file(HOSTILE / "meta_hang.cu")
     out = A.probe_meta(br.so_path, pool=pool, timeout_s=2)
     assert out.status == "timeout"
@@ -168,7 +168,7 @@ def test_non_utf8_source_rejected(tmp_path):
 @pytest.mark.compile
 def test_linked_cublas_rejected_by_needed(pool):
     """DT_NEEDED: a library linked to cuBLAS is rejected even if it imports nothing from it."""
-    from cudal2.build import BuildSpec, build
+    from cudal2.core.build import BuildSpec, build
     src = (HOSTILE / "control_ok.cu").read_text()
     br = build(BuildSpec(src, "sm_90a", flags=("-Xlinker=--no-as-needed",), libraries=("cublas",),
                          name="linked-cublas"))
@@ -180,7 +180,7 @@ def test_linked_cublas_rejected_by_needed(pool):
 
 
 def _reference(family, **changes):
-    from cudal2.build import build
+    from cudal2.core.build import build
     from cudal2.templates import FAMILIES
     cfg = FAMILIES[family].default().with_(**changes) if changes else FAMILIES[family].default()
     spec = FAMILIES[family].build_spec(cfg, "sm_90a")
@@ -227,7 +227,7 @@ def test_cli_exit_codes(capsys):
 def test_dependency_check_reads_the_builds_own_list():
     """The audit judges the files the compile read (recorded by the build with nvcc -MD) against
     the include roots the build allowed; a build without a list is refused."""
-    from cudal2.build import BuildResult, parse_deps
+    from cudal2.core.build import BuildResult, parse_deps
     deps = parse_deps("kernel.so : kernel.cu \\\n /usr/include/stdio.h \\\n /opt/secret/x.h\n")
     assert deps == ("/opt/secret/x.h", "/usr/include/stdio.h")
     br = BuildResult("ok", "k", None, None, "", deps=deps, include_roots=("/usr/include",))
@@ -240,7 +240,7 @@ def test_dependency_check_reads_the_builds_own_list():
 
 @pytest.mark.compile
 def test_a_build_records_what_it_read(tmp_cache):
-    from cudal2.build import TEMPLATE_DIR, BuildSpec, build
+    from cudal2.core.build import TEMPLATE_DIR, build
     from cudal2.templates import FAMILIES
     spec = FAMILIES["mma"].build_spec(FAMILIES["mma"].default(), "sm_90a")
     br = build(spec)

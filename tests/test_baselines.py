@@ -43,7 +43,7 @@ def test_autotune_cache_roundtrip_and_corruption(tmp_path):
 
 def _need_nvcc_readelf_and_cublas():
     """Skip, naming what is missing, unless the baselines can be built and inspected here."""
-    from cudal2.toolchain import ToolchainError, find_toolchain, has_cublas
+    from cudal2.core.toolchain import ToolchainError, find_toolchain, has_cublas
 
     if not shutil.which("readelf"):
         pytest.skip("readelf not installed")
@@ -116,8 +116,7 @@ def test_a_carried_baseline_finds_cublas_by_soname(tmp_path):
 def test_every_baseline_matches_the_reference_on_gpu(acc, layout, tmp_path):
     import torch
 
-    from cudal2.harness import check
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.toolchain import detect_arch
 
     from cudal2.harness.measure import OperandPool
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal2 import bench
+from cudal2.runs import bench
 from cudal2.harness.types import BASELINES, Evaluation, Shape
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_collect_jobs_from_files_and_errors(tmp_path):
 
 
 def test_collect_jobs_from_an_index(tmp_path):
-    from cudal2.kernels import KernelIndex
+    from cudal2.core.store import KernelIndex
 
     idx = KernelIndex(tmp_path)
     src = (CHEATS / "good_naive.cu").read_text()
@@ -177,7 +177,7 @@ def test_cli_without_gpu_builds_audits_and_measures_nothing(tmp_path, capsys, mo
 
     if torch.cuda.is_available():
         pytest.skip("this test is about machines without a GPU")
-    from cudal2.toolchain import ToolchainError, find_toolchain
+    from cudal2.core.toolchain import ToolchainError, find_toolchain
     try:
         find_toolchain()
     except ToolchainError as exc:
@@ -205,7 +205,7 @@ def test_killed_bench_resumes_and_skips_recorded_rows(tmp_path):
     import sys
     import time
 
-    from cudal2.toolchain import ToolchainError, find_toolchain
+    from cudal2.core.toolchain import ToolchainError, find_toolchain
     try:
         find_toolchain()
     except ToolchainError as exc:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cudal2 import abi
-from cudal2.build import (BuildSpec, build, build_file, build_many, cache_key, parse_ptxas,
+from cudal2.core import abi
+from cudal2.core.build import (BuildSpec, build, build_file, build_many, cache_key, parse_ptxas,
                           trim_log)
-from cudal2.toolchain import ToolchainError, find_toolchain
+from cudal2.core.toolchain import ToolchainError, find_toolchain
 
 DATA = Path(__file__).parent / "data"
 TINY = (DATA / "tiny_abi.cu").read_text()
@@ -140,7 +140,7 @@ def test_unreadable_file_is_data(tmp_path):
 @pytest.mark.compile
 def test_pip_nvcc_without_toolkit(tmp_cache, monkeypatch):
     """A machine without a toolkit: nvcc, headers and cudart from pip's nvidia-* packages."""
-    from cudal2 import toolchain
+    from cudal2.core import toolchain
     pip_roots = [r for r in toolchain.pip_cuda_roots() if (r / "bin" / "nvcc").exists()]
     if not pip_roots:
         pytest.skip("nvidia-cuda-nvcc is not installed")
@@ -153,7 +153,7 @@ def test_pip_nvcc_without_toolkit(tmp_cache, monkeypatch):
 
 
 def test_missing_nvcc_is_one_clear_error(tmp_cache, monkeypatch):
-    from cudal2 import toolchain
+    from cudal2.core import toolchain
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(toolchain, "pip_cuda_roots", lambda: [])
@@ -164,7 +164,7 @@ def test_missing_nvcc_is_one_clear_error(tmp_cache, monkeypatch):
 
 
 def test_arch_detection(monkeypatch):
-    from cudal2 import toolchain
+    from cudal2.core import toolchain
     assert toolchain.detect_arch("sm_90") == "sm_90a"
     assert toolchain.detect_arch("80") == "sm_80"
     monkeypatch.setenv("CUDAL2_ARCH", "sm_90a")
@@ -176,7 +176,7 @@ def test_arch_detection(monkeypatch):
 def test_missing_cutlass_is_one_clear_error(tmp_cache, monkeypatch, request):
     """A CUTLASS kernel on a machine without nvidia-cutlass: the build says what to install, as
     data; a kernel that does not include CUTLASS never needs it."""
-    from cudal2.toolchain import cutlass_include_dirs
+    from cudal2.core.toolchain import cutlass_include_dirs
     monkeypatch.setitem(sys.modules, "cutlass_library", None)   # import fails
     cutlass_include_dirs.cache_clear()          # an earlier test may have found it already
     request.addfinalizer(cutlass_include_dirs.cache_clear)
@@ -223,7 +223,7 @@ def test_compile_that_exhausts_time_is_one_verdict(tmp_cache):
 
 @pytest.mark.compile
 def test_compile_that_exhausts_memory_is_one_verdict(tmp_cache, monkeypatch):
-    from cudal2 import build as build_mod
+    from cudal2.core import build as build_mod
     monkeypatch.setattr(build_mod, "NVCC_MEMORY_LIMIT", 1 << 30)  # 1 GiB instead of 12 for speed
     res = build(BuildSpec(BOMB, arch="sm_80"), timeout=300)
     assert res.status == "compile_error" and "out of memory" in res.log

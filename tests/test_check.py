@@ -277,7 +277,7 @@ CHEAT_VERDICTS = {
 
 
 def _build(name, arch):
-    from cudal2.build import BuildSpec, build
+    from cudal2.core.build import BuildSpec, build
 
     res = build(BuildSpec((CHEATS / f"{name}.cu").read_text(), arch, name=name))
     assert res.ok, res.log[-2000:]
@@ -286,7 +286,7 @@ def _build(name, arch):
 
 @pytest.mark.compile
 def test_cheat_kernels_build():
-    from cudal2.toolchain import ToolchainError, find_toolchain
+    from cudal2.core.toolchain import ToolchainError, find_toolchain
 
     try:
         find_toolchain()
@@ -300,8 +300,8 @@ def test_cheat_kernels_build():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CHEAT_VERDICTS))
 def test_correctness_suite_catches_planted_bugs_on_gpu(name):
-    from cudal2.abi import KernelLibrary
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.abi import KernelLibrary
+    from cudal2.core.toolchain import detect_arch
 
     lib = KernelLibrary(_build(name, detect_arch()))     # not the per-path cache: static state
     meta = lib.meta
@@ -320,7 +320,7 @@ def test_correctness_suite_catches_planted_bugs_on_gpu(name):
 def test_measure_times_a_correct_kernel_against_every_baseline_on_gpu():
     from cudal2.harness.measure import measure, mode_keys
     from cudal2.harness.types import BASELINES, EvalRequest, Shape
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.toolchain import detect_arch
 
     arch = detect_arch()
     src = (CHEATS / "good_naive.cu").read_text()
@@ -350,7 +350,7 @@ def test_measure_times_a_correct_kernel_against_every_baseline_on_gpu():
 def test_measure_says_wrong_for_a_cheat_on_gpu():
     from cudal2.harness.measure import measure
     from cudal2.harness.types import EvalRequest, Shape
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.toolchain import detect_arch
 
     arch = detect_arch()
     src = (CHEATS / "fp16_acc_declared_f32.cu").read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cudal2.costmodel import (CostModel, Sample, gpu_for, held_out_rank_correlation,
+from cudal2.search.costmodel import (CostModel, Sample, gpu_for, held_out_rank_correlation,
                               kernel_facts, occupancy, spearman)
 from cudal2.harness.types import Evaluation, Shape
 
@@ -186,7 +186,7 @@ def test_cv_ridge_keeps_the_prior_when_there_is_nothing_to_learn():
     when 'measured' is the prior times pure noise it picks the strongest ridge (= the prior),
     as it did on the first H100 campaign's data, where the weak-ridge fit ranked held-out
     shapes worse than the prior."""
-    from cudal2.costmodel import RIDGE_GRID
+    from cudal2.search.costmodel import RIDGE_GRID
     law = CostModel.fit(synthetic_samples(), synthetic=True)
     assert law.ridge < RIDGE_GRID[-1]
     rng = np.random.default_rng(3)
@@ -201,7 +201,7 @@ def test_prior_explains_large_shapes_on_checked_in_measurements():
     >= 1e12-FLOP rows the analytic prior is within 30% on (geometric) average, and it prefers a
     swizzled raster for a large CUTLASS GEMM (the H100 campaign measured 0.45x of cuBLAS for the
     unswizzled 128x128 tile on 12288x16384x16384)."""
-    from cudal2.costmodel import samples_from_evaluations
+    from cudal2.search.costmodel import samples_from_evaluations
     from cudal2.harness.db import ResultsDB
     from cudal2.templates import FAMILIES
     dbs = _checked_in_measurement_dbs()
@@ -224,7 +224,7 @@ def test_prior_explains_large_shapes_on_checked_in_measurements():
 # ---- CUTLASS SM90: clusters, tiles above 128x128, tile order and decomposition (runtime options)
 def _cutlass(**changes):
     from cudal2.templates import FAMILIES
-    from cudal2.tune import config_meta
+    from cudal2.search.tune import config_meta
     cfg = FAMILIES["cutlass_sm90"].default().with_(BM=128, BN=128, CLUSTER_M=1, CLUSTER_N=1)
     return config_meta(cfg.with_(**changes))
 
@@ -234,7 +234,7 @@ def test_cutlass_schedule_replays_cutlass_host_code():
     count and pads both tile counts to whole swizzle groups x clusters (padded tiles are
     computed); the heuristic raster walks along M when N has more tiles; the stream-K
     heuristic keeps data-parallel when the tail wave is over half full, else splits."""
-    from cudal2.costmodel import cutlass_schedule
+    from cudal2.search.costmodel import cutlass_schedule
     def sch(meta, shape, **opts):
         return cutlass_schedule(kernel_facts(meta, None, opts), shape, 132)
     s = sch(_cutlass(), (9 * 128, 9 * 128, 4096), swizzle=8)
@@ -317,7 +317,7 @@ def test_samples_carry_options_into_fit_and_ranking():
     assert m.rank_correlation(rows) == pytest.approx(1.0)
     ev = Evaluation(status="ok", source_sha="a" * 64, shape=Shape(*big), arch="sm_90a", acc="f32", layout="RR",
                     build={}, timings={"offline": {"candidate": {"median_us": 9000.0}}}, meta=_cutlass())
-    from cudal2.costmodel import samples_from_evaluations
+    from cudal2.search.costmodel import samples_from_evaluations
     assert samples_from_evaluations([ev])[0].options == {}      # rows without options: the defaults
 
 
@@ -327,11 +327,11 @@ def test_cutlass_schedule_agrees_with_cutlass_workspace_sizes():
     stream-K build's cudal2_workspace (Gemm::get_workspace_size, on 132 SMs without a GPU) is 0
     for data-parallel, partials of every output tile for split-K, of the stream-K tiles only for
     stream-K."""
-    from cudal2.abi import load_library
-    from cudal2.build import build
-    from cudal2.costmodel import cutlass_schedule
+    from cudal2.core.abi import load_library
+    from cudal2.core.build import build
+    from cudal2.search.costmodel import cutlass_schedule
     from cudal2.templates import FAMILIES
-    from cudal2.tune import config_meta
+    from cudal2.search.tune import config_meta
     fam = FAMILIES["cutlass_sm90"]
     cfg = next(c for c in fam.defaults() if c.get("SCHEDULER") == "streamk")
     r = build(fam.build_spec(cfg, "sm_90a"))

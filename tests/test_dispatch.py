@@ -7,9 +7,14 @@ import time
 
 import pytest
 
-from cudal2 import dispatch as D
-from cudal2.dispatch import Decision, KernelLoader, TableEntry, choose_winner, log_distance, plan
-from cudal2.kernels import KernelIndex
+from cudal2.runtime import hot as hotpath
+from cudal2.runtime import loader, race, resolve
+from cudal2.runtime import matmul as mm
+from cudal2.runtime import plan as planmod
+from cudal2.runtime.loader import KernelLoader
+from cudal2.runtime.plan import Decision, TableEntry, log_distance, plan
+from cudal2.runtime.race import choose_winner
+from cudal2.core.store import KernelIndex
 
 
 def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True):
@@ -74,13 +79,14 @@ def test_splitk_kernels_refuse_outputs_beyond_their_workspace():
     assert plan((256, 256, 64), "RR", "sm_90a", "f32", t, metas={e.sha256: meta}).kind == "fallback"
 
 
-def test_family_flags_come_from_the_templates():
-    """A table kernel builds with the flags the tuner built it with, so both share a cache key."""
+def test_family_flags_are_the_builders_own():
+    """Every template family compiles with the builder's base flags alone, so a table kernel that
+    dispatch builds from its source shares the tuner's cache entry (no per-family flags travel)."""
+    from cudal2.core.build import BASE_FLAGS
     from cudal2.templates import FAMILIES
 
-    assert D.family_flags("no-such-family") == ()
     for name, fam in FAMILIES.items():
-        assert D.family_flags(name) == fam.build_spec(fam.default()).flags, name
+        assert set(fam.flags) <= set(BASE_FLAGS), name
 
 
 def test_no_kernel_accepts_falls_back():
@@ -110,7 +116,7 @@ def test_untuned_rows_never_reach_the_table(tmp_path):
     idx.add("// tuned\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=128, K=128,
             family="mma", tuned=True, mode="offline", report="r1", speedups={"torch": 1.2})
     idx.write()
-    t = D.table_from_index(KernelIndex.load(tmp_path))
+    t = planmod.table_from_index(KernelIndex.load(tmp_path))
     assert [e.shape for e in t.values()] == [(128, 128, 128)]
     assert plan((64, 64, 64), "RR", "sm_90a", "f32", t).kind == "nearest"  # not exact: untuned
 
@@ -161,13 +167,37 @@ def test_plan_is_deterministic_on_ties():
 
 
 # -- race verdict ------------------------------------------------------------------------------
-def test_choose_winner_needs_a_clear_margin():
-    assert choose_winner({"torch": [10, 10, 10], "k": [9, 9, 9]}) == "k"
-    assert choose_winner({"torch": [10, 10, 10], "k": [9.9, 9.9, 9.9]}) == "torch"  # within 2%
-    assert choose_winner({"torch": [10, 10, 10], "k": [10, 10, 10]}) == "torch"
-    assert choose_winner({"torch": [10] * 3, "k1": [8] * 3, "k2": [7, 7, 100]}) == "k2"  # medians
-    with pytest.raises(ValueError, match="torch"):
-        choose_winner({"k": [1.0]})
+def test_choose_winner_needs_the_interval_to_clear_the_margin():
+    """The race's rule is the export rule: the lower end of torch-time / kernel-time must clear
+    1 + WIN_MARGIN; ties and noise go to torch; the best lower end wins."""
+    def sp(**lo):
+        return {"speedups": {k: {"median": v + 0.01, "lo": v, "hi": v + 0.02, "n": 10}
+                             for k, v in lo.items()}}
+    assert choose_winner(sp(k=1.10)) == "k"
+    assert choose_winner(sp(k=1.01)) == "torch"                  # median 1.02, lower end 1.01
+    assert choose_winner(sp(k1=1.05, k2=1.20)) == "k2"
+    assert choose_winner({"speedups": {}}) == "torch"           # everything disqualified
+
+
+def test_race_disqualifies_wrong_kernels_and_times_the_rest():
+    """The race on CPU tensors with the fake GPU of test_kerneltime: a wrong kernel is out, a
+    faster one wins by its interval."""
+    import torch
+
+    from tests.test_kerneltime import FakeGpu
+    gpu = FakeGpu({"torch": 10.0, "fast": 5.0, "bad": 1.0})
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+
+    def kernel(name, wrong=False):
+        def run(c):
+            gpu.call(name)
+            c.copy_((a @ b).half() * (0 if wrong else 1))
+        return run
+    res = race.race({"torch": kernel("torch"), "fast": kernel("fast"), "bad": kernel("bad", wrong=True)},
+                    a.half(), b.half(), 8, 4, backend=gpu)
+    assert set(res["wrong"]) == {"bad"} and set(res["speedups"]) == {"fast"}
+    assert res["speedups"]["fast"]["median"] == pytest.approx(2.0)
+    assert choose_winner(res) == "fast"
 
 
 # -- lazy loading ------------------------------------------------------------------------------
@@ -175,19 +205,19 @@ def test_loader_builds_once_under_concurrency():
     calls = []
     lock = threading.Lock()
 
-    def fake_build_and_load(source, arch, name, flags):
+    def fake_build_and_load(source, arch, name):
         with lock:
             calls.append((source, arch))
         time.sleep(0.05)  # a slow build: every thread arrives while it runs
         return object()
 
-    loader = KernelLoader(fake_build_and_load)
+    kl = KernelLoader(fake_build_and_load)
     got = []
     barrier = threading.Barrier(16)
 
     def worker():
         barrier.wait()
-        got.append(loader.get("abc", lambda: "src", "sm_90a"))
+        got.append(kl.get("abc", lambda: "src", "sm_90a"))
 
     threads = [threading.Thread(target=worker) for _ in range(16)]
     for t in threads:
@@ -197,21 +227,21 @@ def test_loader_builds_once_under_concurrency():
     assert calls == [("src", "sm_90a")]
     assert len(got) == 16 and all(g is got[0] for g in got)
     # A different kernel builds separately.
-    loader.get("def", lambda: "src2", "sm_90a")
+    kl.get("def", lambda: "src2", "sm_90a")
     assert len(calls) == 2
 
 
 def test_loader_remembers_failures():
     n = []
 
-    def broken(source, arch, name, flags):
+    def broken(source, arch, name):
         n.append(1)
-        raise D.KernelLoadError("nvcc said no")
+        raise loader.KernelLoadError("nvcc said no")
 
-    loader = KernelLoader(broken)
+    kl = KernelLoader(broken)
     for _ in range(3):
-        with pytest.raises(D.KernelLoadError, match="nvcc said no"):
-            loader.get("x", lambda: "s", "sm_90a")
+        with pytest.raises(loader.KernelLoadError, match="nvcc said no"):
+            kl.get("x", lambda: "s", "sm_90a")
     assert len(n) == 1
 
 
@@ -246,17 +276,17 @@ def store(tmp_path, monkeypatch):
 
     built = []
 
-    def fake_build_and_load(source, arch, name, flags):
+    def fake_build_and_load(source, arch, name):
         built.append(name)
         if metas[source].get("broken"):
-            raise D.KernelLoadError(f"{name}: compile_error")
+            raise loader.KernelLoadError(f"{name}: compile_error")
         return FakeLib(metas[source])
 
-    D.reset(KernelLoader(fake_build_and_load))
-    D._state.arch[0] = "sm_90a"
-    D._state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
+    resolve.reset(KernelLoader(fake_build_and_load))
+    resolve.state.arch[0] = "sm_90a"
+    resolve.state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
     yield idx, add, built
-    D.reset()
+    resolve.reset()
 
 
 def test_decide_exact_loads_one_kernel(store):
@@ -264,8 +294,8 @@ def test_decide_exact_loads_one_kernel(store):
     add(128, 128, 128, ANY)
     add(256, 256, 256, ANY)
     idx.write()
-    served = D._decide(0, 128, 128, 128, "RR", None, None)
-    assert served is not D._TORCH and served[1] == 0
+    served = resolve.decide(0, 128, 128, 128, "RR", None, None)
+    assert served is not resolve.TORCH and served[1] == 0
     assert built == ["sm_90a/f32_RR/128_128_128.cu"]
 
 
@@ -275,34 +305,34 @@ def test_decide_skips_broken_and_non_accepting_then_races_from_disk_verdict(stor
     mid = add(256, 256, 256, tile_meta(128, 128, 32))  # 192 not divisible: refuses
     far = add(1024, 1024, 1024, tile_meta(64, 64, 64))  # accepts 192
     idx.write()
-    key = dict(D._state.env[0], shape=[192, 192, 192], layout="RR", acc="f32",
+    key = dict(resolve.state.env[0], shape=[192, 192, 192], layout="RR", acc="f32",
                candidates=sorted([far.sha256]))
-    path = D._verdict_path(key)
+    path = race.verdict_path(key)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"key": key, "winner": far.sha256}))
-    served = D._decide(0, 192, 192, 192, "RR", None, None)
-    assert served is not D._TORCH
+    served = resolve.decide(0, 192, 192, 192, "RR", None, None)
+    assert served is not resolve.TORCH
     assert set(built) == {near.file, mid.file, far.file}
-    assert near.sha256 in D._state.broken
+    assert near.sha256 in resolve.state.broken
 
 
 def test_decide_disk_verdict_for_torch_serves_torch(store):
     idx, add, built = store
     k = add(128, 128, 128, ANY)
     idx.write()
-    key = dict(D._state.env[0], shape=[100, 100, 100], layout="RR", acc="f32",
+    key = dict(resolve.state.env[0], shape=[100, 100, 100], layout="RR", acc="f32",
                candidates=[k.sha256])
-    p = D._verdict_path(key)
+    p = race.verdict_path(key)
     p.parent.mkdir(parents=True)
     p.write_text(json.dumps({"key": key, "winner": "torch"}))
-    assert D._decide(0, 100, 100, 100, "RR", None, None) is D._TORCH
+    assert resolve.decide(0, 100, 100, 100, "RR", None, None) is resolve.TORCH
 
 
 def test_decide_without_kernels_serves_torch(store):
     idx, add, built = store
     add(128, 128, 128, ANY, arch="sm_80")
     idx.write()
-    assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
+    assert resolve.decide(0, 128, 128, 128, "RR", None, None) is resolve.TORCH
     assert built == []
 
 
@@ -312,11 +342,11 @@ def test_meta_that_contradicts_the_index_is_refused(store):
     idx.write()
     src = idx.source(row)
     lib = FakeLib(dict(ANY, arch="sm_90a", acc="f16", layout="RR", workspace_bytes=0))
-    D.reset(KernelLoader(lambda s, a, n, f: lib))
-    D._state.arch[0] = "sm_90a"
+    resolve.reset(KernelLoader(lambda s, a, n: lib))
+    resolve.state.arch[0] = "sm_90a"
     assert src  # the row is real
-    assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
-    assert row.sha256 in D._state.broken
+    assert resolve.decide(0, 128, 128, 128, "RR", None, None) is resolve.TORCH
+    assert row.sha256 in resolve.state.broken
 
 
 def test_broken_index_warns_and_serves_torch(store, tmp_path):
@@ -325,7 +355,7 @@ def test_broken_index_warns_and_serves_torch(store, tmp_path):
     idx.write()
     (idx.root / "index.csv").write_text("arch,acc\nsm_90a,f32\n")
     with pytest.warns(RuntimeWarning, match="ignoring the kernel table"):
-        assert D._decide(0, 128, 128, 128, "RR", None, None) is D._TORCH
+        assert resolve.decide(0, 128, 128, 128, "RR", None, None) is resolve.TORCH
 
 
 # -- the hot path's argument marshalling, with CPU tensors standing in for CUDA ones ------------
@@ -333,9 +363,9 @@ def test_broken_index_warns_and_serves_torch(store, tmp_path):
 def hot(monkeypatch):
     """_cuda_matmul/_launch on CPU tensors: device index -1, stream 0, a recording launcher."""
     import torch
-    D.reset()
-    monkeypatch.setattr(D, "_cur_device", lambda: -1)
-    monkeypatch.setattr(D, "_raw_stream", lambda dev: 1234)
+    resolve.reset()
+    monkeypatch.setattr(hotpath, "_cur_device", lambda: -1)
+    monkeypatch.setattr(hotpath, "_raw_stream", lambda dev: 1234)
     monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
     calls = []
 
@@ -351,10 +381,10 @@ def hot(monkeypatch):
         return fn
 
     def serve(M, N, K, layout, rc=0, ws=0):
-        D._serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws), None)
+        resolve.serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws), None)
 
     yield torch, serve, calls
-    D.reset()
+    resolve.reset()
 
 
 def test_hot_path_rr_and_rc_arguments(hot):
@@ -364,13 +394,13 @@ def test_hot_path_rr_and_rc_arguments(hot):
     b_rc = torch.randn(16, 64, dtype=torch.float16).t()          # (64, 16) column-major
     serve(32, 16, 64, "RR")
     serve(32, 16, 64, "RC")
-    c = D._cuda_matmul(a, b_rr, None)
+    c = mm._cuda_matmul(a, b_rr, None)
     assert c.shape == (32, 16) and c.dtype == torch.float16
     assert calls[-1] == (a.data_ptr(), b_rr.data_ptr(), c.data_ptr(), 32, 16, 64, 64, 16, 16, 0, 0, 1234)
-    c = D._cuda_matmul(a, b_rc, None)
+    c = mm._cuda_matmul(a, b_rc, None)
     assert calls[-1][6:9] == (64, 64, 16)                         # lda, ldb = K (RC), ldc
     out = torch.empty(32, 24, dtype=torch.float16)[:, :16]        # ldc 24, row-major rows
-    assert D._cuda_matmul(a, b_rr, out) is out
+    assert mm._cuda_matmul(a, b_rr, out) is out
     assert calls[-1][2] == out.data_ptr() and calls[-1][8] == 24
     assert len(calls) == 3
 
@@ -392,7 +422,7 @@ def test_hot_path_declines_what_kernels_cannot_take(hot):
     ]
     for x, y, out in cases:
         try:
-            got = D._cuda_matmul(x, y, out)
+            got = mm._cuda_matmul(x, y, out)
         except RuntimeError as exc:  # what torch.matmul itself raises for this out=
             with pytest.raises(type(exc), match="dtype"):
                 torch.matmul(x, y, out=out.clone())
@@ -408,7 +438,7 @@ def test_hot_path_never_writes_into_an_operand(hot):
     a, out = buf[:, :16], buf[:, 16:]                              # out overlaps a's storage rows
     b = torch.randn(16, 16, dtype=torch.float16)
     want = torch.matmul(a, b)
-    D._cuda_matmul(a, b, out)
+    mm._cuda_matmul(a, b, out)
     assert calls == [] and torch.equal(out, want)
 
 
@@ -418,27 +448,27 @@ def test_hot_path_disable_grad_and_errors(hot, monkeypatch):
     a = torch.randn(32, 64, dtype=torch.float16)
     b = torch.randn(64, 16, dtype=torch.float16)
     monkeypatch.setenv("CUDAL2_DISABLE", "1")
-    assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
+    assert torch.equal(mm._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
     monkeypatch.delenv("CUDAL2_DISABLE")
     # Needs grad: the custom op (CPU impl here: torch.matmul), gradients flow.
     ag = a.float().requires_grad_()
     bg = b.float().requires_grad_()
-    D._cuda_matmul(ag.half(), bg.half(), None).float().sum().backward()
+    mm._cuda_matmul(ag.half(), bg.half(), None).float().sum().backward()
     assert ag.grad is not None and bg.grad is not None
     # A kernel that reports a CUDA error: one warning, torch's answer, and torch from then on.
     serve(32, 16, 64, "RR", rc=700)
     with pytest.warns(RuntimeWarning, match="cudaError 700"):
-        assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b))
-    assert D._serving[(-1, 32, 16, 64, "RR")] is D._TORCH
+        assert torch.equal(mm._cuda_matmul(a, b, None), torch.matmul(a, b))
+    assert resolve.serving[(-1, 32, 16, 64, "RR")] is resolve.TORCH
 
 
 def test_hot_path_workspace_is_cached_per_stream(hot, monkeypatch):
     torch, serve, calls = hot
-    monkeypatch.setattr(D, "_workspace", lambda dev, stream, n: calls.append(("ws", stream, n)) or 4096)
+    monkeypatch.setattr(hotpath, "_workspace", lambda dev, stream, n: calls.append(("ws", stream, n)) or 4096)
     serve(32, 16, 64, "RR", ws=1 << 16)
     a = torch.randn(32, 64, dtype=torch.float16)
     b = torch.randn(64, 16, dtype=torch.float16)
-    D._cuda_matmul(a, b, None)
+    mm._cuda_matmul(a, b, None)
     assert calls[0] == ("ws", 1234, 1 << 16)
     assert calls[1][9:11] == (4096, 1 << 16)
 
@@ -449,6 +479,6 @@ def test_hot_path_leading_dimensions_beyond_c_int_go_to_torch(hot):
     serve(1, 16, 8, "RR")
     a = torch.randn(8, dtype=torch.float16).as_strided((1, 8), (2**31, 1))  # one row: lda unused
     b = torch.randn(8, 16, dtype=torch.float16)
-    assert torch.equal(D._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
-    D._cuda_matmul(torch.randn(1, 8, dtype=torch.float16), b, None)   # lda 8: the kernel's
+    assert torch.equal(mm._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
+    mm._cuda_matmul(torch.randn(1, 8, dtype=torch.float16), b, None)   # lda 8: the kernel's
     assert len(calls) == 1 and calls[0][6] == 8

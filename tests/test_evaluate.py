@@ -35,8 +35,9 @@ def test_no_gpu_pipeline_and_cache(tmp_path, monkeypatch):
     assert ev.env["nvcc"] and ev.env["gpu"] is None and ev.id == 1
 
     # second time: served from the DB without building or auditing
-    import cudal2.build
-    monkeypatch.setattr(cudal2.build, "build", lambda *a, **k: pytest.fail("rebuilt a cached kernel"))
+    import cudal2.harness.pipeline as P      # the names the pipeline calls
+    monkeypatch.setattr(P, "build", lambda *a, **k: pytest.fail("rebuilt a cached kernel"))
+    monkeypatch.setattr(P, "build_many", lambda *a, **k: pytest.fail("rebuilt a cached kernel"))
     again = evaluate(_req("control_ok.cu"), db=db, gpu=False)
     assert again.id == ev.id and db.count() == 1
     # another shape is another evaluation
@@ -70,8 +71,9 @@ def test_build_error_is_a_verdict(tmp_path):
 
 
 def test_source_rules_before_building(tmp_path, monkeypatch):
-    import cudal2.build
-    monkeypatch.setattr(cudal2.build, "build", lambda *a, **k: pytest.fail("built a rejected source"))
+    import cudal2.harness.pipeline as P      # the names the pipeline calls
+    monkeypatch.setattr(P, "build", lambda *a, **k: pytest.fail("built a rejected source"))
+    monkeypatch.setattr(P, "build_many", lambda *a, **k: pytest.fail("built a rejected source"))
     db = ResultsDB(tmp_path / "r.db")
     huge = "// padding\n" * 200_000
     ev = evaluate(EvalRequest(huge, Shape(64, 64, 64)), db=db, gpu=False)
@@ -133,7 +135,7 @@ def test_gpu_hostile_kernels_and_recovery(tmp_path):
 
 def _timed_row(db, req, gpu, *, stage="final", **over):
     """A stored OK row as the harness writes it after measuring `req` on `gpu`."""
-    from cudal2.build import source_sha
+    from cudal2.core.identity import source_sha
     from cudal2.harness.measure import mode_keys
     from cudal2.harness.pipeline import settings
     from cudal2.harness.types import Evaluation
@@ -155,7 +157,7 @@ def test_one_cache_rule_gpu_model_options_and_how_it_was_timed(tmp_path):
     matching verdict wins; a wrong verdict answers whatever the timing."""
     from dataclasses import replace
 
-    from cudal2.build import source_sha
+    from cudal2.core.identity import source_sha
     from cudal2.harness.pipeline import answers, cached
     from cudal2.harness.types import Evaluation
 

@@ -4,11 +4,14 @@ Timings here are SYNTHETIC (hand-written test rows), standing in for a GPU run.
 """
 import pytest
 
-from cudal2.export import export, select, sources_from
+from cudal2.runs.export import export, select, sources_from
 from cudal2.harness.types import BASELINES, Evaluation, Shape
-from cudal2.kernels import KernelIndex, sha256_text
+from cudal2.core.identity import source_sha as sha256_text
+from cudal2.core.store import KernelIndex
 
-SRC = {name: f"// kernel {name}\nextern \"C\" int cudal2_hgemm();\n" for name in "abcd"}
+# Distinct code, not just distinct comments: a source's identity ignores comments and spacing.
+SRC = {name: f"// kernel {name}\nstatic const char* kName = \"{name}\";\nextern \"C\" int cudal2_hgemm();\n"
+       for name in "abcd"}
 SHA = {name: sha256_text(s) for name, s in SRC.items()}
 
 

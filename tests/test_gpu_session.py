@@ -91,7 +91,7 @@ def test_campaign_stage_on_a_small_pack(tmp_path):
     """prepare.sh (campaign only, two shapes, one candidate each) -> run.sh campaign without a
     GPU (plumbing: rows not_measured) -> collect.sh remakes its reports."""
     try:
-        from cudal2.toolchain import find_toolchain
+        from cudal2.core.toolchain import find_toolchain
         find_toolchain()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no CUDA toolchain: {exc}")

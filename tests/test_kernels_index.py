@@ -5,8 +5,10 @@ import io
 
 import pytest
 
-from cudal2 import kernels as KI
-from cudal2.kernels import COLUMNS, IndexRow, KernelIndex, KernelIndexError, sha256_text
+from cudal2.core import store as KI
+from cudal2.templates.seeds import SEEDS, write_seeds
+from cudal2.core.identity import content_sha as sha256_text
+from cudal2.core.store import COLUMNS, IndexRow, KernelIndex, KernelIndexError
 
 TUNED = dict(tuned=True, mode="offline", report="reports/h100/x",
              speedups={"torch": 1.3, "cublaslt_autotuned": 1.05})
@@ -176,10 +178,10 @@ def test_replace_row_and_with_fields(tmp_path):
 
 # -- the shipped store ---------------------------------------------------------------------------
 def test_shipped_store_is_valid_and_seeds_never_serve():
-    from cudal2 import dispatch as D
-    from cudal2 import knobs
+    from cudal2.runtime import plan as planmod
+    from cudal2.core import knobs
     idx = KernelIndex.load(knobs.repo_root() / "generated_kernels")  # verify=True
-    seeds = {(a, fam, tuple(sorted(ch.items())), s) for a, fam, ch, shapes in KI.SEEDS for s in shapes}
+    seeds = {(a, fam, tuple(sorted(ch.items())), s) for a, fam, ch, shapes in SEEDS for s in shapes}
     assert len(idx) >= len(seeds)
     for arch, family, changes, shape in seeds:
         from cudal2.templates import FAMILIES
@@ -187,7 +189,7 @@ def test_shipped_store_is_valid_and_seeds_never_serve():
         row = idx.get(arch, cfg.get("ACC"), cfg.get("LAYOUT"), *shape)
         assert row is not None and row.family == family, (arch, family, shape)
     untuned = [r for r in idx.rows if not r.tuned]
-    table = D.table_from_index(idx)
+    table = planmod.table_from_index(idx)
     assert all(r.key not in table for r in untuned)
 
 
@@ -195,7 +197,7 @@ def test_write_seeds_into_a_fresh_store_keeps_tuned_rows(tmp_path):
     idx = KernelIndex(tmp_path)
     idx.add("// measured\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=128, K=128, **TUNED)
     idx.write()
-    KI.write_seeds(tmp_path)
+    write_seeds(tmp_path)
     back = KernelIndex.load(tmp_path)
     assert back.source(back.get("sm_90a", "f32", "RR", 128, 128, 128)) == "// measured\n"
     assert back.get("sm_90a", "f32", "RR", 1024, 1024, 1024).family == "mma"
@@ -206,8 +208,9 @@ def test_write_seeds_into_a_fresh_store_keeps_tuned_rows(tmp_path):
 def test_seed_builds_loads_and_its_meta_matches_its_row(tmp_path, monkeypatch):
     """The real loader (nvcc build + ctypes load, no GPU): a seed marked tuned in a temp store is
     served for its exact shape; its meta agrees with the index row."""
-    from cudal2 import dispatch as D
-    from cudal2 import knobs
+    from cudal2.core.abi import meta_accepts
+    from cudal2.runtime import resolve
+    from cudal2.core import knobs
     shipped = KernelIndex.load(knobs.repo_root() / "generated_kernels")
     seed = shipped.get("sm_90a", "f32", "RR", 128, 128, 128)
     store = KernelIndex(tmp_path / "k")
@@ -215,13 +218,13 @@ def test_seed_builds_loads_and_its_meta_matches_its_row(tmp_path, monkeypatch):
               family=seed.family, **TUNED)
     store.write()
     monkeypatch.setenv("CUDAL2_KERNELS", str(tmp_path / "k"))
-    D.reset()
+    resolve.reset()
     try:
-        D._state.arch[0] = "sm_90a"
-        served = D._decide(0, 128, 128, 128, "RR", None, None)
-        assert served is not D._TORCH
-        meta = D._state.metas[seed.sha256]
+        resolve.state.arch[0] = "sm_90a"
+        served = resolve.decide(0, 128, 128, 128, "RR", None, None)
+        assert served is not resolve.TORCH
+        meta = resolve.state.metas[seed.sha256]
         assert (meta["arch"], meta["acc"], meta["layout"]) == ("sm_90a", "f32", "RR")
-        assert D.meta_accepts(meta, 128, 128, 128)
+        assert meta_accepts(meta, 128, 128, 128)
     finally:
-        D.reset()
+        resolve.reset()

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from cudal2.harness import kerneltime as KT
-from cudal2.harness import stats as S
+from cudal2.timing import kerneltime as KT
+from cudal2.timing import stats as S
 
 
 class Ev:
@@ -473,12 +473,12 @@ def test_kernel_time_of_a_tiny_gemm_is_gpu_time_not_host_time():
 def test_screen_and_finals_on_gpu(tmp_path):
     """Screening ranks two template builds in one worker; finals time the better one against
     the baselines; rows land in the DB with their stage."""
-    from cudal2.build import build
+    from cudal2.core.build import build
     from cudal2.harness.db import ResultsDB
     from cudal2.harness.pipeline import ScreenCandidate, evaluate, screen
     from cudal2.harness.types import EvalRequest, Shape
     from cudal2.templates import FAMILIES
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.toolchain import detect_arch
 
     arch = detect_arch()
     fam = FAMILIES["mma"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import cudal2
-from cudal2 import dispatch as D
+from cudal2.core import vocab
+from cudal2.runtime import hot, race, resolve
 
 F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
 
@@ -119,11 +120,11 @@ def test_autograd_on_cpu_matches_torch():
 
 def test_disable_knob(monkeypatch):
     monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
-    assert D._disabled() is False
+    assert hot.disabled() is False
     monkeypatch.setenv("CUDAL2_DISABLE", "0")
-    assert D._disabled() is False
+    assert hot.disabled() is False
     monkeypatch.setenv("CUDAL2_DISABLE", "1")
-    assert D._disabled() is True
+    assert hot.disabled() is True
     a, b = _t((3, 5), F16), _t((5, 4), F16)
     assert torch.equal(cudal2.matmul(a, b), torch.matmul(a, b))
 
@@ -229,7 +230,7 @@ def test_patched_model_gradients_on_cpu():
 
 # -- overhead benchmark and import weight ------------------------------------------------------
 def test_overhead_benchmark_runs_on_cpu(tmp_path):
-    from cudal2 import overhead
+    from cudal2.runs import overhead
     res = overhead.measure("cpu", (8, 8, 8), calls=5, repeats=3)
     assert [r["path"] for r in res["rows"]] == list(overhead.PATHS)
     assert res["served_by"] == "torch (CPU)"
@@ -245,9 +246,11 @@ def test_overhead_benchmark_runs_on_cpu(tmp_path):
 
 
 def test_import_is_light():
+    # The serving path needs torch and the standard library (core.build is stdlib-only and is
+    # what loads a kernel); the measurement stack and the optional dependencies stay out.
     code = ("import sys, cudal2; cudal2.matmul; heavy = [m for m in ('pandas', 'trl', 'ray', "
-            "'matplotlib', 'cutlass_library', 'transformers', 'cudal2.build') if m in sys.modules]; "
-            "print(heavy)")
+            "'matplotlib', 'cutlass_library', 'transformers', 'cudal2.harness', 'cudal2.runs', "
+            "'cudal2.search') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -268,9 +271,9 @@ def _close(c, ref, K):
 def gpu_store(tmp_path, monkeypatch):
     """A kernel table holding the mma family's default (any-shape) kernel, marked tuned for one
     shape, in a temp store and cache: exercises build, load, exact, nearest and the race."""
-    from cudal2.kernels import KernelIndex
+    from cudal2.core.store import KernelIndex
     from cudal2.templates import FAMILIES, instantiate
-    arch = D._ARCH_BY_CAPABILITY.get(torch.cuda.get_device_capability())
+    arch = vocab.ARCH_BY_CAPABILITY.get(torch.cuda.get_device_capability())
     if arch not in ("sm_80", "sm_90a"):
         pytest.skip(f"no kernel family targets this GPU ({arch})")
     root = tmp_path / "kernels"
@@ -282,9 +285,9 @@ def gpu_store(tmp_path, monkeypatch):
         idx.add(src, arch=arch, acc="f32", layout=layout, M=256, N=256, K=256, family="mma",
                 tuned=True, mode="offline", report="test fixture", speedups={"torch": 1.01})
     idx.write()
-    D.reset()
+    resolve.reset()
     yield root
-    D.reset()
+    resolve.reset()
 
 
 @pytest.mark.gpu
@@ -295,7 +298,7 @@ def test_gpu_exact_kernel_path_is_correct(gpu_store, layout):
     if layout == "RC":
         b = b.t().contiguous().t()
     c = cudal2.matmul(a, b)
-    assert D._serving[(0, 256, 256, 256, layout)] is not D._TORCH
+    assert resolve.serving[(0, 256, 256, 256, layout)] is not resolve.TORCH
     assert c.dtype == F16 and _close(c, _ref(a, b), 256)
     out = torch.empty(256, 256, device="cuda", dtype=F16)
     assert cudal2.matmul(a, b, out=out) is out and _close(out, _ref(a, b), 256)
@@ -308,7 +311,7 @@ def test_gpu_kernel_launches_on_the_current_stream(gpu_store):
     a = torch.randn(256, 256, device="cuda", dtype=F16)
     b = torch.randn(256, 256, device="cuda", dtype=F16)
     cudal2.matmul(a, b)                       # resolve (build, load) first
-    assert D._serving[(0, 256, 256, 256, "RR")] is not D._TORCH
+    assert resolve.serving[(0, 256, 256, 256, "RR")] is not resolve.TORCH
     new = torch.randn_like(a)
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
@@ -323,19 +326,19 @@ def test_gpu_kernel_launches_on_the_current_stream(gpu_store):
 @pytest.mark.gpu
 def test_gpu_table_kernels_are_correct():
     """Every tuned kernel of the shipped table for this GPU on its own shape."""
-    from cudal2.kernels import KernelIndex
-    arch = D._ARCH_BY_CAPABILITY.get(torch.cuda.get_device_capability())
+    from cudal2.core.store import KernelIndex
+    arch = vocab.ARCH_BY_CAPABILITY.get(torch.cuda.get_device_capability())
     rows = [r for r in KernelIndex.load().tuned_rows() if r.arch == arch and r.acc == "f32"]
     if not rows:
         pytest.skip(f"the shipped table has no tuned {arch} kernels yet")
-    D.reset()
+    resolve.reset()
     for r in rows[:8]:
         a = torch.randn(r.M, r.K, device="cuda", dtype=F16)
         b = torch.randn(r.K, r.N, device="cuda", dtype=F16)
         if r.layout == "RC":
             b = b.t().contiguous().t()
         c = cudal2.matmul(a, b)
-        assert D._serving[(0, r.M, r.N, r.K, r.layout)] is not D._TORCH, r.file
+        assert resolve.serving[(0, r.M, r.N, r.K, r.layout)] is not resolve.TORCH, r.file
         assert _close(c, _ref(a, b), r.K), r.file
 
 
@@ -344,8 +347,8 @@ def test_gpu_nearest_races_once_and_caches_on_disk(gpu_store, monkeypatch, tmp_p
     a = torch.randn(192, 320, device="cuda", dtype=F16)
     b = torch.randn(320, 136, device="cuda", dtype=F16)
     calls = []
-    real_race = D._race
-    monkeypatch.setattr(D, "_race", lambda *args: calls.append(1) or real_race(*args))
+    real_race = race.race
+    monkeypatch.setattr(race, "race", lambda *args: calls.append(1) or real_race(*args))
     c1 = cudal2.matmul(a, b)
     c2 = cudal2.matmul(a, b)
     assert calls == [1]                                  # raced on the first call only
@@ -354,7 +357,7 @@ def test_gpu_nearest_races_once_and_caches_on_disk(gpu_store, monkeypatch, tmp_p
     assert len(verdicts) == 1
     v = json.loads(verdicts[0].read_text())
     assert v["key"]["shape"] == [192, 136, 320] and "torch" in v["median_us"]
-    D.reset()                                            # a new process: verdict from disk
+    resolve.reset()                                            # a new process: verdict from disk
     c3 = cudal2.matmul(a, b)
     assert calls == [1] and _close(c3, _ref(a, b), 320)
 
@@ -388,7 +391,7 @@ def test_gpu_compile_and_patch(gpu_store):
     m.half()
     with cudal2.patched(m):
         got = m(x)
-        assert D._serving.get((0, 256, 256, 256, "RC")) not in (None, D._TORCH)
+        assert resolve.serving.get((0, 256, 256, 256, "RC")) not in (None, resolve.TORCH)
         assert _close(got, want, 256)
         cm = torch.compile(m, fullgraph=True)
         assert _close(cm(x), want, 256)
@@ -400,11 +403,11 @@ def test_gpu_disable_knob_is_torch(gpu_store, monkeypatch):
     a = torch.randn(256, 256, device="cuda", dtype=F16)
     b = torch.randn(256, 256, device="cuda", dtype=F16)
     assert torch.equal(cudal2.matmul(a, b), torch.matmul(a, b))
-    assert (0, 256, 256, 256, "RR") not in D._serving
+    assert (0, 256, 256, 256, "RR") not in resolve.serving
 
 
 @pytest.mark.gpu
 def test_gpu_overhead_benchmark_kernel_path(gpu_store):
-    from cudal2 import overhead
+    from cudal2.runs import overhead
     res = overhead.measure("cuda", (256, 256, 256), calls=20, repeats=3)
     assert res["served_by"] == "kernel"

@@ -7,14 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
 _PROBE = r"""
 import json, sys, torch, cudal2, cudal2_rl
-from cudal2 import knobs
-from cudal2.kernels import KernelIndex
+from cudal2.core import knobs
+from cudal2.core.store import KernelIndex
 idx = KernelIndex.load()                      # verify=True: files present, hashes match
 a, b = torch.randn(33, 70), torch.randn(70, 9)
 print(json.dumps({
@@ -48,7 +47,7 @@ def test_wheel_in_a_fresh_venv_ships_and_serves_the_kernel_table(tmp_path):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["cudal2"].startswith(str(venv)) and got["cudal2_rl"].startswith(str(venv)), got
     assert got["kernels"].startswith(str(venv)) and got["kernels"].endswith("cudal2/generated_kernels")
-    from cudal2.kernels import KernelIndex
+    from cudal2.core.store import KernelIndex
     repo_idx = KernelIndex.load(REPO / "generated_kernels")
     want = sorted([r.arch, r.acc, r.layout, r.M, r.N, r.K, r.sha256] for r in repo_idx.tuned_rows())
     assert got["tuned"] == want and got["rows"] == len(repo_idx)

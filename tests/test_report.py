@@ -8,7 +8,7 @@ import math
 import pytest
 
 from cudal2.harness.types import BASELINES, Evaluation, Shape
-from cudal2.report import (aggregate, collect, read_weights, size_bucket, write_compare,
+from cudal2.runs.report import (aggregate, collect, read_weights, size_bucket, write_compare,
                            write_summary)
 
 

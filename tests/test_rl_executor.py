@@ -16,7 +16,8 @@ def _good():
 
 @pytest.mark.compile
 def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
-    import cudal2.build as B
+    import cudal2.core.build as B
+    import cudal2.harness.pipeline as P
     from cudal2.harness.db import ResultsDB
     from cudal2_rl.executor import LocalExecutor
     from cudal2_rl.reward import PENALTIES, KernelReward
@@ -27,7 +28,7 @@ def test_local_executor_and_reward_cache(tmp_path, monkeypatch):
     def counting(specs, **kw):
         built.extend(s.source for s in specs)
         return real(specs, **kw)
-    monkeypatch.setattr(B, "build_many", counting)
+    monkeypatch.setattr(P, "build_many", counting)    # the name the pipeline calls
 
     good = _good()
     ex = LocalExecutor(jobs=2)

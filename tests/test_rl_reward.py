@@ -45,7 +45,7 @@ def test_speedup_is_log_and_clipped():
 
 
 def test_estimated_uses_same_formula_and_is_flagged():
-    from cudal2.costmodel import CostModel
+    from cudal2.search.costmodel import CostModel
     e = ev("not_measured")
     e.meta = {"style": "mma", "tile": [64, 64, 32]}
     e.build = {"registers": 96, "shared_bytes": 20000, "spills": 0}

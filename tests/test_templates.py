@@ -233,7 +233,7 @@ def test_short_source_names_the_header():
 
 def test_cli_prints_an_instantiation(capsys):
     import argparse
-    from cudal2.templates import configure_parser, run_cli
+    from cudal2.templates.cli import configure_parser, run_cli
     from cudal2.templates.__main__ import main
     assert main(["ptx", "-D", "ACC=f16", "-D", "BM=64"]) == 0
     out = capsys.readouterr().out
@@ -383,7 +383,7 @@ def test_ptx_inner_loop_uses_the_emulated_fragment_mapping(acc):
 
 # ---- builds (nvcc, no GPU) ----------------------------------------------------------------
 def _build(cfg, arch):
-    from cudal2.build import build
+    from cudal2.core.build import build
     r = build(FAMILIES[cfg.family].build_spec(cfg, arch))
     assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-4000:]}"
     return r
@@ -438,7 +438,7 @@ def test_raw_kernels_build_without_spills(cfg, arch):
 @pytest.mark.parametrize("cfg,arch", _RAW_CASES)
 def test_raw_kernels_meta_and_argument_checks(cfg, arch):
     """cudal2_meta and the launcher's argument checks run on the host: no GPU needed."""
-    from cudal2.abi import load_library
+    from cudal2.core.abi import load_library
     lib = load_library(_build(cfg, arch).so_path)
     m = lib.meta
     p = cfg.as_dict()
@@ -504,7 +504,7 @@ def test_cutlass_kernels_build(cfg):
     wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.(\w+)\.f16\.f16", ptx))
     assert wgmma == {cfg.get("ACC")}, wgmma
     assert "cp.async.bulk.tensor" in ptx      # TMA loads
-    from cudal2.abi import load_library, parse_meta
+    from cudal2.core.abi import load_library, parse_meta
     lib = load_library(r.so_path)
     raw = lib._meta_fn().decode()
     m, p = parse_meta(raw), cfg.as_dict()
@@ -651,8 +651,8 @@ def _gpu_cases():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", _gpu_cases())
 def test_kernels_match_torch(cfg):
-    from cudal2.abi import load_library
-    from cudal2.toolchain import detect_arch
+    from cudal2.core.abi import load_library
+    from cudal2.core.toolchain import detect_arch
     arch = detect_arch()
     fam = FAMILIES[cfg.family]
     if arch not in fam.arches:
@@ -677,7 +677,7 @@ def test_kernels_match_torch(cfg):
 def _cutlass_space_cases():
     """The whole cutlass_sm90 space for f32/RR (48 configs: tune.enumerate_space), plus the
     register- and layout-heaviest corners again as f32/RC and f16/RR."""
-    from cudal2 import tune
+    from cudal2.search import tune
     fam = FAMILIES["cutlass_sm90"]
     cases = tune.enumerate_space(fam, arch="sm_90a", acc="f32", layout="RR")
     corners = [dict(BM=128, BN=256, SCHEDULE="cooperative", SCHEDULER="streamk"),
@@ -711,7 +711,7 @@ def test_cutlass_runtime_options_match_torch(cfg):
     builds: splits, decomposition) on residue, wave-quantised and long-K shapes, each with the
     workspace cudal2_workspace asks for; a workspace one byte short is refused. Buffers are
     reallocated per call, so the launcher's Params cache sees both new and reused addresses."""
-    from cudal2.abi import load_library
+    from cudal2.core.abi import load_library
     fam = FAMILIES["cutlass_sm90"]
     lib = load_library(_build(cfg, "sm_90a").so_path)
     meta = lib.meta
@@ -734,7 +734,7 @@ def test_cutlass_runtime_options_match_torch(cfg):
 @pytest.mark.parametrize("cfg", default_configs(), ids=lambda c: c.label().split(",LAYOUT")[0])
 def test_defaults_pass_the_harness_audit(cfg):
     """Our reference kernels are what the audit is meant to let through (sm_90a builds, cached)."""
-    from cudal2.abi import load_library
+    from cudal2.core.abi import load_library
     from cudal2.harness.audit import audit_build
     spec = FAMILIES[cfg.family].build_spec(cfg, "sm_90a")
     r = _build(cfg, "sm_90a")

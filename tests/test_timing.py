@@ -196,7 +196,7 @@ def test_config_validation():
 def test_wall_schedule_and_gpu_env_on_gpu():
     import torch
 
-    from cudal2.harness.kerneltime import CudaKernelBackend
+    from cudal2.timing.kerneltime import CudaKernelBackend
     from cudal2.harness.measure import _WallBackend
 
     a = [torch.randn(1024, 1024, device="cuda", dtype=torch.float16) for _ in range(2)]
@@ -218,7 +218,6 @@ def test_measure_marks_the_worker_poisoned_on_a_cuda_error(monkeypatch):
     tells the worker to exit after replying; other exceptions stay harness errors."""
     import torch
 
-    import cudal2.abi
     from cudal2.harness import measure, worker
     from cudal2.harness.types import EvalRequest, Shape
 
@@ -228,13 +227,13 @@ def test_measure_marks_the_worker_poisoned_on_a_cuda_error(monkeypatch):
 
     def illegal(path):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
-    monkeypatch.setattr(cudal2.abi, "load_library", illegal)
+    monkeypatch.setattr(measure, "load_library", illegal)   # the name measure calls
     out = measure.measure("k.so", req)
     assert out["status"] == "launch_error" and "illegal memory access" in out["detail"]
     assert "illegal memory access" in worker._poison_reason
 
     monkeypatch.setattr(worker, "_poison_reason", None)
-    monkeypatch.setattr(cudal2.abi, "load_library", lambda p: 1 / 0)
+    monkeypatch.setattr(measure, "load_library", lambda p: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         measure.measure("k.so", req)
     assert worker._poison_reason is None

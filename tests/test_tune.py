@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from cudal2 import tune
+from cudal2.search import tune
 from cudal2.harness.types import Evaluation, Shape
 
 SMALL = [Shape(64, 64, 64), Shape(256, 256, 256), Shape(1024, 512, 256)]

@@ -209,7 +209,7 @@ def test_tile_order_model_matches_the_header():
 
 # ---- builds (nvcc, no GPU) ----------------------------------------------------------------
 def _build(cfg):
-    from cudal2.build import build
+    from cudal2.core.build import build
     r = build(FAM.build_spec(cfg, "sm_90a"))
     assert r.ok, f"{cfg.label()}: {r.status}\n{r.log[-4000:]}"
     return r
@@ -230,7 +230,7 @@ def _cuobjdump() -> str | None:
     if found:
         return found
     try:
-        from cudal2.toolchain import find_toolchain
+        from cudal2.core.toolchain import find_toolchain
         cand = Path(find_toolchain().nvcc).parent / "cuobjdump"
         if cand.is_file():
             return str(cand)
@@ -287,7 +287,7 @@ def test_sass_holds_hgmma(cfg):
 @pytest.mark.parametrize("cfg", CASES)
 def test_meta_and_argument_checks(cfg):
     """cudal2_meta and the launcher's argument checks run on the host: no GPU needed."""
-    from cudal2.abi import abi_version, load_library, meta_options, parse_meta
+    from cudal2.core.abi import abi_version, load_library, meta_options, parse_meta
     from cudal2.templates import _wgmma_smem_bytes
     r = _build(cfg)
     lib = load_library(r.so_path)
@@ -340,7 +340,7 @@ def test_meta_and_argument_checks(cfg):
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CASES)
 def test_passes_the_harness_audit(cfg):
-    from cudal2.abi import load_library
+    from cudal2.core.abi import load_library
     from cudal2.harness.audit import audit_build
     spec = FAM.build_spec(cfg, "sm_90a")
     r = _build(cfg)
@@ -389,7 +389,7 @@ def _run(torch, lib, M, N, K, opts, *, lda=None, ldb=None, ldc=None):
 @pytest.mark.parametrize("cfg", CASES)
 def test_matches_torch(cfg):
     import torch
-    from cudal2.abi import load_library, meta_accepts
+    from cudal2.core.abi import load_library, meta_accepts
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma kernels run on sm_90 (Hopper) only")
     lib = load_library(_build(cfg).so_path)

@@ -254,7 +254,7 @@ def test_pool_of_two_runs_concurrently():
 
 # ---- hostile shared libraries (need nvcc) -------------------------------------------------
 def _so(name):
-    from cudal2.build import build_file
+    from cudal2.core.build import build_file
     res = build_file(HOSTILE / name, arch="sm_90a")
     assert res.ok, res.log[-2000:]
     return str(res.so_path)

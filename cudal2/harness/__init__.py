@@ -1,8 +1,7 @@
 """The reward harness: worker sandbox, audit, correctness and timing (measure), results DB,
 evaluate(). Submodules load on first use so `import cudal2` stays light (no GPU query, no
 pandas)."""
-from .types import (ACCS, BASELINES, LAYOUTS, MODES, STATUSES, EvalRequest, Evaluation,
-                    Shape)
+from cudal2.harness.types import ACCS, BASELINES, LAYOUTS, MODES, STATUSES, EvalRequest, Evaluation, Shape
 
 _LAZY = {
     "evaluate": "pipeline", "evaluate_many": "pipeline", "gpu_pool": "pipeline",

@@ -18,7 +18,7 @@ be checked without running it, on the built artefacts rather than by guessing fr
    cuTensorMapEncodeTiled) may only name driver functions on ALLOWED_DRIVER_ENTRY_POINTS in its
    strings.
 5. meta: read in a worker process (loading runs the kernel's static constructors: hostile), then
-   checked against the ABI (cudal2.abi.parse_meta) and the build arch.
+   checked against the ABI (cudal2.core.abi.parse_meta) and the build arch.
 6. accumulator: every tensor-core instruction in the PTX (mma.sync, wgmma.mma_async, wmma.mma)
    with fp16 inputs must accumulate in the type the meta declares. CUDA-L2 shipped fp16-
    accumulate kernels labelled fp32.
@@ -30,16 +30,19 @@ and the dynamic checks in measure.py are the defence in depth.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cudal2.core.abi import meta_problems
+from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
+from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness.worker import WorkerPool, probe_library
 
 # ---- allowlists (why each entry is needed is in docs/harness.md) ------------------------------
 _CUDART_ALLOWED = {
@@ -203,7 +206,6 @@ def check_includes(source: str) -> list[str]:
     size = len(source.encode("utf-8", "surrogatepass"))
     if size > MAX_SOURCE_BYTES:
         return [f"source is {size} bytes (> {MAX_SOURCE_BYTES} allowed for one kernel file)"]
-    from ..build import TEMPLATE_DIR
     templates = {p.name for p in TEMPLATE_DIR.glob("*.cuh")}
     for m in _INCLUDE_ANY_RE.finditer(source):
         line = m.group(0).strip()
@@ -226,7 +228,6 @@ def check_includes(source: str) -> list[str]:
 def _under_roots(path: str) -> bool:
     """A quoted include is fine when it names a header inside an include root (e.g.
     "cutlass/cutlass.h"): the build compiles in an empty folder, so it resolves there."""
-    from ..build import include_roots
     try:
         roots = include_roots(header_dirs=True)
     except Exception:          # no toolchain: only the template names are known
@@ -372,33 +373,13 @@ def check_accumulator(ptx: str, declared: str) -> tuple[list[str], list[str], di
 
 # ---- meta -------------------------------------------------------------------------------------
 def check_meta(meta: dict, arch: str) -> list[str]:
-    from ..abi import AbiError, parse_meta
-    from ..toolchain import normalise_arch
-    try:
-        parse_meta(json.dumps(meta))
-    except AbiError as e:
-        return [str(e).replace("cudal2_meta: ", "")]
-    reasons = []
-    try:
-        if normalise_arch(str(meta["arch"])) != normalise_arch(arch):
-            reasons.append(f"meta arch {meta['arch']!r} differs from the build arch {arch!r}")
-    except ValueError:
-        reasons.append(f"meta arch {meta['arch']!r} is not a known arch")
-    tile = meta.get("tile")
-    if not (isinstance(tile, list) and len(tile) == 3 and all(isinstance(t, int) and t > 0 for t in tile)):
-        reasons.append(f"meta tile must be [BM, BN, BK] positive ints, got {tile!r}")
-    ws = meta.get("workspace_bytes")
-    if not (isinstance(ws, int) and 0 <= ws <= (1 << 34)):
-        reasons.append(f"meta workspace_bytes must be an int in [0, 16 GiB], got {ws!r}")
-    if not isinstance(meta.get("any_shape"), bool):
-        reasons.append(f"meta any_shape must be true/false, got {meta.get('any_shape')!r}")
-    return reasons
+    """The ABI's meta rules, all of them, plus "built for this arch"."""
+    return meta_problems(meta, arch)
 
 
 def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
                mem_limit_bytes: int = 4 << 30):
     """Load the .so in a worker and read its meta. Returns the WorkerOutcome."""
-    from .worker import WorkerPool, probe_library
     own = pool is None
     pool = pool or WorkerPool(rlimit_data=False, max_tasks=1)
     try:
@@ -466,7 +447,6 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
 def audit_source(source: str, arch: str = "sm_90a", *, name: str = "kernel", pool=None,
                  build_timeout: float = 900) -> AuditResult:
     """Build (cached) and audit one kernel source."""
-    from ..build import BuildSpec, build
     pre = check_includes(source)
     if pre:
         return AuditResult(name=name, ok=False, verdict="rejected", reasons=pre)
@@ -498,9 +478,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ..build import BuildSpec, build_many
-    from ..toolchain import ToolchainError, detect_arch
-    from .worker import WorkerPool
     try:
         arch = detect_arch(args.arch)
     except (ToolchainError, RuntimeError, ValueError):

@@ -27,7 +27,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from .types import BASELINES, EXTRA_BASELINES
+from cudal2.core import knobs
+from cudal2.core.abi import preload_cuda_runtime
+from cudal2.core.build import BuildSpec, build
+from cudal2.core.toolchain import pip_cuda_roots
+from cudal2.harness.types import BASELINES, EXTRA_BASELINES
+from cudal2.timing import kerneltime as KT
 
 ALL_BASELINES = BASELINES + EXTRA_BASELINES
 SOURCE_DIR = Path(__file__).resolve().parent / "baselines"
@@ -56,7 +61,6 @@ def source(lib: str) -> str:
 
 def build_baselines(arch: str, *, cache: Path | None = None) -> dict[str, str]:
     """Build both baseline libraries for `arch` (no GPU needed); {"cublas": so, "cublaslt": so}."""
-    from ..build import BuildSpec, build
 
     out = {}
     for lib in SOURCES:
@@ -78,12 +82,10 @@ _V, _I, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
 def _preload_cublas() -> list[str]:
     """Make libcublas.so.N / libcublasLt.so.N resolvable by soname for a baseline .so built on
     another machine (its RUNPATH names that machine's folders): load the CUDA runtime the way
-    cudal2.abi does for kernels, then pip's cuBLASLt and cuBLAS (the wheels torch depends on)
+    cudal2.core.abi does for kernels, then pip's cuBLASLt and cuBLAS (the wheels torch depends on)
     globally. cuBLASLt first: libcublas needs it. Returns what was loaded."""
-    from ..abi import _preload_cuda_runtime
-    from ..toolchain import pip_cuda_roots
 
-    _preload_cuda_runtime()
+    preload_cuda_runtime()
     loaded = []
     for stem in ("libcublasLt.so.", "libcublas.so."):
         for root in pip_cuda_roots():
@@ -188,7 +190,6 @@ class AutotuneCache:
 
     def __init__(self, path: Path | None = None):
         if path is None:
-            from .. import knobs
             path = knobs.cache_dir() / "baselines" / "cublaslt_autotune.json"
         self.path = Path(path)
 
@@ -276,7 +277,6 @@ class BaselineRunners:
 
     def setup_tunableop(self, a, b, c) -> None:
         """Tune torch's GEMM for this shape once (outside timing), results file in the cache."""
-        from .. import knobs
 
         tunable = self.torch.cuda.tunable
         d = knobs.cache_dir() / "tunableop"
@@ -344,7 +344,6 @@ class BaselineRunners:
         keep the fastest whose output verifies: a short screening session over all of them, then
         a tight one over the five fastest. `known` ({key: entry}, e.g. from the results DB)
         and `cache` answer first. Returns the entry {key, index, algos, median_us, source}."""
-        from . import kerneltime as KT
 
         if not self.lt or not self.lt_algos:
             raise BaselineError(self.notes.get("cublaslt_autotuned", "no cublaslt library"))

@@ -348,7 +348,7 @@ class Suite:
         if exact:
             cmp = compare(c, ref, exact=True)
         else:
-            cmp = compare(c, ref, K=K, acc=self.acc, rms_a=_rms(a), rms_b=_rms(b))
+            cmp = compare(c, ref, K=K, acc=self.acc, rms_a=rms(a), rms_b=rms(b))
             self.report.max_abs_err = max(self.report.max_abs_err, cmp.max_abs_err)
             self.report.max_rel_err = max(self.report.max_rel_err, cmp.max_rel_err)
         self.report.record(name, cmp.ok, f"{cmp.detail} ({where})")
@@ -423,7 +423,7 @@ def edge_shapes(M: int, N: int, K: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _rms(x) -> float:
+def rms(x) -> float:
     v = float(x.float().pow(2).mean().sqrt())
     return v if v > 0 else 1.0
 
@@ -438,7 +438,7 @@ def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: st
 
 
 def so_launcher(lib) -> Launch:
-    """Launch a loaded KernelLibrary (cudal2.abi) on torch's current stream."""
+    """Launch a loaded KernelLibrary (cudal2.core.abi) on torch's current stream."""
     import torch
 
     def launch(ops: Operands) -> int:

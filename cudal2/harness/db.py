@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-from .types import FINAL_STATUSES, Evaluation, Shape
+from cudal2.harness.types import Evaluation, Shape, normalise_options
 
 SCHEMA_VERSION = 2
 
@@ -111,7 +111,6 @@ _FILTERS = {"source_sha", "M", "N", "K", "arch", "acc", "layout", "status", "gpu
 
 def options_key(options) -> str:
     """The canonical JSON of a row's runtime options (what the `options` column holds)."""
-    from .types import normalise_options
     return json.dumps(dict(normalise_options(options)), sort_keys=True)
 
 

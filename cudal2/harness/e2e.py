@@ -9,7 +9,7 @@ call), four ways, host clock:
     graph_latency     a one-call graph replayed between two synchronisations
 
 Rounds interleave the contenders in random order; each figure is the median of per-round ratios
-(torch / cudal2) with a bootstrap interval, like kernel time (cudal2.harness.stats).
+(torch / cudal2) with a bootstrap interval, like kernel time (cudal2.timing.stats).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from . import stats as S
+from cudal2.timing import stats as S
 
 KINDS = ("eager_throughput", "eager_latency", "graph_throughput", "graph_latency")
 

@@ -28,9 +28,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from . import bounds, check
-from . import kerneltime as KT
-from .timing import TimingConfig, gpu_env, run_schedule
+from cudal2.core.abi import load_library
+from cudal2.harness import bounds, check
+from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
+from cudal2.harness.e2e import KINDS, E2EConfig, HostBackend, measure_e2e
+from cudal2.harness.timing import TimingConfig, gpu_env, run_schedule
+from cudal2.harness.worker import mark_poisoned
+from cudal2.runtime.matmul import matmul
+from cudal2.runtime.resolve import serve_kernel
+from cudal2.timing import kerneltime as KT
 
 N_SCREEN_SETS_MAX = 64          # screening rotates fewer sets (still > 3x L2 for large shapes)
 DERIVED_CUBLAS_BEST = "cublas_best"   # per round, the faster of cuBLAS NN and TN (CUDA-L2's "max")
@@ -57,7 +63,6 @@ def _cuda_error(exc: BaseException) -> bool:
 def _poisoned(detail: str, **base) -> dict:
     """The kernel broke the CUDA context: tell the worker to exit after replying (a fresh one
     takes the next evaluation) and return the verdict."""
-    from .worker import mark_poisoned
     mark_poisoned(detail)
     return _fail("launch_error", detail, **base)
 
@@ -110,7 +115,7 @@ class OperandPool:
 
     def rms(self, i: int) -> tuple[float, float]:
         if i not in self._rms:
-            self._rms[i] = (check._rms(self.A[i]), check._rms(self.B[i]))
+            self._rms[i] = (check.rms(self.A[i]), check.rms(self.B[i]))
         return self._rms[i]
 
     def verify(self, c, i: int, *, acc: str) -> str | None:
@@ -123,7 +128,6 @@ class OperandPool:
 
 def mode_keys(request, *, gaps_ms=None) -> list[str]:
     """The timings keys a request produces, in order."""
-    from .e2e import KINDS
     keys = []
     for m in request.modes:
         if m == "offline":
@@ -335,7 +339,6 @@ class _WallBackend:
 
 def _load(so_path: str, options: dict | None):
     """(library, meta, options array) for a candidate; AbiError names what is wrong."""
-    from ..abi import load_library
 
     lib = load_library(so_path)
     meta = lib.meta
@@ -407,7 +410,6 @@ def measure_group(so_paths: list[str], requests: list, *, baseline_libs: dict | 
         if not _cuda_error(exc):
             raise
         detail = f"CUDA error while measuring: {type(exc).__name__}: {exc}"[:1000]
-        from .worker import mark_poisoned
         mark_poisoned(detail)
         culprit = done.get("current")
         out = []
@@ -474,7 +476,6 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
     runners = None
     new_lt: list[dict] = []
     if wanted:
-        from .baselines import BaselineError, BaselineRunners, build_baselines
         try:
             libs = baseline_libs or build_baselines(req.arch)
         except BaselineError as exc:       # torch baselines still run; the rest say why
@@ -501,7 +502,6 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
     cands = {n: _candidate_launch(v[1], v[5], M, N, K, v[3], v[4]) for n, v in live.items()}
 
     def e2e(name: str, kernel_us: float | None) -> dict:
-        from .e2e import E2EConfig, HostBackend, measure_e2e
         _, lib, meta, opts, _, lay, _ = live[name]
         # about 2 ms of GPU work per throughput sample (a large GEMM needs one call)
         calls = max(1, min(50, int(2000.0 / max(kernel_us or 1.0, 1.0))))
@@ -526,15 +526,14 @@ def _e2e_contenders(lib, meta, opts, layout: str, M: int, N: int, K: int) -> dic
     torch.matmul, called as users call them on a few operand sets."""
     import torch
 
-    from .. import dispatch
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     sets = []
     for _ in range(4):
         a, b = check.random_inputs(M, N, K, gen, "cuda")
         sets.append((a, b if layout == "RR" else b.t().contiguous().t()))
-    dispatch.serve_kernel(lib, M, N, K, layout, options=opts)
-    cm, tm = dispatch.matmul, torch.matmul
+    serve_kernel(lib, M, N, K, layout, options=opts)
+    cm, tm = matmul, torch.matmul
     return {"cudal2": lambda i: cm(*sets[i % 4]), "torch": lambda i: tm(*sets[i % 4])}
 
 
@@ -578,7 +577,6 @@ def screen(shape, candidates: list, *, arch: str = "sm_90a", acc: str | None = N
             out.append(_screen_one(so, options, M, N, K, acc, pool, smoke, backend, cfg, best))
         except Exception as exc:  # noqa: BLE001
             if _cuda_error(exc):
-                from .worker import mark_poisoned
                 detail = f"CUDA error while screening: {type(exc).__name__}: {exc}"[:1000]
                 mark_poisoned(detail)
                 out.append(_fail("launch_error", detail, options=dict(options or {})))
@@ -617,14 +615,13 @@ def _screen_one(so, options, M, N, K, acc_req, pool, smoke, backend, cfg, best_u
         c.view(torch.int16).fill_(0x7E00)
         st = fn(a, b, bt, c)
         if st:
-            from .worker import mark_poisoned
             mark_poisoned(f"kernel returned cudaError {st}")
             return _fail("launch_error", f"kernel returned cudaError {st} (smoke, {kind})",
                          poisoned=True, **base)
         if kind == "ones":
             cmp = check.compare(c, ref, exact=True)
         else:
-            cmp = check.compare(c, ref, K=K, acc=acc, rms_a=check._rms(a), rms_b=check._rms(b))
+            cmp = check.compare(c, ref, K=K, acc=acc, rms_a=check.rms(a), rms_b=check.rms(b))
         if not cmp.ok:
             return _fail("wrong", f"smoke {kind}: {cmp.detail}", **base)
 

@@ -21,9 +21,15 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from . import provenance
-from . import types as T
-from .types import EvalRequest, Evaluation
+from cudal2.core.abi import AbiError, option_values
+from cudal2.core.build import BuildSpec, build, build_many
+from cudal2.core.identity import source_sha
+from cudal2.harness import measure as M, provenance, types as T
+from cudal2.harness.audit import audit_build, check_includes
+from cudal2.harness.baselines import BaselineError, build_baselines
+from cudal2.harness.measure import mode_keys
+from cudal2.harness.types import EvalRequest, Evaluation
+from cudal2.harness.worker import WorkerPool, mark_poisoned
 
 log = logging.getLogger("cudal2.harness")
 
@@ -38,7 +44,6 @@ _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom
 def settings(request: EvalRequest) -> dict:
     """How a request is timed, besides its key (source, shape, arch, GPU model, options):
     recorded in every row's env["settings"] and compared by `answers`."""
-    from .measure import mode_keys
     return {"timer": request.timer, "operands": request.operands,
             "server_gaps_ms": list(request.server_gaps_ms) if "server" in request.modes else [],
             "baselines": sorted(set(request.baselines) | set(request.extra_baselines)),
@@ -77,7 +82,6 @@ def cached(db, request: EvalRequest, gpu: str | None, *, sha: str | None = None)
     None. A not_measured row never stands in for a measurement on a GPU (the key holds the GPU)."""
     if db is None:
         return None
-    from ..build import source_sha
     rows = db.rows(source_sha=sha or source_sha(request.source), shape=request.shape,
                    arch=request.arch, gpu=gpu or "", status=T.FINAL_STATUSES,
                    options=dict(request.options))
@@ -104,8 +108,6 @@ def _measure_task(so_paths: list[str], requests: list[EvalRequest], baseline_lib
                   lt_known: dict | None) -> list[dict]:
     """Worker task: finals (measure_group), then make sure the CUDA context is still usable: an
     error the kernel left behind surfaces here."""
-    from . import measure as M
-    from .worker import mark_poisoned
     outs = M.measure_group(so_paths, requests, baseline_libs=baseline_libs, lt_known=lt_known)
     if all(o.get("status") != "launch_error" for o in outs):
         try:
@@ -122,7 +124,6 @@ def _measure_task(so_paths: list[str], requests: list[EvalRequest], baseline_lib
 
 def _screen_task(shape: tuple, candidates: list, arch: str, acc: str | None, operands: str,
                  reference_us: float | None) -> dict:
-    from . import measure as M
     return M.screen(tuple(shape), [(so, dict(o)) for so, o in candidates], arch=arch, acc=acc,
                     operands=operands, reference_us=reference_us)
 
@@ -140,7 +141,6 @@ def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1, spare: int 
     code cannot tamper with the next measurement); `spare` workers boot in the background so the
     next task does not wait for Python, torch and a CUDA context. Raise max_tasks for trusted
     kernels (our own templates) in screening."""
-    from .worker import WorkerPool
     return WorkerPool(1, device=device, max_tasks=max_tasks, spare=spare,
                       preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline:_warm_cuda"))
 
@@ -170,8 +170,6 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
     """Fill ev's build and audit parts. Returns the BuildResult when the kernel may run, else
     None with ev's status and detail set. `audits` (sha -> audit_verdict) answers a source
     audited before in this run (a campaign audits each build once)."""
-    from ..build import BuildSpec, build
-    from .audit import audit_build, check_includes
     hit = (audits or {}).get(ev.source_sha)
     if hit is not None and build_result is not None:
         ev.build, ev.audit, ev.meta = hit["build"], hit["audit"], hit["meta"]
@@ -211,7 +209,6 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
 def _check_request(request: EvalRequest, ev: Evaluation, br):
     """What an audited kernel must still satisfy for this request: its options, its accumulator."""
     if request.options:
-        from ..abi import AbiError, option_values
         try:
             option_values(ev.meta, dict(request.options))
         except AbiError as exc:
@@ -301,7 +298,6 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
     """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
     policy's kernels go one per evaluate()): every candidate's correctness suite, then one
     interleaved kernel-time session with all of them and every baseline. Rows in input order."""
-    from ..build import source_sha
     requests = list(requests)
     if not requests:
         return []
@@ -334,7 +330,6 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
     if len(shapes) > 1:
         raise ValueError(f"evaluate_group: one shape and B layout per group, got {sorted(map(str, shapes))}")
     if baseline_libs is None and requests[0].baselines:
-        from .baselines import BaselineError, build_baselines
         try:
             baseline_libs = build_baselines(requests[0].arch)
         except BaselineError as e:      # measure still runs the torch baseline and says why
@@ -372,9 +367,8 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
                   progress: Callable[[int, int, Evaluation], None] | None = None,
                   estimator: Callable[[Evaluation], object] | None = None) -> list[Evaluation]:
     """evaluate() over many requests: cached ones come from the DB, the rest are built in
-    parallel (cudal2.build.build_many, or `executor.map` when an Executor is given, e.g. a Ray
+    parallel (cudal2.core.build.build_many, or `executor.map` when an Executor is given, e.g. a Ray
     pool), then measured one at a time, each in a fresh worker. Results in input order."""
-    from ..build import BuildSpec, build, build_many, source_sha
     requests = list(requests)
     use_gpu = provenance.gpu_visible() if gpu is None else gpu
     gpu_model = provenance.gpu_name() if use_gpu else None
@@ -395,7 +389,6 @@ def evaluate_many(requests: Iterable[EvalRequest], *, db=None, pool=None, execut
         builds = build_many(specs, jobs=jobs, timeout=timeout)
     libs: dict[str, dict] = {}
     if use_gpu:
-        from .baselines import BaselineError, build_baselines
         for arch in {requests[i].arch for i in todo if requests[i].baselines}:
             try:
                 libs[arch] = build_baselines(arch)
@@ -444,7 +437,6 @@ def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm
     by source sha across calls), then smoke check and time every (build, options) in ONE warm
     worker (trusted=True: our templates) or one worker each (trusted=False: policy code).
     Returns (one stage='screen' row per candidate, in order; the worker's reference dict)."""
-    from ..build import source_sha
     use_gpu = provenance.gpu_visible() if gpu is None else gpu
     gpu_model = provenance.gpu_name() if use_gpu else None
     env = provenance.collect(gpu=use_gpu)
@@ -469,7 +461,6 @@ def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm
             rows[i] = record(db, ev, c.source)
             continue
         if c.options:
-            from ..abi import AbiError, option_values
             try:
                 option_values(ev.meta, dict(c.options))
             except AbiError as exc:

@@ -15,16 +15,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+from cudal2.core.toolchain import find_toolchain
+from cudal2.timing.kerneltime import visible_gpu_index
+
 _REPO = Path(__file__).resolve().parents[2]
-
-
-def _visible_index() -> int:
-    """Physical index of the first GPU this process may use (CUDA_VISIBLE_DEVICES)."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    try:
-        return int(first)
-    except ValueError:      # UUID form: NVML/nvidia-smi index 0 is the best guess we have
-        return 0
 
 
 def _nvml(index: int) -> dict:
@@ -84,7 +78,7 @@ def _nvidia_smi(index: int) -> dict:
 
 def gpu_facts() -> dict:
     """Live GPU facts (gpu, driver, sm_clock_mhz, temp_c) for the first visible GPU; {} if none."""
-    idx = _visible_index()
+    idx = visible_gpu_index()
     return _nvml(idx) or _nvidia_smi(idx)
 
 
@@ -124,7 +118,6 @@ def _static() -> dict:
     except ImportError:
         out["torch"] = None
     try:
-        from ..toolchain import find_toolchain
         out["nvcc"] = find_toolchain().version
     except Exception:  # noqa: BLE001 - no toolchain: still record the rest
         out["nvcc"] = None

@@ -3,7 +3,7 @@
     wall     synchronise, read the host clock, one call, synchronise, read the host clock
              (host dispatch is part of the number: labelled, never mixed with kernel time)
 
-Kernel time, the figure the project ranks, exports and rewards by, is cudal2.harness.kerneltime.
+Kernel time, the figure the project ranks, exports and rewards by, is cudal2.timing.kerneltime.
 This schedule also runs per-call events around each host call ("offline"/"server" with the
 "events" or "graph" per-call timers): those measure the host path whenever a kernel is shorter
 than its launch (the first H100 campaign's 17-36 us for every small shape), so the harness no
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
+
+from cudal2.harness.provenance import gpu_facts
 
 # This schedule's arrival processes and per-call timers (not the harness's MODES/TIMERS).
 MODES = ("offline", "server", "wall")
@@ -197,6 +198,5 @@ def run_schedule(callables: dict[str, Callable[[int], None]], config: TimingConf
 def gpu_env() -> dict:
     """SM clock (MHz), temperature (C), GPU name and driver right now (NVML, else nvidia-smi;
     keys absent when the GPU does not report them). Recorded before and after timing."""
-    from .provenance import gpu_facts
 
     return gpu_facts()

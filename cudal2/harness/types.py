@@ -11,6 +11,8 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal2.core.vocab import ACCS, LAYOUTS, normalise_options  # noqa: F401 - the shared vocabulary
+
 # Baselines every candidate is timed against (docs/measurement.md).
 BASELINES = ("torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned")
 # PyTorch's own switches, timed when asked for (cudal2.harness.baselines describes them).
@@ -23,8 +25,6 @@ TIMERS = ("kernel",)
 OPERANDS = ("cold", "hot")
 DEFAULT_SERVER_GAPS_MS = (1.0, 10.0)
 STAGES = ("final", "screen")
-ACCS = ("f32", "f16")
-LAYOUTS = ("RR", "RC")
 
 # Evaluation.status values.
 OK = "ok"
@@ -131,16 +131,6 @@ class EvalRequest:
             raise ValueError(f"EvalRequest.build_timeout_s must be > 0, got {self.build_timeout_s!r}")
 
 
-def normalise_options(options) -> tuple[tuple[str, int], ...]:
-    """Runtime options as sorted (name, int) pairs, from a dict or pairs; the one spelling the
-    DB, the cache rule and the index compare."""
-    items = dict(options or {})
-    for k, v in items.items():
-        if not isinstance(k, str) or not k or isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"runtime option {k!r}={v!r}: names are strings, values ints")
-    return tuple(sorted(items.items()))
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -203,3 +193,28 @@ class Evaluation:
         shape = s if isinstance(s, Shape) else (Shape(**s) if isinstance(s, dict) else Shape(*s))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(shape=shape, **{k: v for k, v in d.items() if k in known})
+
+
+# -- reading an Evaluation: the one test of "measured" that reports and export share -----------
+def medians(ev, mode: str) -> dict[str, float]:
+    """{who: median_us} of one evaluation in `mode`: "candidate" and each baseline timed."""
+    t = (ev.timings or {}).get(mode) or {}
+    return {who: float(r["median_us"]) for who, r in t.items() if r and r.get("median_us")}
+
+
+def unmeasured(ev, mode: str) -> str | None:
+    """None if `ev` holds a measured time of a correct candidate in `mode`, else why not."""
+    if ev.estimated:
+        return "estimated (a cost-model number, not a measurement)"
+    if ev.status != OK:
+        return f"status {ev.status}"
+    if (ev.correctness or {}).get("ok") is False:
+        return "failed the correctness check"
+    if "candidate" not in medians(ev, mode):
+        return f"no candidate time in mode {mode!r}"
+    return None
+
+
+def on_gpu(ev, gpu: str | None) -> bool:
+    """Whether `ev` was measured on `gpu` (a case-insensitive substring; None = any)."""
+    return not gpu or gpu.lower() in str((ev.env or {}).get("gpu", "")).lower()

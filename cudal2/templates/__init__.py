@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from cudal2.core.abi import meta_accepts
+from cudal2.core.build import BuildSpec
+
 __all__ = ["KernelConfig", "Family", "FAMILIES", "instantiate", "template_dir", "SMEM_LIMIT",
-           "default_configs", "configure_parser", "run_cli"]
+           "default_configs"]
 
 Value = int | str
 
@@ -92,7 +95,7 @@ class Family:
     arches: tuple[str, ...]
     header: str                                 # file name in template_dir()
     style: str                                  # the meta "style": mma | ptx | cutlass
-    flags: tuple[str, ...]                      # nvcc flags the family needs
+    flags: tuple[str, ...]                      # nvcc flags the family needs (all among BASE_FLAGS)
     description: str
     _space: dict[str, tuple[Value, ...]] = field(repr=False, default_factory=dict)
     _fixed: dict[str, tuple[Value, ...]] = field(repr=False, default_factory=dict)  # ACC, LAYOUT
@@ -165,7 +168,6 @@ class Family:
         """Whether the harness and the dispatcher will let this config serve the shape: it
         accepts it, and (the ABI, docs/abi.md) a kernel that does not claim any_shape is served
         only multiples of its tile."""
-        from ..abi import meta_accepts
         p = config.as_dict()
         return self.accepts(config, M, N, K) and meta_accepts(
             {"any_shape": self.any_shape, "tile": [p["BM"], p["BN"], p["BK"]]}, M, N, K)
@@ -240,22 +242,16 @@ class Family:
 
     def short_source(self, config: KernelConfig) -> str:
         """The `#define` lines plus `#include "<header>"`: the same kernel as `instantiate`, for
-        builds that put cudal2/templates on the include path (cudal2.build does)."""
+        builds that put cudal2/templates on the include path (cudal2.core.build does)."""
         _check(self, config)
         lines = [f"#define {m} {v}" for m, v in self.macros(config)]
         return "\n".join(lines + [f'#include "{self.header}"']) + "\n"
 
-    def extra_flags(self) -> tuple[str, ...]:
-        """The flags this family needs beyond the builder's base flags: what a BuildSpec carries,
-        so builds of the same source share the cache with everyone else's."""
-        from ..build import BASE_FLAGS
-        return tuple(f for f in self.flags if f not in BASE_FLAGS)
-
     def build_spec(self, config: KernelConfig, arch: str | None = None):
-        """A cudal2.build.BuildSpec for `config`."""
-        from ..build import BuildSpec
-        return BuildSpec(instantiate(config), arch=arch or self.arches[-1], flags=self.extra_flags(),
-                         name=config.label())
+        """A cudal2.core.build.BuildSpec for `config`."""
+        # No extra flags: a family's flags are among the builder's base flags (a test holds it),
+        # so its builds share the cache with anyone building the same source.
+        return BuildSpec(instantiate(config), arch=arch or self.arches[-1], name=config.label())
 
 
 def _check(family: Family, config: KernelConfig) -> None:
@@ -430,6 +426,17 @@ _register(Family(
     _option_redundant=_cutlass_option_redundant))
 
 
+def with_acc(config: KernelConfig, acc: str) -> KernelConfig | None:
+    """`config` accumulating in `acc` ("f32" or "f16"), whichever parameter its family uses for
+    it; None when the family only accumulates in f32 and f16 is asked."""
+    names = config.as_dict()
+    if "ACC" in names:
+        return config.with_(ACC=acc)
+    if "ACC_F16" in names:
+        return config.with_(ACC_F16=int(acc == "f16"))
+    return config if acc == "f32" else None
+
+
 def default_configs(families: Iterable[str] | None = None) -> list[KernelConfig]:
     """Every default instantiation of the named families (all by default)."""
     names = list(families) if families else list(FAMILIES)
@@ -471,90 +478,6 @@ def instantiate(config: KernelConfig) -> str:
     defines = [f"#define {m} {v}" for m, v in fam.macros(config)]
     body = _inline(fam.header, ())
     return "\n".join(banner + defines) + "\n\n" + body.rstrip() + "\n"
-
-
-# ---- CLI: python -m cudal2.templates [FAMILY] [-D NAME=VALUE ...] ----------------------------
-def configure_parser(parser) -> None:
-    parser.add_argument("family", nargs="?", default="mma",
-                        help=f"family to instantiate ({', '.join(FAMILIES)}; default mma)")
-    parser.add_argument("-D", "--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
-                        help="change a parameter of the family's default config (repeatable), e.g. -D BM=64 -D ACC=f16")
-    parser.add_argument("--default", type=int, default=0, metavar="I",
-                        help="start from the family's I-th default config (see --list)")
-    parser.add_argument("--short", action="store_true",
-                        help="print the #define lines + #include form instead of the inlined file")
-    parser.add_argument("--list", action="store_true",
-                        help="list families, their default configs and parameter choices, then exit")
-    parser.add_argument("-o", "--out", type=Path, default=None, metavar="FILE",
-                        help="write the .cu file here instead of stdout")
-    parser.add_argument("--defaults", type=Path, default=None, metavar="DIR",
-                        help="write every family's default configs as DIR/<family>_<i>.cu, then exit "
-                             "(the reference kernels: `cudal2 build DIR/*.cu --arch sm_90a`)")
-
-
-def _parse_value(text: str) -> Value:
-    try:
-        return int(text, 0)
-    except ValueError:
-        return text
-
-
-def _write_defaults(folder: Path) -> int:
-    import sys
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"writing the default configs of {', '.join(FAMILIES)} to {folder}", file=sys.stderr)
-    for fam in FAMILIES.values():
-        for i, cfg in enumerate(fam.defaults()):
-            path = folder / f"{fam.name}_{i}.cu"
-            path.write_text(instantiate(cfg))
-            print(f"{path}  {cfg.label()}  (arches {' '.join(fam.arches)})")
-    return 0
-
-
-def run_cli(args) -> int:
-    import sys
-    if args.defaults is not None:
-        return _write_defaults(args.defaults)
-    if args.list:
-        for fam in FAMILIES.values():
-            print(f"{fam.name}  ({fam.header}, style {fam.style}, arches {', '.join(fam.arches)})")
-            print(f"    {fam.description}")
-            for i, c in enumerate(fam.defaults()):
-                print(f"    default {i}: {c.label()}")
-            for k, v in fam.choices().items():
-                print(f"    {k}: {', '.join(map(str, v))}")
-        return 0
-    if args.family not in FAMILIES:
-        print(f"error: unknown family {args.family!r}; known: {', '.join(FAMILIES)}", file=sys.stderr)
-        return 2
-    fam = FAMILIES[args.family]
-    defaults = fam.defaults()
-    if not 0 <= args.default < len(defaults):
-        print(f"error: --default {args.default}: {fam.name} has {len(defaults)} default configs",
-              file=sys.stderr)
-        return 2
-    cfg = defaults[args.default]
-    changes = {}
-    for s in args.sets:
-        name, eq, value = s.partition("=")
-        if not eq or not name:
-            print(f"error: -D {s!r}: expected NAME=VALUE", file=sys.stderr)
-            return 2
-        changes[name.strip()] = _parse_value(value.strip())
-    try:
-        cfg = cfg.with_(**changes)
-        text = fam.short_source(cfg) if args.short else instantiate(cfg)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.out is None:
-        sys.stdout.write(text)
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(f"// {cfg.label()}: {len(text.splitlines())} lines written to {args.out or 'stdout'}",
-          file=sys.stderr)
-    return 0
 
 
 # -- wgmma: our own Hopper kernel, raw CUDA + inline PTX (wgmma_hgemm.cuh, docs/wgmma.md)

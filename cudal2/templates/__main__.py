@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from . import configure_parser, run_cli
+from cudal2.templates.cli import configure_parser, run_cli
 
 
 def main(argv=None) -> int:

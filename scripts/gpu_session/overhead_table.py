@@ -1,5 +1,5 @@
 """A throwaway kernel table for the overhead stage: the mma family's default (any-shape) kernel,
-RR and RC, marked to serve the given shapes, so `python -m cudal2.overhead` times the kernel
+RR and RC, marked to serve the given shapes, so `python -m cudal2.runs.overhead` times the kernel
 path before any measured winner exists (the shipped table has none yet).
 
 This table states no measured speedup: its rows carry the smallest value the index accepts for a
@@ -21,7 +21,7 @@ def main(argv) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    from cudal2.kernels import KernelIndex
+    from cudal2.core.store import KernelIndex
     from cudal2.templates import FAMILIES, instantiate
     root = Path(argv[0])
     try:

@@ -31,7 +31,7 @@ def _test_module(name: str):
 
 def specs(arch: str) -> list:
     """(why, BuildSpec) for every cached build the GPU tests and the hostile stage make."""
-    from cudal2.build import BuildSpec
+    from cudal2.core.build import BuildSpec
     from cudal2.harness import baselines
     from cudal2.harness.audit import check_includes
     from cudal2.templates import FAMILIES
@@ -76,9 +76,9 @@ def seed_entry(key: str, cache: Path, seed: Path) -> bool:
 
 
 def main(argv=None) -> int:
-    from cudal2 import knobs
-    from cudal2.build import build_many, cache_key
-    from cudal2.toolchain import find_toolchain
+    from cudal2.core import knobs
+    from cudal2.core.build import build_many, cache_key
+    from cudal2.core.toolchain import find_toolchain
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="sm_90a")

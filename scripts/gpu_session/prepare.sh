@@ -82,7 +82,8 @@ if [ -d "$CUDAL2_CACHE" ]; then
 fi
 
 # Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+# (a tracked file deleted in the working tree is not sent: du skips it, and xargs' 123 is not a failure)
+tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
 total=$tree
 printf '%-16s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
 for d in .gpu_cache .gpu_campaign .whl; do

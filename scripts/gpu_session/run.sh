@@ -6,7 +6,7 @@
 #   scripts/gpu_session/run.sh [--allow-no-gpu] STAGE...
 # stages:
 #   tests     python -m pytest -m gpu (junit XML + log)                                   issue 2, 3
-#   overhead  python -m cudal2.overhead on the kernel path (JSON + table)                 issue 2
+#   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)                 issue 2
 #   hostile   cudal2 bench over tests/data/hostile: the GPU half of the hostile corpus    issue 3
 #   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul            issue 10
 #   trace     benchmarks/serving_trace.py: shapes/llm_trace.csv replayed as CUDA graphs
@@ -151,8 +151,8 @@ for s in "${STAGES[@]}"; do
       else ovh=(--device cpu); fi
       stage overhead "$(budget overhead "${BUDGET_OVERHEAD:-90}")" bash -c "
         $PY scripts/gpu_session/overhead_table.py '$d/kernels' 64,64,64 256,256,256 128,4096,4096 &&
-        CUDAL2_KERNELS='$d/kernels' $PY -m cudal2.overhead ${ovh[*]} --json '$d/overhead_kernel_path.json' &&
-        $PY -m cudal2.overhead --device all --json '$d/overhead_shipped_table.json'"
+        CUDAL2_KERNELS='$d/kernels' $PY -m cudal2.runs.overhead ${ovh[*]} --json '$d/overhead_kernel_path.json' &&
+        $PY -m cudal2.runs.overhead --device all --json '$d/overhead_shipped_table.json'"
       rm -rf "$d/kernels"   # the fixture table states no measured speedup: it stays here
       ;;
     hostile)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def kernels_dir() -> Path:
     value = _get("CUDAL2_KERNELS")
     if value:
         return Path(value).expanduser()
-    packaged = Path(__file__).resolve().parent / "generated_kernels"
+    packaged = Path(__file__).resolve().parents[1] / "generated_kernels"
     return packaged if packaged.is_dir() else _REPO_ROOT / "generated_kernels"
 
 

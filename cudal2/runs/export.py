@@ -10,7 +10,7 @@ The only way a kernel enters the dispatch table. The export rule (docs/measureme
      upper end of every end-to-end speedup interval measured is at least 1.0.
 
 The row with the highest such lower bound wins. Sources are written through
-cudal2.kernels.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
+cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
 median speedup against every baseline, the interval's lower end, the options and the report the
 numbers came from. A tuned row whose kernel was measured again in these rows and now fails the
 rule leaves the table. Everything refused is listed with its reason.
@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .report import on_gpu, unmeasured
+from cudal2.core import knobs
+from cudal2.core.identity import source_sha
+from cudal2.core.store import SPEEDUP_COLUMNS, KernelIndex, format_options
+from cudal2.core.vocab import WIN_MARGIN
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.types import on_gpu, unmeasured
 
-DEFAULT_MARGIN = 0.02
+DEFAULT_MARGIN = WIN_MARGIN  # the same rule the runtime's first-call race applies
 E2E_PREFIX = "e2e_"
 
 
@@ -134,8 +139,6 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
     """Select winners and write them into the store at `root` (default: knobs.kernels_dir()).
     `source_for(sha)` returns the kernel text of a source sha (None if unknown: refused). A tuned
     row whose (kernel, options) these rows measured again and refused leaves the table."""
-    from .kernels import SPEEDUP_COLUMNS, KernelIndex, format_options, sha256_text
-
     if not report:
         raise ValueError("export needs `report`: the run the numbers came from (a path or a name)")
     evaluations = list(evaluations)
@@ -150,7 +153,9 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
     for d in decisions:
         old = idx.get(*d.key)
         if not d.exported:
-            if old is not None and old.tuned and (*d.key, old.sha256, old.options) in remeasured:
+            # the index keeps a file's byte hash; the DB names a kernel by its source identity
+            if old is not None and old.tuned and (*d.key, source_sha(idx.source(old)),
+                                                  old.options) in remeasured:
                 idx.remove(*d.key)
                 d.removed = old.file
                 d.reason += f"; the tuned row ({old.file}) measured again here fails the rule: removed"
@@ -165,7 +170,7 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
                 changed = True
             continue
         src = source_for(d.source_sha)
-        if src is None or sha256_text(src) != d.source_sha:
+        if src is None or source_sha(src) != d.source_sha:
             d.exported, d.reason = False, f"source {d.source_sha[:12]} not found (or does not match its sha)"
             continue
         arch, acc, layout, M, N, K = d.key
@@ -218,9 +223,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from . import knobs
-    from .harness.db import ResultsDB
-
     if not Path(args.db).exists():
         print(f"cudal2 export: no results DB at {args.db}", file=sys.stderr)
         return 2

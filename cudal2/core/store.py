@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from cudal2.core import knobs
+from cudal2.core.identity import content_sha
+from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, normalise_options
+
 INDEX_NAME = "index.csv"
 SPEEDUP_COLUMNS = (
     "speedup_torch",
@@ -41,10 +45,7 @@ COLUMNS = (
 )
 # Columns added after the first release: an index without them still reads (empty values).
 OPTIONAL_COLUMNS = ("options", "speedup_lo")
-# Architectures the store may hold (directory names); same spelling as cudal2.toolchain.ARCHES.
-ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
-ACCS = ("f32", "f16")
-LAYOUTS = ("RR", "RC")
+# Architectures the store may hold (directory names); same spelling as cudal2.core.toolchain.ARCHES.
 MODES = ("", "offline", "server", "wall")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -55,7 +56,6 @@ class KernelIndexError(ValueError):
 
 def format_options(options) -> str:
     """Runtime options as index.csv writes them: 'name=value;...' sorted by name ('' = none)."""
-    from .harness.types import normalise_options
     return ";".join(f"{k}={v}" for k, v in normalise_options(options))
 
 
@@ -73,8 +73,6 @@ def parse_options(text: str) -> dict[str, int]:
     return out
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -270,7 +268,6 @@ class KernelIndex:
         verify=True also checks that every referenced file exists and hashes to its sha256.
         """
         if root is None:
-            from . import knobs
             root = knobs.kernels_dir()
         idx = cls(root)
         path = idx.index_path
@@ -333,7 +330,7 @@ class KernelIndex:
             except FileNotFoundError:
                 raise KernelIndexError(f"{self.index_path}: {row.label()}: kernel file {p} "
                                        "does not exist") from None
-        if sha256_text(text) != row.sha256:
+        if content_sha(text) != row.sha256:
             raise KernelIndexError(f"{self.index_path}: {row.label()}: {row.file} does not "
                                    f"match its sha256 {row.sha256}")
         return text
@@ -350,7 +347,7 @@ class KernelIndex:
         """
         if not isinstance(source, str) or not source.strip():
             raise KernelIndexError(f"add {arch} {acc} {layout} {M}x{N}x{K}: source is empty")
-        sha = sha256_text(source)
+        sha = content_sha(source)
         sp = {f"speedup_{k}": (None if v is None else float(v)) for k, v in (speedups or {}).items()}
         unknown = [k for k in sp if k not in SPEEDUP_COLUMNS]
         if unknown:
@@ -427,45 +424,13 @@ def with_fields(row: IndexRow, **changes) -> IndexRow:
     return new
 
 
-# -- seeds ---------------------------------------------------------------------------------------
-# Reference instantiations (template family defaults) for a few shapes, tuned=0: real kernels for
-# the build/check/time pipeline and the GPU tests to work on. They never serve in dispatch.
-# (arch, family, changes to the family default, shapes)
-SEEDS = (
-    ("sm_90a", "mma", {}, ((128, 128, 128), (1024, 1024, 1024))),
-    ("sm_90a", "mma", {"LAYOUT": "RC"}, ((128, 128, 128), (1024, 1024, 1024))),
-    ("sm_90a", "cutlass_sm90", {}, ((4096, 4096, 4096),)),
-    ("sm_80", "mma", {}, ((128, 128, 128), (1024, 1024, 1024))),
-    ("sm_80", "mma", {"ACC": "f16"}, ((1024, 1024, 1024),)),
-)
-
-
-def write_seeds(root: str | os.PathLike | None = None) -> Path:
-    """(Re)write the seed rows into the store at `root` (default knobs.kernels_dir()), keeping
-    every other row. Returns the index path."""
-    from .templates import FAMILIES, instantiate
-    idx = KernelIndex.load(root)
-    for arch, family, changes, shapes in SEEDS:
-        config = FAMILIES[family].default().with_(**changes)
-        src = instantiate(config)
-        acc, layout = config.get("ACC"), config.get("LAYOUT")
-        for M, N, K in shapes:
-            old = idx.get(arch, acc, layout, M, N, K)
-            if old is not None and old.tuned:
-                continue  # a measured kernel is never replaced by a seed
-            idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family)
-    return idx.write(prune=True)
-
-
 def main(argv=None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m cudal2.kernels",
-                                description="check (default) or seed the generated_kernels/ store")
+    p = argparse.ArgumentParser(prog="python -m cudal2.core.store",
+                                description="check the generated_kernels/ store (seed it with "
+                                            "python -m cudal2.templates --seed-store)")
     p.add_argument("root", nargs="?", type=Path, default=None, help="store (default: CUDAL2_KERNELS)")
-    p.add_argument("--seed", action="store_true", help="write the template-default seed rows (tuned=0)")
     args = p.parse_args(argv)
-    if args.seed:
-        print(f"wrote {write_seeds(args.root)}")
     idx = KernelIndex.load(args.root)
     tuned = len(idx.tuned_rows())
     files = len({r.file for r in idx.rows})

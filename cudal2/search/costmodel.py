@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-SCHEMA = "cudal2.costmodel/1"
+SCHEMA = "cudal2.costmodel/1"  # a format name: kept when the module moved
 
 
 @dataclass(frozen=True)
@@ -500,7 +500,7 @@ class CostModel:
     @classmethod
     def default(cls, gpu: str | None = None, arch: str | None = None) -> "CostModel":
         """The prior alone (no measurements yet), for a GPU name or, failing that, an arch
-        (cudal2.costmodel.gpu_for; neither = H100)."""
+        (cudal2.search.costmodel.gpu_for; neither = H100)."""
         return cls(gpu=gpu_for(arch=arch, gpu=gpu).name)
 
     @property

@@ -1,7 +1,7 @@
 """A GPU campaign in two halves (`cudal2 campaign prepare|run`).
 
 prepare (CPU machine, nvcc, no GPU): plan the deduplicated candidates for a shape list
-  (cudal2.tune.plan), build them all in parallel (build cache), copy each build-cache entry
+  (cudal2.search.tune.plan), build them all in parallel (build cache), copy each build-cache entry
   (.so, ptxas stats, source, gzipped PTX) into a pack folder with a manifest, and dry-run the pack:
   every .so loads in a killable worker and exports the ABI symbols, its meta matches the
   manifest. The pack is small enough to carry (< 64 MiB, checked).
@@ -18,7 +18,6 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import csv
 import datetime as _dt
 import gzip
@@ -28,9 +27,26 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-SCHEMA = "cudal2.campaign/2"
+from cudal2.core.abi import preload_cuda_runtime
+from cudal2.core.build import BuildSpec, build_many, result_from_json
+from cudal2.core.identity import source_sha
+from cudal2.core.store import KernelIndex
+from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
+from cudal2.harness import baselines as hb
+from cudal2.harness.audit import check_dependencies
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.pipeline import ScreenCandidate, audit_verdict, evaluate_group, gpu_pool, screen
+from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
+from cudal2.harness.worker import WorkerPool, probe_library
+from cudal2.runs import export as export_mod, report
+from cudal2.runs.report import size_bucket
+from cudal2.search.costmodel import CostModel, held_out_rank_correlation
+from cudal2.search.tune import build_plan, plan, read_shapes
+
+SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
 MAX_PACK_BYTES = 64 << 20
 MANIFEST = "manifest.json"
 
@@ -63,10 +79,6 @@ def _pack_entry(result, dest: Path) -> dict:
 
 def _baselines() -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """The harness's baseline libraries: {lib: (source, link libraries, exported symbols)}."""
-    try:
-        from .harness import baselines as hb
-    except ImportError:
-        return {}
     return {lib: (hb.source(lib), tuple(hb.LIBRARIES), tuple(hb.EXPORTS[lib])) for lib in hb.SOURCES}
 
 
@@ -81,7 +93,6 @@ def _dir_bytes(d: Path) -> int:
 
 def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
     """The tuned rows of the kernel table for this arch, accumulator and layout."""
-    from .kernels import KernelIndex
     return [r for r in KernelIndex.load(root).tuned_rows()
             if (r.arch, r.acc, r.layout) == (arch, acc, layout)]
 
@@ -92,10 +103,6 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
     the run re-measures what dispatch serves today."""
-    from .build import BuildSpec, build_many, source_sha
-    from .costmodel import CostModel
-    from .harness.types import Shape
-    from .tune import build_plan, plan, read_shapes
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -114,7 +121,6 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     log("  " + rep.text())
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(shapes_file, out / "shapes.csv")
-    from .harness.audit import check_dependencies
     cands = []
     for c in p.candidates:
         if not c.build.ok:
@@ -133,16 +139,16 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                       "sweeps": [[[s.M, s.N, s.K], c.options.get(s, [{}])] for s in c.shapes],
                       "shapes": [[s.M, s.N, s.K] for s in c.shapes], **fields})
     if tuned:
-        from .dispatch import family_flags
-        from .kernels import KernelIndex
         idx = KernelIndex.load(kernels_root)
-        srcs = {r.sha256: idx.source(r) for r in tuned}
-        specs = [BuildSpec(srcs[sha], arch=arch, flags=family_flags(r.family), name=f"tuned-{r.file}")
-                 for sha, r in {r.sha256: r for r in tuned}.items()]
+        # the index keeps file byte hashes; the pack and the DB name a kernel by its identity
+        by_identity: dict[str, tuple[str, list]] = {}
+        for t in tuned:
+            src = idx.source(t)
+            by_identity.setdefault(source_sha(src), (src, []))[1].append(t)
+        groups = list(by_identity.items())
+        specs = [BuildSpec(src, arch=arch, name=f"tuned-{rows[0].file}") for _, (src, rows) in groups]
         by_sha = {c["sha"]: c for c in cands}
-        for spec, r in zip(specs, build_many(specs, jobs=jobs)):
-            sha = source_sha(spec.source)
-            rows = [t for t in tuned if t.sha256 == sha]
+        for (sha, (_, rows)), spec, r in zip(groups, specs, build_many(specs, jobs=jobs)):
             if not r.ok:
                 log(f"  tuned kernel {rows[0].file} failed to build ({r.status}): not re-measured")
                 continue
@@ -175,7 +181,6 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         bases.append({"name": lib, "sha": source_sha(src), "dir": d, "libraries": list(libs),
                       "exports": list(exports), **fields})
     try:
-        from .toolchain import find_toolchain
         nvcc = find_toolchain().version
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
         nvcc = f"unknown ({exc})"
@@ -219,7 +224,6 @@ def dry_run(pack, *, log=print) -> list[str]:
     """Check a pack: manifest loads, every file is there and hashes right, every .so loads in a
     killable worker and exports cudal2_hgemm + cudal2_meta with meta matching the manifest.
     Returns the problems found ([] = good)."""
-    from .harness.worker import WorkerPool, probe_library
 
     pack = Path(pack)
     m = load_manifest(pack)
@@ -236,7 +240,7 @@ def dry_run(pack, *, log=print) -> list[str]:
                 problems.append(f"{what}: {so} does not match its sha256 in the manifest")
                 continue
             src = pack / e["dir"] / "kernel.cu"
-            if not src.is_file() or _sha_file(src) != e["sha"]:
+            if not src.is_file() or source_sha(src.read_text()) != e["sha"]:
                 problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
                 continue
             probe = probe_library if what.startswith("candidate") else probe_baseline
@@ -265,10 +269,8 @@ def probe_baseline(so_path: str, exports: list) -> dict:
     """Worker task: load a baseline .so and check its entry points (baselines have their own ABI,
     cudal2/harness/baselines.py EXPORTS, and no cudal2_meta)."""
     import ctypes
-    from .abi import _preload_cuda_runtime
-    _preload_cuda_runtime()
+    preload_cuda_runtime()
     try:   # the .so needs libcublas(Lt).so.N by soname: load pip's copies first, as abi does cudart
-        from .toolchain import pip_cuda_roots
         for root in pip_cuda_roots():
             for pat in ("libcublasLt.so.*", "libcublas.so.*"):
                 for f in sorted((root / "lib").glob(pat))[:1]:
@@ -284,10 +286,9 @@ def probe_baseline(so_path: str, exports: list) -> dict:
 
 
 def pack_build_result(pack, entry: dict, workdir):
-    """A cudal2.build.BuildResult for a packed build, for evaluate(build_result=...): the GPU
+    """A cudal2.core.build.BuildResult for a packed build, for evaluate(build_result=...): the GPU
     machine times the carried binary and never calls nvcc (it may lack nvcc or CUTLASS headers).
     The gzipped PTX (the audit reads its mma types) is unpacked into `workdir`."""
-    from .build import result_from_json
 
     d = Path(pack) / entry["dir"]
     info = json.loads((d / "build.json").read_text())
@@ -305,7 +306,6 @@ def pack_build_result(pack, entry: dict, workdir):
 def packed_baselines(pack, m: dict, log=print) -> dict | None:
     """{"cublas": so, "cublaslt": so} from the pack if they load here (checked in a worker), else
     None: evaluate() then builds the baselines on this machine (needs nvcc)."""
-    from .harness.worker import WorkerPool
     libs = {}
     with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
         for b in m["baselines"]:
@@ -327,7 +327,6 @@ def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
     for c in m["candidates"]:
         for s in c["shapes"]:
             per_shape.setdefault(tuple(s), []).append(c)
-    from .report import size_bucket
     # the shape list round-robin over size buckets, so a budget cut leaves every bucket covered
     by_bucket: dict[str, list[tuple]] = {}
     for s in m["shapes"]:
@@ -410,12 +409,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
     results.db of an earlier run of this pack: its rows are copied in and what it recorded is
     not timed again (the harness's cache rule)."""
-    from . import export as export_mod
-    from . import report
-    from .costmodel import CostModel
-    from .harness.db import ResultsDB
-    from .harness.pipeline import ScreenCandidate, evaluate_group, gpu_pool, screen
-    from .harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 
     start = time.monotonic()
     pack, out = Path(pack).resolve(), Path(out)
@@ -450,7 +443,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     # every build audited once, up front and in parallel (CPU work the GPU would wait for)
     from concurrent.futures import ThreadPoolExecutor
 
-    from .harness.pipeline import audit_verdict
     t0 = time.monotonic()
     probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
     srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
@@ -460,7 +452,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         audits = {sha: f.result() for sha, f in futs.items()}
     log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
         f"({sum(not a['ok'] for a in audits.values())} rejected)")
-    from .harness.worker import WorkerPool
     screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
     final_pool = gpu_pool(max_tasks=1, spare=2) if has_gpu else WorkerPool(1)
     try:
@@ -559,7 +550,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     # The cost model's honest score: fitted on some shapes, ranked on the others.
     measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated and ev.stage == "final"]
     if measured:
-        from .costmodel import held_out_rank_correlation
         for ev in measured:                   # the DB row may lack the meta: take the pack's
             if not ev.meta and ev.source_sha in metas:
                 ev.meta = metas[ev.source_sha]

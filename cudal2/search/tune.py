@@ -24,8 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .costmodel import CostModel
-from .harness.types import BASELINES, MODES, Shape
+from cudal2 import templates
+from cudal2.core import knobs
+from cudal2.core.build import BuildSpec, build_many
+from cudal2.core.identity import source_sha
+from cudal2.core.toolchain import ToolchainError, detect_arch, find_toolchain
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
+from cudal2.harness.provenance import gpu_visible
+from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
+from cudal2.search.costmodel import CostModel
 
 MAX_ENUMERATE = 200_000        # above this a family's product space is sampled, not listed
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
@@ -59,14 +67,9 @@ def read_shapes(path) -> list[Shape]:
 
 
 # --- the space ---------------------------------------------------------------------------------
-def _templates():
-    from . import templates
-    return templates
-
-
 def families_for(arch: str, names: Iterable[str] | None = None) -> list[Any]:
     """The families to search: `names` (all must exist and support `arch`) or every one that does."""
-    fams = _templates().FAMILIES
+    fams = templates.FAMILIES
     if names:
         out = []
         for n in names:
@@ -273,19 +276,15 @@ class BuildReport:
 
 def build_plan(p: BuildPlan, *, jobs: int | None = None, progress: Callable | None = None,
                timeout: float = 900) -> BuildReport:
-    """Build every candidate of a plan in parallel (cudal2.build.build_many); fills cand.build."""
-    from . import knobs
-    from .build import BuildSpec, build_many
+    """Build every candidate of a plan in parallel (cudal2.core.build.build_many); fills cand.build."""
 
     jobs = jobs or knobs.build_jobs()
     try:   # resolve the toolchain once, before the build threads race to set it up
-        from .toolchain import ToolchainError, find_toolchain
         find_toolchain()
     except ToolchainError:
         pass   # every build then reports toolchain_error with the reason
-    # the family's flags, so these builds share cache entries with everyone else's
-    specs = [BuildSpec(c.source, arch=p.arch, flags=_family_flags(c.family), name=c.label)
-             for c in p.candidates]
+    # base flags only (families need no others), so these builds share cache entries with everyone else's
+    specs = [BuildSpec(c.source, arch=p.arch, name=c.label) for c in p.candidates]
     start = time.perf_counter()
     with _PeakRss() as peak:
         results = build_many(specs, jobs=jobs, timeout=timeout, progress=progress)
@@ -348,11 +347,8 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
            modes: tuple[str, ...] = ("offline",), baselines: tuple[str, ...] = BASELINES,
            db=None, pool=None, evaluate: Callable | None = None, log: Callable = print) -> SearchResult:
     """Search one shape. strategy: auto | exhaustive | evolutionary | model."""
-    from .build import source_sha
-    from .harness.types import EvalRequest
 
-    if evaluate is None:
-        from .harness.pipeline import evaluate
+    evaluate = evaluate or pipeline_evaluate
     if strategy not in ("auto", "exhaustive", "evolutionary", "model"):
         raise ValueError(f"unknown strategy {strategy!r}")
     model = model or CostModel.default()
@@ -446,7 +442,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .toolchain import detect_arch
     try:
         shapes = read_shapes(args.shapes)
         arch = detect_arch(args.arch)
@@ -480,9 +475,6 @@ def run_cli(args: argparse.Namespace) -> int:
         return 0 if rep.failed < rep.unique else 1
     import contextlib
 
-    from .harness.db import ResultsDB
-    from .harness.pipeline import gpu_pool
-    from .harness.provenance import gpu_visible
     db = ResultsDB(args.db)
     # our own templates are trusted: one GPU worker serves several kernels (a fresh CUDA
     # context per kernel is the harness default, meant for hostile RL kernels)
@@ -508,10 +500,5 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def _family_flags(name: str) -> tuple[str, ...]:
-    return _templates().FAMILIES[name].extra_flags()
-
-
 def _cache_dir():
-    from . import knobs
     return knobs.cache_dir()

@@ -19,7 +19,7 @@ buffers).
 
 Rounds interleave all callables in a fresh random order; a round whose SM clock read fell more
 than 3% below the run's median clock is discarded (throttled); speedups are medians of paired
-per-round ratios with bootstrap intervals (cudal2.harness.stats), and sampling stops when every
+per-round ratios with bootstrap intervals (cudal2.timing.stats), and sampling stops when every
 interval's half-width is within `target` of its median, or at the round/time budget.
 
 `time_after_gaps` is server mode: single calls after fixed idle gaps (L2 flushed), timed the same
@@ -31,12 +31,13 @@ is the real one (torch's current stream).
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from . import stats as S
+from cudal2.timing import stats as S
 
 # Operand sets: their total footprint (A + B of one layout) exceeds this many L2 sizes (cold).
 COLD_L2_MULTIPLE = 3
@@ -486,6 +487,15 @@ class CudaKernelBackend:
             return None
 
 
+def visible_gpu_index() -> int:
+    """Physical index of the first GPU this process may use (CUDA_VISIBLE_DEVICES)."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    try:
+        return int(first)
+    except ValueError:      # UUID form: NVML/nvidia-smi index 0 is the best guess we have
+        return 0
+
+
 def _nvml_handle():
     """An NVML handle for the GPU torch uses (by PCI bus id), or None."""
     try:
@@ -498,7 +508,6 @@ def _nvml_handle():
         dev = getattr(props, "pci_device_id", 0) or 0
         if bus is not None:
             return pynvml.nvmlDeviceGetHandleByPciBusId(f"{dom:08x}:{bus:02x}:{dev:02x}.0".encode())
-        from .provenance import _visible_index
-        return pynvml.nvmlDeviceGetHandleByIndex(_visible_index())
+        return pynvml.nvmlDeviceGetHandleByIndex(visible_gpu_index())
     except Exception:  # noqa: BLE001 - no NVML, or no match: clocks unknown
         return None

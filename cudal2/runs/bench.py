@@ -30,10 +30,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .harness.types import BASELINES, MODES, EvalRequest, Shape
+from cudal2.core.store import KernelIndex
+from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness import ResultsDB, provenance
+from cudal2.harness.baselines import EXTRA_BASELINES
+from cudal2.harness.bounds import peak_for_name
+from cudal2.harness.measure import mode_keys
+from cudal2.harness.pipeline import evaluate_many
+
 # Size buckets, geomean and trace weights are shared with `cudal2 report`.
-from .report import (BUCKETS, fmt, medians, read_weights, size_bucket, speedup_stats,
-                     unmeasured)
+from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape, medians, unmeasured
+from cudal2.runs.report import BUCKETS, fmt, read_weights, size_bucket, speedup_stats
+from cudal2.search.tune import read_shapes
 
 LARGE_FLOPS = 1e12
 
@@ -55,7 +63,6 @@ def parse_shapes(specs: list[str]) -> list[Shape]:
         if re.fullmatch(r"\s*\d+\s*[,x]\s*\d+\s*[,x]\s*\d+\s*", spec):
             out.append(Shape.parse(spec.replace(" ", "")))
         elif Path(spec).is_file():
-            from .tune import read_shapes
             out.extend(read_shapes(spec))
         else:
             raise ValueError(f"--shapes {spec!r} is neither a readable CSV file nor M,N,K")
@@ -93,7 +100,6 @@ def collect_jobs(kernels: list[str], shapes: list[Shape] | None, arch: str) -> l
         p = Path(spec)
         index = p if p.name == "index.csv" else (p / "index.csv" if (p / "index.csv").is_file() else None)
         if index is not None:
-            from .kernels import KernelIndex
             idx = KernelIndex.load(index.parent)
             wanted = set(shapes) if shapes else None
             for row in idx.rows:
@@ -314,7 +320,6 @@ def write_report(evaluations, out: Path, *, modes, baselines=BASELINES, title: s
 # ---- the verb -----------------------------------------------------------------------------------------
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from .harness.baselines import EXTRA_BASELINES
 
     parser.add_argument("--kernels", nargs="+", required=True,
                         help="kernel .cu files, directories of them, or a generated_kernels "
@@ -367,9 +372,6 @@ def _list(text: str, known, what: str) -> tuple[str, ...]:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .harness import provenance
-    from .harness.baselines import EXTRA_BASELINES
-    from .toolchain import ToolchainError, detect_arch
 
     try:
         arch = detect_arch(args.arch)
@@ -404,8 +406,6 @@ def run_cli(args: argparse.Namespace) -> int:
                             baselines=baselines, seeds=args.seeds, timeout_s=args.timeout,
                             origin=j.kernel, operands=args.operands, extra_baselines=extras,
                             **gaps) for j in jobs]
-    from .harness import ResultsDB
-    from .harness.pipeline import evaluate_many
 
     db = ResultsDB(args.db)
     t0 = time.time()
@@ -432,10 +432,8 @@ def run_cli(args: argparse.Namespace) -> int:
     gpu_name = provenance.gpu_name() or "gpu"
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", gpu_name.replace("NVIDIA ", "")).strip("_")
     out = Path(args.out) if args.out else Path("reports") / tag / f"{_dt.date.today().isoformat()}-{args.name}"
-    from .harness.bounds import peak_for_name
     peak = peak_for_name(gpu_name)
     command = "cudal2 bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    from .harness.measure import mode_keys
     keys = mode_keys(requests[0])
     paths = write_report(evs, out, modes=keys, baselines=baselines + extras,
                          title=f"cudal2 bench on {gpu_name}: {args.name}", command=command,

@@ -9,8 +9,8 @@ busy-waiting are not in the number (a batch is short enough never to fill the la
 Paths are interleaved batch by batch so clock drift hits all alike; median and p10/p90 of the
 per-call time over the batches are reported.
 
-    python -m cudal2.overhead                      # CPU, and CUDA when a GPU is visible
-    python -m cudal2.overhead --device cuda --shape 64 64 64 --json overhead.json
+    python -m cudal2.runs.overhead                      # CPU, and CUDA when a GPU is visible
+    python -m cudal2.runs.overhead --device cuda --shape 64 64 64 --json overhead.json
     cudal2 bench --overhead ...                    # the same
 """
 from __future__ import annotations
@@ -22,6 +22,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from cudal2.runtime.matmul import matmul
+from cudal2.runtime.op import OP
+from cudal2.runtime.resolve import TORCH, serving
 
 PATHS = ("torch.matmul", "cudal2.matmul", "cudal2::hgemm op", "CUDAL2_DISABLE=1")
 DEFAULT_SHAPES = {"cpu": [(16, 16, 16)], "cuda": [(64, 64, 64), (128, 4096, 4096)]}
@@ -39,8 +43,7 @@ def _inputs(device: str, shape, dtype):
 def _callables(a, b):
     import torch
 
-    from . import dispatch
-    mm, cm, op = torch.matmul, dispatch.matmul, torch.ops.cudal2.hgemm.default
+    mm, cm, op = torch.matmul, matmul, OP
     return {
         "torch.matmul": lambda: mm(a, b),
         "cudal2.matmul": lambda: cm(a, b),
@@ -51,15 +54,14 @@ def _callables(a, b):
 
 def served_by(a, b) -> str:
     """Which path cudal2.matmul took for these operands after a first call: kernel or torch."""
-    from . import dispatch
     if not a.is_cuda:
         return "torch (CPU)"
     for layout, ldb_ok in (("RR", b.stride(1) == 1), ("RC", b.stride(0) == 1)):
         if ldb_ok:
-            hit = dispatch._serving.get((a.get_device(), a.shape[0], b.shape[1], a.shape[1], layout))
+            hit = serving.get((a.get_device(), a.shape[0], b.shape[1], a.shape[1], layout))
             if hit is None:
                 continue
-            return "torch (no kernel serves)" if hit is dispatch._TORCH else "kernel"
+            return "torch (no kernel serves)" if hit is TORCH else "kernel"
     return "torch (not eligible)"
 
 
@@ -181,7 +183,7 @@ def run_cli(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cudal2.overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cudal2.runs.overhead", description=__doc__.split("\n")[0])
     configure_parser(parser)
     return run_cli(parser.parse_args(argv))
 

@@ -18,6 +18,9 @@ import os
 import threading
 from pathlib import Path
 
+from cudal2.core.toolchain import normalise_arch, pip_cuda_roots
+from cudal2.core.vocab import ACCS, LAYOUTS
+
 ABI_SYMBOLS = ("cudal2_hgemm", "cudal2_meta")
 ABI2_SYMBOLS = ABI_SYMBOLS + ("cudal2_workspace",)
 ABI_VERSIONS = (1, 2)
@@ -85,28 +88,41 @@ class AbiError(RuntimeError):
     """A library does not honour the kernel ABI; the message names the file and the problem."""
 
 
-def parse_meta(text: str, where: str = "cudal2_meta") -> dict:
-    try:
-        meta = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AbiError(f"{where}: cudal2_meta() is not valid JSON: {exc}") from None
-    if not isinstance(meta, dict):
-        raise AbiError(f"{where}: cudal2_meta() must be a JSON object, got {type(meta).__name__}")
+def meta_problems(meta: dict, arch: str | None = None) -> list[str]:
+    """Every way `meta` breaks the ABI's meta rules (docs/abi.md, "Meta"), [] when it keeps
+    them; with `arch`, also whether it names that build arch. The one statement of the rules:
+    the audit reports the whole list, loading refuses on the first."""
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
-        raise AbiError(f"{where}: cudal2_meta() lacks {', '.join(missing)}")
-    if meta["acc"] not in ("f32", "f16"):
-        raise AbiError(f"{where}: meta acc must be 'f32' or 'f16', got {meta['acc']!r}")
-    if meta["layout"] not in ("RR", "RC"):
-        raise AbiError(f"{where}: meta layout must be 'RR' or 'RC', got {meta['layout']!r}")
+        return [f"cudal2_meta() lacks {', '.join(missing)}"]
+    out = []
+    if meta["acc"] not in ACCS:
+        out.append(f"meta acc must be one of {ACCS}, got {meta['acc']!r}")
+    if meta["layout"] not in LAYOUTS:
+        out.append(f"meta layout must be one of {LAYOUTS}, got {meta['layout']!r}")
+    if arch is not None:
+        try:
+            if normalise_arch(str(meta["arch"])) != normalise_arch(arch):
+                out.append(f"meta arch {meta['arch']!r} differs from the build arch {arch!r}")
+        except ValueError:
+            out.append(f"meta arch {meta['arch']!r} is not a known arch")
+    tile = meta["tile"]
+    if not (isinstance(tile, list) and len(tile) == 3
+            and all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tile)):
+        out.append(f"meta tile must be [BM, BN, BK] positive ints, got {tile!r}")
+    ws = meta["workspace_bytes"]
+    if not (isinstance(ws, int) and not isinstance(ws, bool) and 0 <= ws <= (1 << 34)):
+        out.append(f"meta workspace_bytes must be an int in [0, 16 GiB], got {ws!r}")
+    if not isinstance(meta["any_shape"], bool):
+        out.append(f"meta any_shape must be true/false, got {meta['any_shape']!r}")
     abi = meta.get("abi", 1)
     if abi not in ABI_VERSIONS:
-        raise AbiError(f"{where}: meta abi must be one of {ABI_VERSIONS}, got {abi!r}")
+        return out + [f"meta abi must be one of {ABI_VERSIONS}, got {abi!r}"]
     opts = meta.get("options", [])
-    if abi == 1 and opts:
-        raise AbiError(f"{where}: meta declares options but not \"abi\": 2")
     if not isinstance(opts, list):
-        raise AbiError(f"{where}: meta options must be a list, got {type(opts).__name__}")
+        return out + [f"meta options must be a list, got {type(opts).__name__}"]
+    if abi == 1 and opts:
+        out.append('meta declares options but not "abi": 2')
     seen = set()
     for o in opts:
         ok = (isinstance(o, dict) and isinstance(o.get("name"), str) and o["name"]
@@ -114,15 +130,30 @@ def parse_meta(text: str, where: str = "cudal2_meta") -> dict:
               and all(isinstance(v, int) and not isinstance(v, bool) for v in o["values"])
               and o.get("default") in o["values"])
         if not ok:
-            raise AbiError(f"{where}: meta option {o!r} must be {{\"name\": str, \"values\": "
-                           "[int, ...], \"default\": one of the values}")
-        if o["name"] in seen:
-            raise AbiError(f"{where}: meta option {o['name']!r} declared twice")
-        seen.add(o["name"])
+            out.append(f"meta option {o!r} must be {{\"name\": str, \"values\": "
+                       "[int, ...], \"default\": one of the values}")
+        elif o["name"] in seen:
+            out.append(f"meta option {o['name']!r} declared twice")
+        else:
+            seen.add(o["name"])
+    return out
+
+
+def parse_meta(text: str, where: str = "cudal2_meta") -> dict:
+    """The meta JSON of a library, checked against every rule; AbiError names the first broken."""
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AbiError(f"{where}: cudal2_meta() is not valid JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise AbiError(f"{where}: cudal2_meta() must be a JSON object, got {type(meta).__name__}")
+    problems = meta_problems(meta)
+    if problems:
+        raise AbiError(f"{where}: {problems[0]}")
     return meta
 
 
-def _preload_cuda_runtime() -> None:
+def preload_cuda_runtime() -> None:
     """Make libcudart.so.N resolvable when the .so's runpath points to a build machine's folder:
     a library already loaded (by torch, or here from pip's nvidia packages) satisfies it by soname."""
     try:
@@ -132,7 +163,6 @@ def _preload_cuda_runtime() -> None:
     except ImportError:
         pass
     try:
-        from .toolchain import pip_cuda_roots
         for root in pip_cuda_roots():
             for lib in sorted((root / "lib").glob("libcudart.so.*")):
                 ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
@@ -153,7 +183,7 @@ class KernelLibrary:
         except OSError as first:
             if "libcudart" not in str(first):
                 raise AbiError(f"{self.path}: cannot load: {first}") from None
-            _preload_cuda_runtime()
+            preload_cuda_runtime()
             try:
                 self._lib = ctypes.CDLL(str(self.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
             except OSError as exc:

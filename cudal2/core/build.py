@@ -24,10 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from . import knobs
-from .kernels import sha256_text as source_sha  # noqa: F401 - one definition of a source's id
-from .toolchain import (ToolchainError, cutlass_include_dirs, find_toolchain, normalise_arch,
-                        nvcc_root, pip_cuda_roots)
+from cudal2.core import knobs
+from cudal2.core.toolchain import (
+    ToolchainError,
+    cutlass_include_dirs,
+    detect_arch,
+    find_toolchain,
+    normalise_arch,
+    nvcc_root,
+    pip_cuda_roots,
+)
 
 ABI_VERSION = 1
 # What a cache entry holds; part of the key, so older entries are rebuilt, not misread.
@@ -36,7 +42,7 @@ CACHE_FORMAT = 2
 BASE_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-DNDEBUG", "-std=c++17",
               "--expt-relaxed-constexpr", "-cudart", "shared", "-Xptxas", "-v")
 NVCC_MEMORY_LIMIT = 12 << 30   # bytes of address space per nvcc process tree member
-TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 # The system's C/C++ headers a host compiler reads.
 SYSTEM_INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/include"))
@@ -376,7 +382,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .toolchain import detect_arch
     try:
         arch = detect_arch(args.arch)
     except (ToolchainError, ValueError) as exc:   # no GPU and no --arch, or an unknown arch

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import knobs
+from cudal2.core import knobs
 
 ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .harness.types import BASELINES
+from cudal2.harness.db import ResultsDB
+from cudal2.harness.types import BASELINES, medians, on_gpu, unmeasured
 
 # Flop buckets (docs/measurement.md): upper bounds on 2*M*N*K, the last open.
 BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
@@ -79,31 +80,6 @@ class ShapeRow:
         """Baseline medians: from the overall best candidate's run (any origin)."""
         b = self.overall()
         return b.baselines_us if b else {}
-
-
-def medians(ev, mode: str) -> dict[str, float]:
-    """{who: median_us} of one evaluation in `mode`: "candidate" and each baseline timed."""
-    t = (ev.timings or {}).get(mode) or {}
-    return {who: float(r["median_us"]) for who, r in t.items() if r and r.get("median_us")}
-
-
-def unmeasured(ev, mode: str) -> str | None:
-    """None if `ev` holds a measured time of a correct candidate in `mode`, else why not. The
-    one test of "measured" that reports and export share."""
-    if ev.estimated:
-        return "estimated (a cost-model number, not a measurement)"
-    if ev.status != "ok":
-        return f"status {ev.status}"
-    if (ev.correctness or {}).get("ok") is False:
-        return "failed the correctness check"
-    if "candidate" not in medians(ev, mode):
-        return f"no candidate time in mode {mode!r}"
-    return None
-
-
-def on_gpu(ev, gpu: str | None) -> bool:
-    """Whether `ev` was measured on `gpu` (a case-insensitive substring; None = any)."""
-    return not gpu or gpu.lower() in str((ev.env or {}).get("gpu", "")).lower()
 
 
 def collect(evaluations: Iterable, *, mode: str = "offline", gpu: str | None = None) -> list[ShapeRow]:
@@ -331,7 +307,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .harness.db import ResultsDB
     if not Path(args.db).exists():
         print(f"cudal2 report: no results DB at {args.db}", file=sys.stderr)
         return 2

@@ -1,0 +1,43 @@
+"""What names a kernel source.
+
+source_sha(text): the kernel's identity, what the results DB, the cache rule and RL key on: the
+sha256 of its canonical form (comments out, whitespace runs collapsed), so an edit that changes
+no code is the same kernel and is neither rebuilt nor timed again.
+content_sha(text): the sha256 of the exact text (a file's integrity: generated_kernels/index.csv,
+a campaign pack's manifest).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+# C/C++ string and character literals, line and block comments, in one alternation so a comment
+# marker inside a string stays code.
+_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
+
+
+def canonical(text: str) -> str:
+    """The source with comments removed, runs of spaces and tabs collapsed outside string and
+    character literals, and blank lines and line-end spaces dropped (line breaks kept: the
+    preprocessor reads them)."""
+    out, pos = [], 0
+    for m in _TOKENS.finditer(text):
+        out.append(_squeeze(text[pos:m.start()]))
+        tok = m.group(0)
+        out.append(tok if tok[0] in "\"'" else " ")
+        pos = m.end()
+    out.append(_squeeze(text[pos:]))
+    lines = (line.strip() for line in "".join(out).split("\n"))
+    return "\n".join(line for line in lines if line)
+
+
+def _squeeze(code: str) -> str:
+    return re.sub(r"[ \t\r\f\v]+", " ", code)
+
+
+def source_sha(text: str) -> str:
+    return hashlib.sha256(canonical(text).encode("utf-8")).hexdigest()
+
+
+def content_sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

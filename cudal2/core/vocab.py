@@ -1,0 +1,24 @@
+"""The project's vocabulary, defined once: target arches, the compute capabilities they run on,
+B layouts, accumulators, runtime-option spelling, and the margin a kernel must win by."""
+from __future__ import annotations
+
+# Target architectures (nvcc's sm_XX; Hopper's wgmma/TMA need the "a" variant).
+ARCHES = ("sm_80", "sm_86", "sm_89", "sm_90a")
+# torch.cuda.get_device_capability -> the arch our kernels are built for
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9): "sm_89"}
+# B is row-major K x N ("RR") or column-major, stored N x K ("RC": x @ W^T of nn.Linear)
+LAYOUTS = ("RR", "RC")
+ACCS = ("f32", "f16")
+# A kernel serves a shape only when the lower end of its speedup interval against every
+# baseline clears 1 + WIN_MARGIN (export, and the runtime's first-call race).
+WIN_MARGIN = 0.02
+
+
+def normalise_options(options) -> tuple[tuple[str, int], ...]:
+    """Runtime options as sorted (name, int) pairs, from a dict or pairs; the one spelling the
+    DB, the cache rule, the kernel table and dispatch compare."""
+    items = dict(options or {})
+    for k, v in items.items():
+        if not isinstance(k, str) or not k or isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"runtime option {k!r}={v!r}: names are strings, values ints")
+    return tuple(sorted(items.items()))

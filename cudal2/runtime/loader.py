@@ -1,0 +1,87 @@
+"""Table kernels built and loaded lazily, once per source, and the buffers their calls need."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable
+
+import torch
+
+from cudal2.core.abi import load_library
+from cudal2.core.build import BuildSpec, build
+
+
+class KernelLoadError(RuntimeError):
+    """A table kernel could not be built or loaded; the message names the file and why."""
+
+
+def build_and_load(source: str, arch: str, name: str):
+    """Build (through the cache: a kernel the tuner built is a cache hit) and load one kernel."""
+    res = build(BuildSpec(source=source, arch=arch, name=name))
+    if not res.ok:
+        tail = res.log.strip()[-1500:]
+        raise KernelLoadError(f"{name}: build {res.status}: {tail}")
+    return load_library(res.so_path)
+
+
+class KernelLoader:
+    """sha256 -> loaded KernelLibrary, built at most once per process.
+
+    A lock per source guards the first build/load (concurrent first calls wait for one build);
+    after that a lookup is a dict get. Failures are remembered so a broken kernel is not rebuilt
+    on every call.
+    """
+
+    def __init__(self, build_and_load: Callable[..., object] | None = None):
+        self._build_and_load = build_and_load or globals()["build_and_load"]
+        self._libs: dict[str, object] = {}
+        self._errors: dict[str, Exception] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, sha: str, source: Callable[[], str], arch: str, name: str = "kernel"):
+        lib = self._libs.get(sha)
+        if lib is not None:
+            return lib
+        with self._guard:
+            lock = self._locks.setdefault(sha, threading.Lock())
+        with lock:
+            lib = self._libs.get(sha)
+            if lib is not None:
+                return lib
+            err = self._errors.get(sha)
+            if err is not None:
+                raise err
+            try:
+                lib = self._build_and_load(source(), arch, name)
+            except Exception as exc:  # a bad kernel is data: remember it, serve torch instead
+                self._errors[sha] = exc
+                raise
+            self._libs[sha] = lib
+            return lib
+
+
+def launcher(lib, M: int, N: int, K: int, options=None) -> tuple:
+    """The serving-table value of a kernel for one shape: (raw ctypes function, workspace bytes,
+    the same as a c_size_t, the options array or None for ABI 1), built once so a launch converts
+    nothing it can reuse (abi.raw_launch's convention)."""
+    opts = lib.options(options or None)
+    ws_bytes = lib.workspace_bytes(M, N, K, opts)
+    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes), opts)
+
+
+class Workspaces:
+    """A per-(device, stream) byte buffer, grown as needed (kernels never allocate)."""
+
+    def __init__(self):
+        self._bufs: dict[tuple, torch.Tensor] = {}
+
+    def get(self, dev: int, stream: int, nbytes: int) -> int:
+        buf = self._bufs.get((dev, stream))
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=f"cuda:{dev}")
+            self._bufs[(dev, stream)] = buf
+        return buf.data_ptr()
+
+    def clear(self) -> None:
+        self._bufs.clear()

@@ -1,0 +1,211 @@
+"""Once per (device, shape, layout): which kernel serves it (plan, load, maybe race), kept in
+the serving table the hot path reads. The table of tuned kernels comes from generated_kernels/
+(knobs.kernels_dir())."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+import warnings
+
+import torch
+
+from cudal2.core import knobs
+from cudal2.core.store import KernelIndex, KernelIndexError
+from cudal2.core.vocab import ARCH_BY_CAPABILITY
+from cudal2.runtime import race as R
+from cudal2.runtime.loader import KernelLoader, KernelLoadError, Workspaces, launcher
+from cudal2.runtime.plan import MAX_PROBES, Decision, TableEntry, plan, table_from_index
+
+log = logging.getLogger("cudal2.runtime")
+
+TORCH = ("torch",)  # serving-table value: this (device, shape, layout) goes to torch.matmul
+
+# (dev, M, N, K, layout) -> launcher(...) tuple | TORCH. One dict for the process, cleared (never
+# rebound) by reset(), so the hot path can hold it by name.
+serving: dict[tuple, object] = {}
+workspaces = Workspaces()
+
+
+class State:
+    """What resolving has learned: the table, loaded kernels' metas, broken kernels, arches."""
+
+    def __init__(self, loader: KernelLoader | None = None):
+        self.lock = threading.RLock()            # held while resolving a new shape
+        self.loader = loader or KernelLoader()
+        self.index: KernelIndex | None = None
+        self.table: dict[tuple, TableEntry] | None = None
+        self.metas: dict[str, dict] = {}
+        self.broken: set[str] = set()
+        self.arch: dict[int, str | None] = {}
+        self.env: dict[int, dict] = {}
+
+
+state = State()
+
+
+def reset(loader: KernelLoader | None = None) -> None:
+    """Forget the table, verdicts, loaded kernels and the serving table (tests; after exporting
+    new kernels)."""
+    global state
+    state = State(loader)
+    serving.clear()
+    workspaces.clear()
+    R.forget()
+
+
+def table() -> dict[tuple, TableEntry]:
+    if state.table is None:
+        root = knobs.kernels_dir()
+        try:
+            state.index = KernelIndex.load(root)
+            state.table = table_from_index(state.index)
+        except KernelIndexError as exc:
+            # The library must never break a matmul that torch would compute: say why, serve torch.
+            warnings.warn(f"cudal2: ignoring the kernel table ({exc}); every shape uses torch.matmul",
+                          RuntimeWarning, stacklevel=4)
+            state.index, state.table = None, {}
+        log.debug("kernel table %s: %d tuned kernels", root, len(state.table))
+    return state.table
+
+
+def device_arch(dev: int) -> str | None:
+    arch = state.arch.get(dev, "?")
+    if arch == "?":
+        cap = torch.cuda.get_device_capability(dev)
+        arch = state.arch[dev] = ARCH_BY_CAPABILITY.get(tuple(cap))
+    return arch
+
+
+def _cublas_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    for dist in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas-cu11"):
+        try:
+            return f"{dist}=={version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return f"cuda{torch.version.cuda}"
+
+
+def device_env(dev: int) -> dict:
+    env = state.env.get(dev)
+    if env is None:
+        env = state.env[dev] = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+                                "cuda": str(torch.version.cuda), "cublas": _cublas_version()}
+    return env
+
+
+def load(e: TableEntry):
+    """Build+load a table kernel; check its meta against its row. Raises KernelLoadError."""
+    # Keyed by source and arch: one source may in principle serve several arch directories.
+    lib = state.loader.get(f"{e.sha256}:{e.arch}", lambda: state.index.source(e), e.arch, name=e.file)
+    meta = lib.meta
+    for f in ("arch", "acc", "layout"):
+        if meta.get(f) != getattr(e, f):
+            raise KernelLoadError(f"{e.file}: meta {f}={meta.get(f)!r}, index says {getattr(e, f)!r}")
+    state.metas[e.sha256] = meta
+    return lib
+
+
+def serve_kernel(lib, M: int, N: int, K: int, layout: str, *, options=None,
+                 dev: int | None = None) -> None:
+    """Serve (dev, M, N, K, layout) with a loaded kernel from now on, as an exact table hit
+    would (the harness's end-to-end measurement of a candidate; tests)."""
+    dev = torch.cuda.current_device() if dev is None else dev
+    if isinstance(options, ctypes.Array):     # an options array made by lib.options()
+        names = [o["name"] for o in lib.meta.get("options") or []]
+        options = dict(zip(names, list(options)))
+    with state.lock:
+        serving[(dev, M, N, K, layout)] = launcher(lib, M, N, K, options)
+
+
+def resolve(dev: int, M: int, N: int, K: int, layout: str, a, b):
+    """First call for (dev, M, N, K, layout): decide, load, maybe race; cache the outcome."""
+    key = (dev, M, N, K, layout)
+    with state.lock:
+        hit = serving.get(key)
+        if hit is not None:
+            return hit
+        if torch.cuda.is_current_stream_capturing():
+            return TORCH  # never race (or build) inside a CUDA graph capture; decide later
+        try:
+            served = decide(dev, M, N, K, layout, a, b)
+        except Exception as exc:  # never fail a matmul torch can do; say why once
+            warnings.warn(f"cudal2: dispatch for {M}x{N}x{K} {layout} failed ({exc!r}); using "
+                          "torch.matmul for this shape", RuntimeWarning, stacklevel=4)
+            served = TORCH
+        serving[key] = served
+        return served
+
+
+def decide(dev, M, N, K, layout, a, b):
+    arch = device_arch(dev)
+    acc = "f32"  # torch.matmul accumulates fp16 GEMMs in fp32; f16-accumulate kernels never serve
+    tbl = table()
+    probes = 0
+    # plan() is pure; a kernel's meta (tile, any_shape) is known only once it is loaded, so load
+    # what plan() marks unresolved and plan again. Each round learns a meta or marks a kernel
+    # broken, and after MAX_PROBES loads unknown kernels are skipped, so this ends.
+    while True:
+        d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas, exclude=state.broken,
+                 unknown_meta="candidate" if probes < MAX_PROBES else "reject")
+        if d.kind == "exact" and d.candidates[0].sha256 not in state.metas:
+            pending = d.candidates
+        elif d.kind == "nearest" and d.unresolved:
+            pending = d.unresolved
+        else:
+            break
+        for e in pending:
+            probes += 1
+            try:
+                load(e)
+            except Exception as exc:  # noqa: BLE001 - a broken kernel is skipped, torch serves
+                state.broken.add(e.sha256)
+                log.warning("cudal2: tuned kernel %s unusable, skipping it: %s", e.file, exc)
+    log.debug("cudal2 dispatch %s %dx%dx%d %s on cuda:%d: %s (%s)", arch, M, N, K, layout, dev,
+              d.kind, d.reason)
+    if d.kind == "fallback":
+        return TORCH
+    if d.kind == "exact":
+        e = d.candidates[0]
+        return launcher(load(e), M, N, K, e.options_dict)
+    return _nearest(dev, M, N, K, layout, a, b, d)
+
+
+def _nearest(dev, M, N, K, layout, a, b, d: Decision):
+    libs = {e.sha256: load(e) for e in d.candidates}  # loaded by decide: dict gets
+    opts_by_sha = {e.sha256: e.options_dict for e in d.candidates}
+    key = dict(device_env(dev), shape=[M, N, K], layout=layout, acc="f32",
+               candidates=sorted(libs))
+    verdict = R.read_verdict(key)
+    if verdict is None:
+        contenders = {"torch": lambda c: torch.matmul(a, b, out=c)}
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        lda, ldb = a.stride(0), (b.stride(0) if layout == "RR" else b.stride(1))
+        for sha, lib in libs.items():
+            _, ws_bytes, _, opts = launcher(lib, M, N, K, opts_by_sha.get(sha))
+
+            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha, opts=opts):
+                ws = workspaces.get(dev, stream, ws_bytes) if ws_bytes else 0
+                rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, lda, ldb, N, ws,
+                        ws_bytes, stream, opts)
+                if rc:
+                    raise KernelLoadError(f"kernel {sha[:12]} returned cudaError {rc}")
+            contenders[sha] = run
+        with torch.no_grad():
+            result = R.race(contenders, a, b, M, N)
+        verdict = {"key": key, "winner": R.choose_winner(result),
+                   "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "speedups": result["speedups"],
+                   "time_us": result["time_us"], "wrong": result["wrong"],
+                   "session": result["session"]}
+        for sha, err in result["wrong"].items():
+            log.warning("cudal2: kernel %s gives wrong results on %dx%dx%d (max err %.3g); "
+                        "not serving it", sha[:12], M, N, K, err)
+        R.write_verdict(key, verdict)
+    log.debug("cudal2 race %dx%dx%d %s: winner %s, speedups %s", M, N, K, layout,
+              verdict["winner"], verdict.get("speedups"))
+    lib = libs.get(verdict["winner"])
+    if lib is None:
+        return TORCH
+    return launcher(lib, M, N, K, opts_by_sha[verdict["winner"]])

@@ -1,0 +1,96 @@
+"""`cudal2 templates` / `python -m cudal2.templates`: print the .cu file a config makes, list the
+families, write their default configs, or rewrite the kernel table's untuned seed rows."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cudal2.templates import FAMILIES, Value, instantiate
+from cudal2.templates.seeds import write_seeds
+
+
+def configure_parser(parser) -> None:
+    parser.add_argument("family", nargs="?", default="mma",
+                        help=f"family to instantiate ({', '.join(FAMILIES)}; default mma)")
+    parser.add_argument("-D", "--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                        help="change a parameter of the family's default config (repeatable), e.g. -D BM=64 -D ACC=f16")
+    parser.add_argument("--default", type=int, default=0, metavar="I",
+                        help="start from the family's I-th default config (see --list)")
+    parser.add_argument("--short", action="store_true",
+                        help="print the #define lines + #include form instead of the inlined file")
+    parser.add_argument("--list", action="store_true",
+                        help="list families, their default configs and parameter choices, then exit")
+    parser.add_argument("-o", "--out", type=Path, default=None, metavar="FILE",
+                        help="write the .cu file here instead of stdout")
+    parser.add_argument("--seed-store", nargs="?", const="", default=None, metavar="DIR",
+                        help="rewrite the untuned seed rows of a generated_kernels/ store (default: "
+                             "CUDAL2_KERNELS) from the current templates, then exit")
+    parser.add_argument("--defaults", type=Path, default=None, metavar="DIR",
+                        help="write every family's default configs as DIR/<family>_<i>.cu, then exit "
+                             "(the reference kernels: `cudal2 build DIR/*.cu --arch sm_90a`)")
+
+
+def _parse_value(text: str) -> Value:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text
+
+
+def _write_defaults(folder: Path) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"writing the default configs of {', '.join(FAMILIES)} to {folder}", file=sys.stderr)
+    for fam in FAMILIES.values():
+        for i, cfg in enumerate(fam.defaults()):
+            path = folder / f"{fam.name}_{i}.cu"
+            path.write_text(instantiate(cfg))
+            print(f"{path}  {cfg.label()}  (arches {' '.join(fam.arches)})")
+    return 0
+
+
+def run_cli(args) -> int:
+    if getattr(args, "seed_store", None) is not None:
+        print(f"wrote {write_seeds(args.seed_store or None)}")
+        return 0
+    if args.defaults is not None:
+        return _write_defaults(args.defaults)
+    if args.list:
+        for fam in FAMILIES.values():
+            print(f"{fam.name}  ({fam.header}, style {fam.style}, arches {', '.join(fam.arches)})")
+            print(f"    {fam.description}")
+            for i, c in enumerate(fam.defaults()):
+                print(f"    default {i}: {c.label()}")
+            for k, v in fam.choices().items():
+                print(f"    {k}: {', '.join(map(str, v))}")
+        return 0
+    if args.family not in FAMILIES:
+        print(f"error: unknown family {args.family!r}; known: {', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    fam = FAMILIES[args.family]
+    defaults = fam.defaults()
+    if not 0 <= args.default < len(defaults):
+        print(f"error: --default {args.default}: {fam.name} has {len(defaults)} default configs",
+              file=sys.stderr)
+        return 2
+    cfg = defaults[args.default]
+    changes = {}
+    for s in args.sets:
+        name, eq, value = s.partition("=")
+        if not eq or not name:
+            print(f"error: -D {s!r}: expected NAME=VALUE", file=sys.stderr)
+            return 2
+        changes[name.strip()] = _parse_value(value.strip())
+    try:
+        cfg = cfg.with_(**changes)
+        text = fam.short_source(cfg) if args.short else instantiate(cfg)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(f"// {cfg.label()}: {len(text.splitlines())} lines written to {args.out or 'stdout'}",
+          file=sys.stderr)
+    return 0
