@@ -116,7 +116,9 @@ def evaluation_speedup(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT
     screened row's speedup relative to its group's finalist), or None."""
     s = ((getattr(ev, "speedups", None) or {}).get(mode) or {}).get(baseline)
     if not s and getattr(ev, "stage", "final") == "screen":
-        s = ((getattr(ev, "stats", None) or {}).get("rl") or {}).get("screened_speedup")
+        rl = (getattr(ev, "stats", None) or {}).get("rl") or {}
+        if rl.get("mode", mode) == mode:
+            s = (rl.get("screened") or {}).get(baseline)
     return float(s) if s else None
 
 
@@ -270,6 +272,9 @@ class KernelReward:
             self.baselines = self.baselines + (baseline,)
         self.all_baselines = tuple(dict.fromkeys(self.baselines + BASELINES))
         self.gpu = gpu if gpu is not None else executor.gpu_name()
+        attach = getattr(executor, "attach_db", None)
+        if attach is not None:      # cuBLASLt autotune choices live in the DB, once per shape
+            attach(db)
         self.timeout_s = timeout_s
         self.sources_dir = sources_dir              # every evaluated source saved as <sha>.cu
         self.remeasure = remeasure

@@ -427,7 +427,8 @@ def test_screened_reward_stays_below_its_finalist(tmp_path):
             fin = _measured_row(requests[0], 0.8)
             scr = _measured_row(requests[1], 0.8)
             scr.stage, scr.speedups, scr.timings = "screen", {}, {}
-            scr.stats = {"rl": {"screened_speedup": 0.95, "finalist": s1}}
+            scr.stats = {"rl": {"screened": {"cublaslt_autotuned": 0.95}, "mode": "offline",
+                                "finalist": s1}}
             return [fin, scr]
     rf = R.KernelReward(Screening({}), ResultsDB(tmp_path / "r.db"))
     rs = rf(prompts=[""] * 2, completions=[k1, k2], M=[256] * 2, N=[256] * 2, K=[256] * 2)
