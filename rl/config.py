@@ -39,6 +39,21 @@ class RLConfig:
     export: bool = field(default=True, metadata={"help": "export each step's new measured winners into generated_kernels/"})
     kernels_dir: str = field(default="", metadata={"help": "export target (default CUDAL2_KERNELS / generated_kernels)"})
     timeout: float = field(default=120.0, metadata={"help": "seconds per harness evaluation"})
+    turns: int = field(default=1, metadata={"help": "multi-turn refinement: turns per trajectory; turn t+1 sees "
+                       "turn t's compiler errors, ptxas stats, audit findings, correctness and speed "
+                       "(--num-generations must be a multiple)"})
+    gamma: float = field(default=0.4, metadata={"help": "multi-turn discount: a turn's reward is its score plus "
+                         "gamma x the next turn's (Kevin-32B: 0.4)"})
+    launch_bound: str = field(default="skip", metadata={"help": "shapes whose baseline kernel time is within 2x "
+                              "the launch floor: skip them (logged with the reason) or keep them (finals "
+                              "sample as the harness does: until the interval is 0.5%% tight, 60 "
+                              "rounds or 4 s)",
+                              "choices": ("skip", "keep")})
+    launch_floor_us: float = field(default=3.0, metadata={"help": "the launch floor in us (H100: a 64^3 "
+                                   "GEMM's kernel time, 3.0-3.3 us)"})
+    screen: bool = field(default=True, metadata={"help": "screen each GRPO group on the GPU and send only its "
+                         "fastest kernel to finals (the others keep a screened reward)"})
+    finals_per_group: int = field(default=1, metadata={"help": "finals per group (more when a finalist fails)"})
     seed: int = field(default=0, metadata={"help": "seed for shape sampling, generation and training"})
     small_builtin: bool = field(default=False, metadata={"help": "use the small built-in recipe (tests)"})
 

@@ -1,85 +1,134 @@
 """The RL reward: every candidate goes through the harness; its verdict becomes a number.
 
-Mapping (also in docs/rl.md). ``s`` = speedup vs the chosen baseline (default
-``cublaslt_autotuned``) in the chosen mode (default ``offline``) = baseline median / candidate
-median, from the same interleaved timing run:
+Mapping (also in docs/rl.md). ``s`` = the candidate's kernel-time speedup vs the chosen baseline
+(default ``cublaslt_autotuned``) in the chosen mode (default ``offline``): the median over
+rounds of paired baseline/candidate time ratios from one interleaved finals session. ``ref`` =
+the best known speedup for the shape: ``max(1, s of the best verified kernel so far)``, i.e.
+the faster of the baseline and our verified best (a best is verified by a fresh re-measurement,
+see below). ``x = log(s / ref)``.
 
-=================================  =========================================================
-verdict                            reward
-=================================  =========================================================
-correct and measured (``ok``)      ``clip(log(s), -0.5, 1.0)``  (0 = as fast as the baseline)
-built + audited, no GPU            the same formula on the cost model's predicted times,
-(``not_measured``)                 flagged *estimated* in the DB row and every log line
-no code / two files / not our ABI  -1.0  (extraction, before any build)
-too fast (below the physical       -1.0  (a measurement the hardware cannot produce is an
-bound)                                   exploit or a broken timer, never a win)
-audit rejected                     -0.9  (cheating attempts rank below honest failures)
-build failure                      -0.8
-crash / timeout / out of memory    -0.7
-wrong answer                       -0.6
-harness error (not the kernel's)   None  (trl ignores it; no number invented)
-=================================  =========================================================
+==================================  ===============================================================
+verdict                             reward
+==================================  ===============================================================
+correct and measured (``ok``)       ``x / (1 + x)`` for x >= 0, ``x / (1 - x / 0.55)`` for x < 0:
+                                    0 at the best known time, slope 1 around it, strictly
+                                    increasing, inside the open interval (-0.55, 1.0)
+built + audited, no GPU             the same on the build-derived estimate (rl.estimate), flagged
+(``not_measured``)                  *estimated*; -0.55 (flat, estimated) when the device code
+                                    shows no arithmetic loop to price
+wrong answer                        -0.6
+crash / timeout / out of memory     -0.7
+build failure                       -0.8  (a missing or misspelt header included)
+no code / two files / not our ABI   -0.85 (extraction, before any build: an honest format failure)
+audit rejected                      -0.9  (cheating attempts rank below every honest failure)
+too fast (below the physical        -1.0  (a time the hardware cannot produce is an exploit or a
+bound)                                     broken timer, never a win)
+harness error (not the kernel's)    None  (trl ignores it; no number invented)
+==================================  ===============================================================
 
-The clip keeps every correct kernel (>= -0.5) above every failure (<= -0.6), so the policy is
-first taught to be correct and then to be fast. There is no cheaper path: a reward > -0.6 needs
-a build, an audit pass and (with a GPU) the correctness checks and timing, all in one harness
-call; an estimate is never given to a kernel that failed the build or the audit.
+Why this shape: GRPO only compares completions of one group (one shape), so what matters is
+that (1) every correct kernel ranks above every failure, (2) correct kernels never tie unless
+they are equally fast. The old ``clip(log s, -0.5, 1)`` put every kernel slower than 0.61x on
+the floor: a group of uniformly slow kernels had zero variance and nothing was learned. The
+rational squash never flattens (a 10x-slower and a 20x-slower kernel still differ by ~0.02),
+keeps correct kernels above -0.55 > -0.6, and is the identity near the best known time, where
+the policy competes. Normalising by the best known time per shape puts each shape's frontier at
+0 whatever cuBLAS's margin there, so shapes where the baseline is hard to beat still give the
+group's kernels the linear part of the curve.
+
+No cheaper path: a reward above -0.6 needs a build, an audit pass and (with a GPU) the
+correctness checks and the timing, all in the harness; an estimate is only ever given to a
+kernel that built and passed the audit, and it reads the build (PTX instruction mix, ptxas
+stats), never the kernel's meta (rl.estimate). With a GPU and group screening
+(rl.executor.LocalExecutor.evaluate_groups) the group's fastest screened kernel gets the full
+finals; the others keep a *screened* reward (smoke-checked, timed-output-verified), capped just
+below their finalist's, so no kernel outscores its group's fully checked kernel without the full
+correctness suite.
+
+Winner's curse: a measured kernel whose speedup beats the shape's reference is re-measured in a
+fresh measurement run (a new finals session in a fresh worker, every baseline) before it counts:
+its reward, the reference and the export use the re-measurement (the newest row, which the
+cache serves from then on). Estimates are deterministic functions of the binary: nothing to
+re-measure, and nothing estimated is ever exported.
 
 Caching: the harness's one cache rule (cudal2.harness.pipeline.cached: same source, shape, arch,
-GPU model, options, and timed the same way) answers first. A kernel seen before is never rebuilt or
-re-timed: its row is reused. Rows are written by the harness's one writer (pipeline.record), which
-also prices a no-GPU row with the cost model (the estimator) before storing it. Without a GPU, a kernel already measured
-on a GPU model recorded in the DB (`reuse_gpu`, default: the only GPU model the DB has
-measurements from) gets that measured result, not an estimate. Every reward for extracted code has a DB
-row behind it; extraction failures (no code at all) are logged in the run's log.jsonl only.
+GPU model, options, and timed the same way) answers first. A kernel seen before is never rebuilt
+or re-timed: its row is reused. Rows are written by the harness's one writer (pipeline.record),
+which prices a no-GPU row with the estimator before storing it. Without a GPU, a kernel already
+measured on a GPU model recorded in the DB (`reuse_gpu`, default: the only GPU model the DB has
+measurements from) gets that measured result, not an estimate. Every reward for extracted code
+has a DB row behind it; extraction failures are logged in the run's log.jsonl only.
 """
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from typing import Any
 
-from cudal2.core.identity import source_sha      # the DB's key for a kernel text: one definition
-from . import extract as _extract
+from cudal2.core.build import BuildSpec, build
+from cudal2.core.identity import source_sha  # the DB's key for a kernel text: one definition
+from cudal2.harness.pipeline import cached, record
+from cudal2.harness.types import BASELINES, EvalRequest, Shape
+from cudal2.search.costmodel import CostModel, gpu_for
+from cudal2_rl import extract as _extract
+from cudal2_rl.estimate import estimate_us, facts_for_build
 
 DEFAULT_BASELINE = "cublaslt_autotuned"
 DEFAULT_MODE = "offline"
-LOG_CLIP = (-0.5, 1.0)
+CORRECT_FLOOR = -0.55        # correct kernels lie strictly above this ...
+CORRECT_CEIL = 1.0           # ... and strictly below this
+FLAT_ESTIMATE = CORRECT_FLOOR   # built + audited, nothing to price: the slowest correct kernel's
 
 # Fixed penalties by verdict (extraction verdicts and harness statuses).
 PENALTIES: dict[str, float] = {
-    _extract.NO_CODE: -1.0,
-    _extract.TWO_FILES: -1.0,
-    _extract.NOT_ABI: -1.0,
     "too_fast": -1.0,
     "audit_rejected": -0.9,
+    _extract.NO_CODE: -0.85,
+    _extract.TWO_FILES: -0.85,
+    _extract.NOT_ABI: -0.85,
     "build_error": -0.8,
     "crashed": -0.7,
     "timeout": -0.7,
     "oom": -0.7,
     "wrong": -0.6,
 }
-
+CHEATING = ("too_fast", "audit_rejected")
 
 # Harness statuses reached only after a successful build.
 COMPILED = ("ok", "not_measured", "audit_rejected", "wrong", "crashed", "timeout", "oom", "too_fast")
+SCREENED_MARGIN = 1e-3       # a screened reward stays this far below its finalist's
 
 
-def speedup_reward(speedup: float) -> float:
-    """log speedup, clipped so a slow correct kernel still beats any failure."""
-    if not speedup or not math.isfinite(speedup) or speedup <= 0:
-        return LOG_CLIP[0]
-    return float(min(max(math.log(speedup), LOG_CLIP[0]), LOG_CLIP[1]))
+def correct_reward(x: float) -> float:
+    """The reward of a correct kernel at x = log(speedup / reference): strictly increasing,
+    slope 1 at 0, inside (CORRECT_FLOOR, CORRECT_CEIL)."""
+    if x >= 0:
+        return x / (1.0 + x / CORRECT_CEIL)
+    return x / (1.0 - x / -CORRECT_FLOOR)
+
+
+def speedup_reward(speedup: float | None, reference: float = 1.0) -> float | None:
+    """correct_reward(log(speedup / reference)); None for a speedup that is no number."""
+    if speedup is None or not math.isfinite(speedup) or speedup <= 0:
+        return None
+    return float(correct_reward(math.log(speedup / max(reference, 1e-12))))
 
 
 def evaluation_speedup(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE):
-    """The recorded speedup vs `baseline` in `mode`, or None."""
+    """The recorded speedup vs `baseline` in `mode` (a final's paired median, an estimate, or a
+    screened row's speedup relative to its group's finalist), or None."""
     s = ((getattr(ev, "speedups", None) or {}).get(mode) or {}).get(baseline)
+    if not s and getattr(ev, "stage", "final") == "screen":
+        rl = (getattr(ev, "stats", None) or {}).get("rl") or {}
+        if rl.get("mode", mode) == mode:
+            s = (rl.get("screened") or {}).get(baseline)
     return float(s) if s else None
 
 
-def reward_for(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE) -> float | None:
+def reward_for(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE,
+               reference: float = 1.0) -> float | None:
     """Map one harness Evaluation to a reward (table in the module docstring)."""
     status = ev.status
     if status in PENALTIES:
@@ -87,30 +136,34 @@ def reward_for(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE) -
     if status in ("ok", "not_measured"):
         s = evaluation_speedup(ev, baseline, mode)
         if s is None:
-            # ok without the chosen baseline timed, or no GPU and no estimate: no number invented.
-            return None
-        return speedup_reward(s)
+            if status == "not_measured":      # built + audited, no arithmetic to price: flat
+                return FLAT_ESTIMATE
+            return None                       # ok without the chosen baseline timed: no number
+        return speedup_reward(s, reference)
     return None   # "error": the harness failed, not the kernel
 
 
-def add_estimate(ev, model, baselines: Iterable[str], mode: str = DEFAULT_MODE) -> bool:
-    """Fill a not_measured Evaluation's timings/speedups from the cost model, flag it estimated.
-    Returns False (and leaves it alone) when the model cannot price it."""
+def add_estimate(ev, facts, baseline_us: dict[str, float], gpu_spec,
+                 mode: str = DEFAULT_MODE) -> bool:
+    """Fill a not_measured Evaluation's timings/speedups from the build-derived estimate
+    (rl.estimate: `facts` are the build's BuildFacts, never the meta) and the baselines'
+    predicted times; flag it estimated. Returns False (and says why in `detail`) when the
+    build shows nothing to price; the reward is then the flat FLAT_ESTIMATE."""
     if ev.status != "not_measured":
         return False
-    try:
-        shape = (ev.shape.M, ev.shape.N, ev.shape.K)
-        cand = float(model.predict_us(ev.meta or {}, ev.build or {}, shape))
-        base = {b: float(model.predict_baseline_us(shape, b)) for b in baselines}
-    except Exception as e:   # a meta the model cannot read: leave the row unpriced, say why
-        ev.detail = (ev.detail + "; " if ev.detail else "") + f"no estimate: {e}"
+    ev.estimated = True
+    if facts is None:
+        ev.detail = (ev.detail + "; " if ev.detail else "") + "no estimate: the build kept no PTX"
         return False
-    if not (cand > 0 and all(v > 0 for v in base.values())):
+    shape = (ev.shape.M, ev.shape.N, ev.shape.K)
+    cand, why = estimate_us(facts, shape, gpu_spec)
+    ev.env = {**(ev.env or {}), "estimate": {"from": "build (PTX + ptxas)", **why}}
+    if cand is None or not cand > 0 or not all(v > 0 for v in baseline_us.values()):
+        ev.detail = (ev.detail + "; " if ev.detail else "") + f"no estimate: {why.get('why', 'unpriced')}"
         return False
     ev.timings = {mode: {"candidate": {"median_us": cand, "n": 0, "estimated": True},
-                         **{b: {"median_us": v, "n": 0, "estimated": True} for b, v in base.items()}}}
-    ev.speedups = {mode: {b: v / cand for b, v in base.items()}}
-    ev.estimated = True
+                         **{b: {"median_us": v, "n": 0, "estimated": True} for b, v in baseline_us.items()}}}
+    ev.speedups = {mode: {b: v / cand for b, v in baseline_us.items()}}
     return True
 
 
@@ -129,6 +182,11 @@ class Attempt:
     build: dict = field(default_factory=dict)
     winner_baseline: str = ""    # fastest baseline for this shape (when timed)
     source: str = ""
+    stage: str = "final"         # "final" (full checks) | "screen" (smoke + timed-output checks)
+    verified: bool = False       # a measured speedup confirmed by a fresh re-measurement (or an estimate)
+    reference: float = 1.0       # the shape's best known speedup the reward was taken against
+    audit: list = field(default_factory=list)   # the audit's reasons / notes, for feedback
+    turn: int = 1                # multi-turn refinement: which turn wrote it
 
     @property
     def compiled(self) -> bool:
@@ -157,40 +215,83 @@ def _winner_baseline(ev, mode: str) -> str:
     return min(base, key=base.get) if base else ""
 
 
+def _audit_lines(ev) -> list:
+    a = ev.audit or {}
+    return [str(x)[:300] for x in (a.get("reasons") or [])][:4] + \
+        [f"note: {x}"[:300] for x in (a.get("notes") or [])][:2]
+
+
+def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASELINE,
+                 mode: str = DEFAULT_MODE, floor_us: float = 3.0, arch: str = "sm_90a",
+                 cost_model=None) -> dict[tuple[int, int, int], str]:
+    """Shapes whose baseline kernel time is within 2x the launch floor: there every candidate
+    sits within launch noise of every other, so a group cannot be ranked by speed. Returns
+    {shape: reason}. The baseline time is the DB's measured median for the shape on `gpu` when
+    there is one (kernel time, finals), else the cost model's estimate (said in the reason)."""
+    out = {}
+    measured: dict[tuple, list[float]] = {}
+    if db is not None and gpu:
+        for e in db.rows(arch=arch, gpu=gpu, status="ok"):
+            t = (((e.timings or {}).get(mode) or {}).get(baseline) or {}).get("median_us")
+            if t and not e.estimated and e.stage == "final":
+                measured.setdefault((e.shape.M, e.shape.N, e.shape.K), []).append(float(t))
+    for s in shapes:
+        s = tuple(s)
+        if s in measured:
+            t, how = statistics.median(measured[s]), f"measured on {gpu}"
+        else:
+            if cost_model is None:
+                cost_model = CostModel.default(arch=arch)
+            t, how = float(cost_model.predict_baseline_us(s, baseline)), "estimated by the cost model"
+        if t < 2 * floor_us:
+            out[s] = (f"{s[0]}x{s[1]}x{s[2]}: {baseline} kernel time {t:.1f} us ({how}) is within "
+                      f"2x the launch floor ({floor_us:g} us): candidates differ by launch noise")
+    return out
+
+
 class KernelReward:
     """trl reward function: ``reward(prompts, completions, M, N, K, **columns) -> list[float|None]``.
 
     Sends each extracted kernel through `executor` (a rl.executor.Executor), caches through the
-    results DB, prices no-GPU rows with the cost model, and keeps `attempts` (every scored
-    completion) and `best` (best kernel per shape) for logs, feedback prompts and export.
+    results DB, prices no-GPU rows from their builds, re-measures a new best before it counts,
+    and keeps `attempts` (every scored completion) and `best` (best verified kernel per shape)
+    for logs, feedback prompts and export.
     """
 
     def __init__(self, executor, db, *, arch: str = "sm_90a", baseline: str = DEFAULT_BASELINE,
                  mode: str = DEFAULT_MODE, baselines: tuple[str, ...] | None = None,
                  gpu: str | None = None, cost_model=None, timeout_s: float = 120.0,
-                 sources_dir=None, reuse_gpu: str | None = None):
-        from cudal2.harness.types import BASELINES
+                 sources_dir=None, reuse_gpu: str | None = None, remeasure: bool = True):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; known: {BASELINES}")
         self.__name__ = "kernel_reward"     # trl logs rewards under the function's name
         self.executor, self.db, self.arch = executor, db, arch
         self.baseline, self.mode = baseline, mode
-        self.baselines = tuple(baselines) if baselines else BASELINES
+        # RL times only the reward's baseline (a shorter finals session); a re-measurement of a
+        # new best times every baseline, so the export rule sees them all
+        self.baselines = tuple(baselines) if baselines else (baseline,)
         if baseline not in self.baselines:
             self.baselines = self.baselines + (baseline,)
+        self.all_baselines = tuple(dict.fromkeys(self.baselines + BASELINES))
         self.gpu = gpu if gpu is not None else executor.gpu_name()
+        attach = getattr(executor, "attach_db", None)
+        if attach is not None:      # cuBLASLt autotune choices live in the DB, once per shape
+            attach(db)
         self.timeout_s = timeout_s
         self.sources_dir = sources_dir              # every evaluated source saved as <sha>.cu
+        self.remeasure = remeasure
         # Without a GPU, rows measured on a GPU model are still the best answer for a kernel seen
         # there: reuse them (default: the one GPU model this DB has measurements from, if one).
         self.reuse_gpu = reuse_gpu if reuse_gpu is not None else (
             self._single_measured_gpu() if not self.gpu else "")
         self.evaluations: dict[tuple[str, tuple], Any] = {}   # (sha, shape) -> Evaluation
         self._cost_model = cost_model
+        self.n_measurements = 0
         self.attempts: list[list[Attempt]] = []     # one list per reward call (= per step)
-        self.best: dict[tuple[int, int, int], Attempt] = {}
+        self.best: dict[tuple[int, int, int], Attempt] = {}   # verified bests only
         self.n_evaluated = 0                        # harness calls (cache misses)
         self.n_cached = 0
+        self.n_remeasured = 0
         self._lock = threading.Lock()
 
     def _single_measured_gpu(self) -> str:
@@ -200,17 +301,16 @@ class KernelReward:
         gpus.discard("")
         return gpus.pop() if len(gpus) == 1 else ""
 
-    # -- cost model -----------------------------------------------------------------------
+    # -- estimates (no GPU) -----------------------------------------------------------------
     @property
     def estimated(self) -> bool:
         return not self.gpu
 
     def cost_model(self):
-        """The cost model fitted to this DB's measured rows for our arch (the prior without)."""
+        """The cost model for the baselines' predicted times: fitted to this DB's measured rows
+        for our arch (its analytic prior without). Kernels are priced from their builds."""
         if self._cost_model is None:
-            from cudal2.search.costmodel import CostModel
             measured = [e for e in self.db.rows(arch=self.arch) if not e.estimated and e.status == "ok"]
-            # the measured rows name their GPU (an H200 is not priced as an H100); none: the arch's
             self._cost_model = CostModel.fit(measured) if measured else CostModel.default(arch=self.arch)
             self.n_measurements = len(measured)
         return self._cost_model
@@ -219,80 +319,158 @@ class KernelReward:
         if not self.estimated:
             return ""
         self.cost_model()
-        n = getattr(self, "n_measurements", 0)
-        return (f"(estimated: no GPU — rewards from the cost model fitted to {n} measurements"
+        n = self.n_measurements
+        return ("(estimated: no GPU — kernel times from each build's PTX instruction mix and ptxas "
+                f"stats, baseline times from the cost model fitted to {n} measurements"
                 + (", i.e. its analytic roofline prior" if n == 0 else "") + ")")
+
+    def _estimate(self, ev, source: str) -> None:
+        """The estimator pipeline.record calls for a not_measured row."""
+        facts = None
+        try:        # the build the harness made, from the build cache (no compile here)
+            br = build(BuildSpec(source, arch=self.arch, name="rl"))
+            facts = facts_for_build(br) if br.ok else None
+        except Exception as e:   # noqa: BLE001 - a missing PTX leaves the flat reward, says why
+            ev.detail = (ev.detail + "; " if ev.detail else "") + f"no estimate: {e}"[:300]
+        model = self.cost_model()
+        base = {b: float(model.predict_baseline_us((ev.shape.M, ev.shape.N, ev.shape.K), b))
+                for b in self.baselines}
+        add_estimate(ev, facts, base, gpu_for(self.arch), self.mode)
+
+    # -- the reference: the best known time per shape --------------------------------------
+    def reference(self, shape) -> float:
+        """max(1, the best verified speedup for `shape`): the baseline or our verified best."""
+        b = self.best.get(tuple(shape))
+        return max(1.0, b.speedup) if b is not None and b.speedup else 1.0
 
     # -- scoring ----------------------------------------------------------------------------
     def __call__(self, prompts=None, completions=None, M=None, N=None, K=None, **columns):
         if completions is None or M is None or N is None or K is None:
             raise ValueError("KernelReward needs completions and the M, N, K dataset columns")
+        if columns.get("turn_return") is not None:     # multi-turn: scored during the rollout
+            return [None if r is None else float(r) for r in columns["turn_return"]]
         shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
         return self.score(completions, shapes)
 
-    def _request(self, source: str, shape):
-        from cudal2.harness.types import EvalRequest, Shape
+    def _request(self, source: str, shape, *, every_baseline: bool = False):
         return EvalRequest(source=source, shape=Shape(*shape), arch=self.arch, modes=(self.mode,),
-                           baselines=self.baselines, origin="rl", timeout_s=self.timeout_s)
+                           baselines=self.all_baselines if every_baseline else self.baselines,
+                           origin="rl", timeout_s=self.timeout_s)
 
-    def _estimate(self, ev) -> None:
-        add_estimate(ev, self.cost_model(), self.baselines, self.mode)
+    def _lookup(self, req, sha):
+        hit = None
+        if self.reuse_gpu:      # no GPU here, but this kernel may have been measured on one
+            hit = cached(self.db, req, self.reuse_gpu, sha=sha)
+        if hit is None:
+            hit = cached(self.db, req, self.gpu, sha=sha)
+        return hit
 
-    def score(self, completions, shapes) -> list[float | None]:
-        from cudal2.harness.pipeline import cached, record
+    def score(self, completions, shapes, *, turn: int = 1) -> list[float | None]:
+        """Rewards for completions (one per shape), attempts logged as one batch."""
+        return [a.reward for a in self.score_attempts(completions, shapes, turn=turn)]
+
+    def score_attempts(self, completions, shapes, *, turn: int = 1) -> list[Attempt]:
         exts = [_extract.extract(c) for c in completions]
         attempts: list[Attempt | None] = [None] * len(exts)
         pending: dict[tuple[str, tuple], list[int]] = {}   # one harness call per (sha, shape)
         for i, (ex, shape) in enumerate(zip(exts, shapes)):
             if not ex.ok:
                 attempts[i] = Attempt(shape, ex.verdict, PENALTIES[ex.verdict], detail=ex.detail,
-                                      source=ex.source)
+                                      source=ex.source, turn=turn)
                 continue
             pending.setdefault((source_sha(ex.source), shape), []).append(i)
         evals: dict[tuple[str, tuple], tuple[Any, bool]] = {}
         misses = []
         for key in pending:
             sha, shape = key
-            req = self._request(exts[pending[key][0]].source, shape)
-            hit = None
-            if self.reuse_gpu:      # no GPU here, but this kernel may have been measured on one
-                hit = cached(self.db, req, self.reuse_gpu, sha=sha)
-            if hit is None:
-                hit = cached(self.db, req, self.gpu, sha=sha)
+            hit = self._lookup(self._request(exts[pending[key][0]].source, shape), sha)
             if hit is not None:
                 evals[key] = (hit, True)
             else:
                 misses.append(key)
         if misses:
             reqs = [self._request(exts[pending[k][0]].source, k[1]) for k in misses]
-            results = self.executor.evaluate_many(reqs)
+            groups = getattr(self.executor, "evaluate_groups", None)
+            results = groups(reqs) if groups is not None else self.executor.evaluate_many(reqs)
             for key, ev, req in zip(misses, results, reqs):
                 ev.origin = ev.origin or "rl"
-                # the harness's one writer: prices a no-GPU row, then stores it (a row an
-                # executor's harness already stored keeps its id)
-                record(self.db, ev, req.source, estimator=self._estimate)
+                # the harness's one writer: prices a no-GPU row from its build, then stores it
+                record(self.db, ev, req.source, estimator=lambda e, s=req.source: self._estimate(e, s))
                 evals[key] = (ev, False)
             self.n_evaluated += len(misses)
         self.n_cached += len(pending) - len(misses)
+        # winner's curse: a measured kernel that would beat its shape's best known time is
+        # measured again in a fresh run; the re-measurement is what counts
+        for key, (ev, was_cached) in list(evals.items()):
+            ev2 = self._confirm(ev, exts[pending[key][0]].source, key[1])
+            if ev2 is not ev:
+                evals[key] = (ev2, was_cached)
+        self._cap_screened(evals)
         for key, idxs in pending.items():
-            ev, cached = evals[key]
+            ev, was_cached = evals[key]
             self.evaluations[key] = ev
             self._save_source(key[0], exts[idxs[0]].source)
-            r = reward_for(ev, self.baseline, self.mode)
+            ref = self.reference(key[1])
+            r = reward_for(ev, self.baseline, self.mode, ref)
+            cap = ((ev.stats or {}).get("rl") or {}).get("reward_cap")
+            if cap is not None and r is not None and ev.stage == "screen":
+                r = min(r, cap)
             for j, i in enumerate(idxs):
                 attempts[i] = Attempt(
                     key[1], ev.status, r, evaluation_speedup(ev, self.baseline, self.mode),
-                    bool(ev.estimated), key[0], ev.id, cached or j > 0, ev.detail,
-                    dict(ev.build or {}), _winner_baseline(ev, self.mode), exts[i].source)
+                    bool(ev.estimated), key[0], ev.id, was_cached or j > 0, ev.detail,
+                    dict(ev.build or {}), _winner_baseline(ev, self.mode), exts[i].source,
+                    ev.stage, self.verified(ev), ref, _audit_lines(ev), turn)
         with self._lock:
             self.attempts.append(attempts)
             for a in attempts:
-                if a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
+                if (a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured")
+                        or not a.verified):
                     continue
                 cur = self.best.get(a.shape)
                 if cur is None or a.speedup > cur.speedup:
                     self.best[a.shape] = a
-        return [a.reward for a in attempts]
+        return attempts  # type: ignore[return-value]
+
+    def verified(self, ev) -> bool:
+        """An estimate (deterministic), or a final measured row that is a re-measurement."""
+        if ev.status not in ("ok", "not_measured") or ev.stage != "final":
+            return False
+        return bool(ev.estimated) or bool((ev.env or {}).get("rl_remeasure_of"))
+
+    def _confirm(self, ev, source: str, shape):
+        """A fresh re-measurement of a measured final that beats the shape's reference."""
+        s = evaluation_speedup(ev, self.baseline, self.mode)
+        if (not self.remeasure or not self.gpu or ev.estimated or ev.status != "ok"
+                or ev.stage != "final" or s is None or s <= self.reference(shape)
+                or self.verified(ev)):
+            return ev
+        req = self._request(source, shape, every_baseline=True)
+        again = getattr(self.executor, "remeasure", None)
+        ev2 = again(req) if again is not None else self.executor.evaluate_many([req])[0]
+        ev2.origin = ev2.origin or "rl"
+        ev2.env = {**(ev2.env or {}), "rl_remeasure_of": ev.id or -1,
+                   "rl_first_speedup": s}
+        record(self.db, ev2, source)
+        self.n_remeasured += 1
+        return ev2
+
+    def _cap_screened(self, evals) -> None:
+        """A screened (non-finalist) row's reward stays below its group's finalist's."""
+        finals = {}
+        for (sha, shape), (ev, _) in evals.items():
+            if ev.stage == "final" and ev.status == "ok":
+                finals[(sha, shape)] = ev
+        for (sha, shape), (ev, _) in evals.items():
+            rl = (ev.stats or {}).get("rl") or {}
+            if ev.stage != "screen" or ev.status != "ok" or not rl.get("finalist"):
+                continue
+            fin = finals.get((rl["finalist"], shape))
+            if fin is None:
+                continue
+            r_fin = reward_for(fin, self.baseline, self.mode, self.reference(shape))
+            if r_fin is not None:
+                ev.stats = {**ev.stats, "rl": {**rl, "reward_cap": r_fin - SCREENED_MARGIN}}
 
     def _save_source(self, sha: str, source: str) -> None:
         if self.sources_dir is None:
@@ -307,15 +485,25 @@ class KernelReward:
 
     # -- summaries ----------------------------------------------------------------------------
     def step_summary(self, attempts: list[Attempt] | None = None) -> dict[str, Any]:
-        """Reward mean/max and the compiled / correct / faster fractions of one step."""
+        """Reward mean/std/max, per-group variance and the compiled / correct / faster fractions
+        of one step (a group = the attempts at one shape and turn)."""
         attempts = self.attempts[-1] if attempts is None else attempts
         rs = [a.reward for a in attempts if a.reward is not None]
         n = max(len(attempts), 1)
         measured = not self.estimated
+        groups: dict[tuple, list[float]] = {}
+        for a in attempts:
+            if a.reward is not None:
+                groups.setdefault((a.shape, a.turn), []).append(a.reward)
+        multi = [g for g in groups.values() if len(g) > 1]
         return {
             "n": len(attempts),
             "reward_mean": sum(rs) / len(rs) if rs else None,
+            "reward_std": statistics.pstdev(rs) if len(rs) > 1 else (0.0 if rs else None),
             "reward_max": max(rs) if rs else None,
+            "groups": len(multi),
+            "frac_group_zero_std": (sum(1 for g in multi if max(g) - min(g) < 1e-12) / len(multi)
+                                    if multi else None),
             "frac_compiled": sum(a.compiled for a in attempts) / n,
             # without a GPU nothing is checked for correctness: say so instead of guessing
             "frac_correct": sum(a.verdict == "ok" for a in attempts) / n if measured else None,

@@ -3,10 +3,13 @@
 Each step: the policy writes `num_generations` kernels per shape; rl.reward sends them through
 the harness (build, audit, check, time; cached in the results DB) and maps verdicts to rewards;
 trl's GRPOTrainer updates the policy. A callback prints one line per step (reward mean/max,
-fractions compiled / correct / faster than the baseline, best speedup so far per shape), appends
-it to log.jsonl and exports each step's new measured winners into generated_kernels/ through
-cudal2.runs.export (the tuner's path). Without a GPU rewards come from the cost model and every line
-says so; nothing estimated is ever exported.
+reward mean/std/max, trl's reward_std / frac_reward_zero_std / grad_norm / loss, fractions
+compiled / correct / faster than the baseline, best verified speedup so far per shape, fresh
+evaluations per GPU-minute), appends it to log.jsonl and exports each step's new verified
+winners (re-measured in a fresh run) into generated_kernels/ through cudal2.runs.export (the tuner's
+path). Without a GPU kernel times are estimated from each build and every line says so; nothing
+estimated is ever exported. Launch-bound shapes are left out with the reason logged
+(--launch-bound). --turns N: multi-turn refinement (rl/multiturn.py).
 
 Outputs in --out: results.db, log.jsonl, reward_curve.png, best_kernels.csv, kernels/ (best
 source per shape), sources/ (every evaluated source by sha), checkpoints/.
@@ -22,7 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RLConfig, add_arguments, from_args
+from cudal2.harness.db import ResultsDB
+from cudal2.runs.export import export, sources_from
+from cudal2.search.tune import read_shapes
+from cudal2_rl.config import RLConfig, add_arguments, from_args
+from cudal2_rl.executor import make_executor, visible_gpu_name
+from cudal2_rl.multiturn import make_rollout
+from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy
+from cudal2_rl.prompts import make_prompt
+from cudal2_rl.reward import Attempt, KernelReward, launch_bound
 
 
 class RunLog:
@@ -42,11 +53,47 @@ class RunLog:
                 f.write(json.dumps(rec, default=str) + "\n")
 
 
-def pick_shapes(path: str, sample: int, seed: int) -> list[tuple[int, int, int]]:
-    from cudal2.search.tune import read_shapes
-    shapes = [(s.M, s.N, s.K) for s in read_shapes(path)]
+def pick_shapes(path: str, sample: int, seed: int, exclude=()) -> list[tuple[int, int, int]]:
+    """The shapes of `path` less `exclude`; `sample` of them drawn with `seed` (0 = all)."""
+    skip = set(map(tuple, exclude))
+    shapes = [(s.M, s.N, s.K) for s in read_shapes(path) if (s.M, s.N, s.K) not in skip]
     if sample and sample < len(shapes):
         shapes = sorted(random.Random(seed).sample(shapes, sample))
+    return shapes
+
+
+def all_shapes(path: str) -> list[tuple[int, int, int]]:
+    return [(s.M, s.N, s.K) for s in read_shapes(path)]
+
+
+def choose_shapes(cfg: RLConfig, log: "RunLog", db_path: Path, gpu: str) -> list[tuple[int, int, int]]:
+    """The training shapes: launch-bound shapes (baseline kernel time within 2x the launch
+    floor) are left out with the reason logged (--launch-bound skip) or kept and said so."""
+    everything = all_shapes(cfg.shapes)
+    db = None
+    if gpu and db_path.exists():
+        db = ResultsDB(db_path, readonly=True)
+    bound = launch_bound(everything, db=db, gpu=gpu, baseline=cfg.baseline, mode=cfg.mode,
+                         floor_us=cfg.launch_floor_us, arch=cfg.arch)
+    if cfg.launch_bound == "skip" and bound:
+        for shape, why in bound.items():
+            log(type="launch_bound", shape=list(shape), left_out=True, reason=why)
+        ex = next(iter(bound.values()))
+        log(f"left out {len(bound)}/{len(everything)} launch-bound shape(s) of {cfg.shapes}: their "
+            f"baseline kernel time is within 2x the launch floor ({cfg.launch_floor_us:g} us), where "
+            f"candidates differ by launch noise (e.g. {ex}); every reason is in log.jsonl; "
+            "--launch-bound keep trains on them", type="launch_bound_summary", left_out=len(bound))
+        shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed, exclude=bound)
+        if not shapes:
+            raise ValueError(f"every shape of {cfg.shapes} is launch-bound (baseline kernel time "
+                             f"< 2 x {cfg.launch_floor_us:g} us); use --launch-bound keep")
+        return shapes
+    shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed)
+    for s in shapes:
+        if s in bound:
+            log(f"kept launch-bound shape {bound[s]}: finals sample as the harness does (until the "
+                "interval is 0.5% tight, 60 rounds or 4 s)", type="launch_bound", shape=list(s),
+                left_out=False, reason=bound[s])
     return shapes
 
 
@@ -58,11 +105,31 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
-def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state: dict):
+def _fmt(x, spec="+.3f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def step_line(step: int, steps: int, summ: dict, trl: dict, reward, cfg: RLConfig, best_txt: str) -> str:
+    """The one line a step prints: our reward statistics, trl's group statistics and gradient,
+    what compiled / was correct / was faster, the best per shape, and how the rewards were made."""
+    line = (f"step {step}/{steps}  reward mean {_fmt(summ.get('reward_mean'))} "
+            f"std {_fmt(summ.get('reward_std'), '.3f')} max {_fmt(summ.get('reward_max'))}  "
+            f"trl: reward_std {_fmt(trl.get('reward_std'), '.3f')} "
+            f"frac_reward_zero_std {_fmt(trl.get('frac_reward_zero_std'), '.2f')} "
+            f"grad_norm {_fmt(trl.get('grad_norm'), '.4g')} loss {_fmt(trl.get('loss'), '.4g')}  "
+            f"compiled {_pct(summ.get('frac_compiled'))} "
+            f"correct {_pct(summ.get('frac_correct'))}"
+            f"{' (no GPU: not checked)' if reward.estimated else ''} "
+            f"faster-than-{cfg.baseline} {_pct(summ.get('frac_faster'))}  best: {best_txt}")
+    return line
+
+
+def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state: dict, executor=None):
     from transformers import TrainerCallback
 
     class StepLogger(TrainerCallback):
-        """One log line per optimiser step; export of new measured winners."""
+        """One log line per optimiser step, printed when trl logs the step's metrics (reward std,
+        frac_reward_zero_std, grad_norm come from there); export of new verified winners."""
 
         def on_step_end(self, args, tstate, control, **kw):
             step = tstate.global_step
@@ -74,30 +141,44 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
             improved = [s for s, a in best_now.items()
                         if s not in state["best"] or a.speedup > state["best"][s]]
             state["best"] = {s: a.speedup for s, a in best_now.items()}
-            best_txt = ", ".join(f"{_fmt_shape(s)} {best_now[s].speedup:.2f}x" if s in best_now
+            best_txt = ", ".join(f"{_fmt_shape(s)} {best_now[s].speedup:.2f}x"
+                                 + ("" if best_now[s].estimated else " (re-measured)") if s in best_now
                                  else f"{_fmt_shape(s)} -" for s in shapes[:8])
             if len(shapes) > 8:
-                best_txt += f", ... ({len(best_now)}/{len(shapes)} shapes with a correct kernel)"
-            rm, rx = summ.get("reward_mean"), summ.get("reward_max")
-            line = (f"step {step}/{cfg.steps}  reward mean {rm if rm is None else f'{rm:+.3f}'} "
-                    f"max {rx if rx is None else f'{rx:+.3f}'}  compiled {_pct(summ.get('frac_compiled'))} "
-                    f"correct {_pct(summ.get('frac_correct'))}"
-                    f"{' (no GPU: not checked)' if reward.estimated else ''} "
-                    f"faster-than-{cfg.baseline} {_pct(summ.get('frac_faster'))}  best: {best_txt}")
+                best_txt += f", ... ({len(best_now)}/{len(shapes)} shapes with a verified kernel)"
+            state["pending"] = {"step": step, "summ": summ, "attempts": attempts,
+                                "best": best_now, "best_txt": best_txt, "improved": improved}
+            if not getattr(args, "logging_steps", 1) == 1:     # trl will not log this step
+                self._emit(args, {})
+
+        def on_log(self, args, tstate, control, logs=None, **kw):
+            if state.get("pending") and logs and ("loss" in logs or "reward" in logs):
+                self._emit(args, logs)
+
+        def _emit(self, args, trl_logs: dict):
+            p = state.pop("pending")
+            step, summ, attempts = p["step"], p["summ"], p["attempts"]
+            line = step_line(step, cfg.steps, summ, trl_logs, reward, cfg, p["best_txt"])
             errors = [a for a in attempts if a.verdict == "error"]
             if errors:   # the harness failed (not the kernel): no reward, and the cause must show
                 line += f"  HARNESS ERRORS {len(errors)}/{len(attempts)} (no reward): {errors[0].detail[:200]}"
+            if executor is not None:
+                line += "  " + executor.throughput()
             if reward.estimated:
                 line += "  " + reward.estimate_note()
-            log(line, type="step", step=step, summary=summ,
-                best={_fmt_shape(s): {"speedup": a.speedup, "sha": a.sha, "estimated": a.estimated}
-                      for s, a in best_now.items()},
-                attempts=[a.to_dict() for a in attempts], estimated=reward.estimated)
-            state["steps"].append({"step": step, **summ,
+            trl_keep = {k: trl_logs.get(k) for k in ("reward", "reward_std", "frac_reward_zero_std",
+                                                      "grad_norm", "loss") if k in trl_logs}
+            log(line, type="step", step=step, summary=summ, trl=trl_keep,
+                best={_fmt_shape(s): {"speedup": a.speedup, "sha": a.sha, "estimated": a.estimated,
+                                      "verified": a.verified}
+                      for s, a in p["best"].items()},
+                attempts=[a.to_dict() for a in attempts], estimated=reward.estimated,
+                throughput=executor.throughput() if executor is not None else None)
+            state["steps"].append({"step": step, **summ, **{f"trl_{k}": v for k, v in trl_keep.items()},
                                    "best_mean": (sum(state["best"].values()) / len(state["best"])
                                                  if state["best"] else None)})
-            if cfg.export and improved:
-                _export(reward, cfg, improved, log, out, step)
+            if cfg.export and p["improved"]:
+                _export(reward, cfg, p["improved"], log, out, step)
 
     return StepLogger()
 
@@ -137,11 +218,12 @@ def _quiet_libraries():
 def _export(reward, cfg: RLConfig, improved, log: RunLog, out: Path, step: int):
     """New best kernels -> generated_kernels/ through cudal2.runs.export (measured winners only)."""
     if reward.estimated:
-        log(f"  export: {len(improved)} shape(s) improved on estimates only; nothing exported "
+        log(f"  export: {len(improved)} shape(s) improved on estimates only (flagged estimated); nothing exported "
             f"(export admits measured winners, and there is no GPU)", type="export", step=step, exported=0)
         return
-    from cudal2.runs.export import export, sources_from
-    evs = [ev for (sha, shape), ev in reward.evaluations.items() if shape in set(improved)]
+    # verified rows only: a new best counts (and exports) after its fresh re-measurement
+    evs = [ev for (sha, shape), ev in reward.evaluations.items()
+           if shape in set(improved) and reward.verified(ev)]
     res = export(evs, sources_from(reward.db, [out / "sources"]), root=cfg.kernels_dir or None,
                  mode=cfg.mode, report=str(out), gpu=reward.gpu or None)
     for d in res.decisions:
@@ -149,11 +231,12 @@ def _export(reward, cfg: RLConfig, improved, log: RunLog, out: Path, step: int):
             type="export", step=step, exported=d.exported, reason=d.reason, sha=d.source_sha)
 
 
-def _dataset(shapes, cfg: RLConfig, style: str, reward):
+def _dataset(shapes, cfg: RLConfig, style: str, reward, prompt_shapes: dict | None = None):
     """One row per shape (M, N, K columns for the reward); the prompt is built when a row is read,
-    so full-style prompts carry feedback from the attempts so far."""
+    so full-style prompts carry feedback from the attempts so far. `prompt_shapes` learns each
+    prompt's shape (multi-turn rollouts see prompts only)."""
     from datasets import Dataset
-    from .prompts import make_prompt
+
     ds = Dataset.from_dict({"M": [s[0] for s in shapes], "N": [s[1] for s in shapes],
                             "K": [s[2] for s in shapes]})
 
@@ -167,6 +250,8 @@ def _dataset(shapes, cfg: RLConfig, style: str, reward):
             text = make_prompt(style, shape, cfg.arch, cfg.acc, baseline=cfg.baseline,
                                best=reward.best, attempts=attempts_for(shape) if style == "full" else None)
             out["prompt"].append([{"role": "user", "content": text}])
+            if prompt_shapes is not None:
+                prompt_shapes[text] = shape
         return out
 
     return ds.with_transform(transform)
@@ -179,7 +264,6 @@ def _last_checkpoint(d: Path):
 
 def _restore(reward, out: Path):
     """On --resume: the best kernel per shape from the previous log, sources from sources/."""
-    from .reward import Attempt
     logp = out / "log.jsonl"
     if not logp.exists():
         return 0
@@ -190,6 +274,8 @@ def _restore(reward, out: Path):
             continue
         for a in rec.get("attempts", []):
             if a.get("speedup") is None or a.get("verdict") not in ("ok", "not_measured"):
+                continue
+            if not a.get("verified", a.get("estimated")):     # unconfirmed measurements never lead
                 continue
             shape = tuple(a["shape"])
             src = out / "sources" / f"{a['sha']}.cu"
@@ -268,10 +354,13 @@ def run(cfg: RLConfig) -> dict:
         raise ValueError("--steps must be >= 1")
     if cfg.prompt_style and cfg.prompt_style not in ("full", "compact"):
         raise ValueError(f"--prompt-style must be full or compact, got {cfg.prompt_style!r}")
+    if cfg.turns < 1 or cfg.num_generations % cfg.turns:
+        raise ValueError(f"--turns must be >= 1 and divide --num-generations ({cfg.num_generations})")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     log = RunLog(out / "log.jsonl")
-    shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed)
+    db_path = Path(cfg.db) if cfg.db else out / "results.db"
+    shapes = choose_shapes(cfg, log, db_path, visible_gpu_name())
     print(f"cudal2_rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
           f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
           f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
@@ -279,17 +368,14 @@ def run(cfg: RLConfig) -> dict:
 
     _quiet_libraries()
     import torch
-    from .executor import make_executor
-    from .policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy
-    from .reward import KernelReward
-    from cudal2.harness.db import ResultsDB
+
 
     recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = is_builtin(cfg.policy)
     style = cfg.prompt_style or ("compact" if builtin else "full")
-    executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None)
-    db_path = Path(cfg.db) if cfg.db else out / "results.db"
+    executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
+                             screen=cfg.screen, finals_per_group=cfg.finals_per_group)
     db = ResultsDB(db_path)
     reward = KernelReward(executor, db, arch=cfg.arch, baseline=cfg.baseline, mode=cfg.mode,
                           timeout_s=cfg.timeout, sources_dir=out / "sources")
@@ -298,8 +384,9 @@ def run(cfg: RLConfig) -> dict:
         policy=cfg.policy, style=style, config=vars(cfg))
     if reward.estimated:
         log("rewards are ESTIMATED: no GPU is visible here, so kernels are built and audited but not "
-            "run; speedups come from the cost model " + reward.estimate_note()
-            + ". Kernels already measured on a GPU reuse their DB rows.", type="estimated")
+            "run; kernel times are estimated from each build " + reward.estimate_note()
+            + ". Kernels already measured on a GPU reuse their DB rows. "
+            + executor.throughput(), type="estimated")
 
     from trl import GRPOConfig, GRPOTrainer
     per_step = cfg.prompts_per_step or min(len(shapes), 4)
@@ -338,10 +425,18 @@ def run(cfg: RLConfig) -> dict:
                 if rec.get("type") == "step":
                     state["steps"].append({"step": rec["step"], **rec["summary"]})
             log(f"resuming from {resume} ({n} best kernels restored from the log)", type="resume")
+    prompt_shapes: dict = {}
+    rollout = None
+    if cfg.turns > 1:
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        rollout = make_rollout(reward, turns=cfg.turns, gamma=cfg.gamma, style=style,
+                               prompt_shapes=prompt_shapes, log=log)
+        log(f"multi-turn: {cfg.turns} turns per trajectory, {cfg.num_generations // cfg.turns} "
+            f"trajectories per group, discount {cfg.gamma:g}", type="multiturn")
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=gargs,
-                          train_dataset=_dataset(shapes, cfg, style, reward),
-                          processing_class=tok, peft_config=peft_config,
-                          callbacks=[_make_callback(reward, cfg, shapes, log, out, state)])
+                          train_dataset=_dataset(shapes, cfg, style, reward, prompt_shapes),
+                          processing_class=tok, peft_config=peft_config, rollout_func=rollout,
+                          callbacks=[_make_callback(reward, cfg, shapes, log, out, state, executor)])
     _quiet_progress(trainer, log)
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -351,10 +446,12 @@ def run(cfg: RLConfig) -> dict:
     write_outputs(reward, shapes, state["steps"], out, cfg)
     secs = time.time() - t0
     n_best = len(reward.best)
-    log(f"done in {secs:.0f}s: {reward.n_evaluated} harness evaluations, {reward.n_cached} cache hits; "
+    log(f"done in {secs:.0f}s: {reward.n_evaluated} harness evaluations, {reward.n_cached} cache hits, "
+        f"{reward.n_remeasured} new bests re-measured; {executor.throughput()}; "
         f"{n_best}/{len(shapes)} shapes with a {'built (estimated)' if reward.estimated else 'correct'} kernel"
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
-        type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached)
+        type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached,
+        remeasured=reward.n_remeasured, fresh=executor.fresh, gpu_seconds=round(executor.gpu_seconds, 3))
     print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
           f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
     return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}

@@ -48,6 +48,12 @@ def test_include_rules():
     assert len(r) == 1 and "computed" in r[0]
     r = A.check_includes('#include "my_local_helpers.h"\n')
     assert len(r) == 1 and "neither" in r[0]
+    # before the build, a header that is merely not found is left to the compiler (a build
+    # error, as a misspelt header is); escapes are still refused
+    assert A.check_includes('#include "mma_hgem.cuh"\n#include "my_local_helpers.h"\n',
+                            missing=False) == []
+    for esc in ('#include "../secret.h"\n', "#include </etc/passwd>\n", "#include SOME_MACRO\n"):
+        assert len(A.check_includes(esc, missing=False)) == 1, esc
     big = "// x\n" * (A.MAX_SOURCE_BYTES // 4)
     assert "bytes" in A.check_includes(big)[0]
 

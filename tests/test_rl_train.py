@@ -38,7 +38,7 @@ def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
     out = tmp_path / "run"
     res = run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=2,
                        out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
-                       kernels_dir=str(kdir), timeout=300, seed=0))
+                       kernels_dir=str(kdir), timeout=300, seed=0, launch_bound="keep"))
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     step_recs = [r for r in steps if r.get("type") == "step"]
     assert [r["step"] for r in step_recs] == [1, 2]
@@ -68,7 +68,28 @@ def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
     # resume: one more step from the last checkpoint, log appended, cache reused
     run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=3,
              out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
-             kernels_dir=str(kdir), timeout=300, seed=0, resume=True))
+             kernels_dir=str(kdir), timeout=300, seed=0, resume=True, launch_bound="keep"))
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r.get("type") == "step"] == [1, 2, 3]
     assert any(r.get("type") == "resume" for r in steps)
+
+
+def test_launch_bound_shapes_are_left_out_with_the_reason_logged(tmp_path):
+    from cudal2_rl.config import RLConfig
+    from cudal2_rl.train import RunLog, choose_shapes
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n64,64,64\n4096,4096,4096\n")
+    log = RunLog(tmp_path / "log.jsonl")
+    cfg = RLConfig(shapes=str(shapes), sample=0, out=str(tmp_path))
+    assert choose_shapes(cfg, log, tmp_path / "none.db", gpu="") == [(4096, 4096, 4096)]
+    recs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    left = [r for r in recs if r.get("type") == "launch_bound"]
+    assert [r["shape"] for r in left] == [[64, 64, 64]] and left[0]["left_out"]
+    assert "launch floor" in left[0]["reason"]
+    # kept on request, and said so
+    keep = RLConfig(shapes=str(shapes), sample=0, out=str(tmp_path), launch_bound="keep")
+    assert choose_shapes(keep, log, tmp_path / "none.db", gpu="") == [(64, 64, 64), (4096, 4096, 4096)]
+    # nothing left: a clear error, not an empty run
+    shapes.write_text("M,N,K\n64,64,64\n")
+    with pytest.raises(ValueError, match="launch-bound"):
+        choose_shapes(cfg, log, tmp_path / "none.db", gpu="")

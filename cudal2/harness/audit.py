@@ -199,9 +199,12 @@ _INCLUDE_ANY_RE = re.compile(r'^[ \t]*#[ \t]*include\b(?P<rest>.*)$', re.M)
 MAX_SOURCE_BYTES = 1 << 20        # a kernel file is a few tens of KB; more is an attack on the compiler
 
 
-def check_includes(source: str) -> list[str]:
+def check_includes(source: str, *, missing: bool = True) -> list[str]:
     """Reasons the source reaches outside its own text through #include lines, or is too big
-    to be a kernel (empty = fine)."""
+    to be a kernel (empty = fine). `missing=False` leaves out quoted includes that are merely
+    not found (a misspelt header): the compile in an empty folder fails on them, so they are the
+    compiler's verdict (a build error), while escapes (absolute paths, '..', computed paths)
+    stay rejections before nvcc sees the file."""
     reasons = []
     size = len(source.encode("utf-8", "surrogatepass"))
     if size > MAX_SOURCE_BYTES:
@@ -218,7 +221,7 @@ def check_includes(source: str) -> list[str]:
             reasons.append(f"#include of an absolute path: {line[:120]!r}")
         elif ".." in Path(path).parts:
             reasons.append(f"#include that climbs out with '..': {line[:120]!r}")
-        elif lm.group("form") == '"' and path not in templates and not _under_roots(path):
+        elif missing and lm.group("form") == '"' and path not in templates and not _under_roots(path):
             reasons.append(f"#include \"{path}\" is neither one of our template headers "
                            f"({', '.join(sorted(templates)) or 'none'}) nor a toolkit/CUTLASS/"
                            "system header")

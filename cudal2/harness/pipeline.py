@@ -179,7 +179,9 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
             ev.status, ev.detail = hit["status"], hit["detail"]
             return None
         return _check_request(request, ev, build_result)
-    pre = check_includes(request.source)      # before nvcc sees it: size, #include escapes
+    # before nvcc sees it: size, #include escapes; a quoted header that is merely not found is
+    # left to the compile (a build error, as a misspelt header is), the audit checks the rest
+    pre = check_includes(request.source, missing=False)
     if pre:
         ev.status, ev.detail = T.AUDIT_REJECTED, "; ".join(pre)[:1000]
         ev.audit = {"ok": False, "verdict": "rejected", "reasons": pre}
