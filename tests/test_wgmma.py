@@ -268,8 +268,9 @@ def test_builds_without_spills(cfg):
 @pytest.mark.parametrize("cfg", CASES)
 def test_sass_holds_hgmma(cfg):
     """The sm_90a machine code runs the tensor cores through HGMMA (not HMMA/FFMA), and no
-    wgmma is serialised. Needs cuobjdump (pip install nvidia-cuda-cuobjdump); without it the
-    PTX check in test_builds_without_spills stands."""
+    wgmma is serialised. Needs cuobjdump and nvdisasm (pip nvidia-cuda-cuobjdump and
+    nvidia-cuda-nvdisasm, both in the build extra); without them the PTX check in
+    test_builds_without_spills stands."""
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (PATH, next to nvcc, or pip nvidia-cuda-cuobjdump); "
