@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
 from cudal2.harness.provenance import gpu_facts
+from cudal2.timing.stats import quantile
 
 # This schedule's arrival processes and per-call timers (not the harness's MODES/TIMERS).
 MODES = ("offline", "server", "wall")
@@ -66,16 +67,6 @@ class Stats:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def quantile(sorted_xs: list[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default) of an already sorted list."""
-    if not sorted_xs:
-        raise ValueError("quantile of no samples")
-    pos = q * (len(sorted_xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 def summarize(samples_us: list[float]) -> Stats:
