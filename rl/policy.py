@@ -103,7 +103,7 @@ def _sample_configs(family, rng: random.Random, n: int, arch: str | None = None,
 def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int]]]:
     """(prompt, completion, shape) pairs: per shape, the cost model's top configs."""
     from cudal2.search.costmodel import CostModel
-    from cudal2.templates import FAMILIES
+    from cudal2.templates import FAMILIES, with_acc
     from .prompts import compact_prompt, template_file
     rng = random.Random(recipe.seed)
     model = CostModel.default(arch=recipe.arch)
