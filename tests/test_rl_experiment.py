@@ -197,7 +197,7 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     rl_run = X.read_rl_run(rl_out / "log.jsonl")
     assert rl_run.shapes == {(256, 256, 512)} and rl_run.evaluations >= 1
     pool = tmp_path / "pool.csv"
-    pool.write_text("M,N,K\n256,256,512\n512,256,1024\n1024,1024,1024\n")
+    pool.write_text("M,N,K\n256,256,512\n1024,512,2048\n1024,1024,1024\n")
     out = tmp_path / "exp"
     rc = X.main(["--rl-policy", str(rl_out / "policy"), "--sft-policy", str(small_policy),
                  "--shapes", str(pool), "--heldout", "2", "--budget", "3", "--families", "mma",
@@ -205,7 +205,7 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     assert rc == 0
     doc = json.loads((out / "experiment.json").read_text())
     held = {tuple(s) for s in doc["heldout"]}
-    assert held == {(512, 256, 1024), (1024, 1024, 1024)}                  # the training shape is out
+    assert held == {(1024, 512, 2048), (1024, 1024, 1024)}                  # the training shape is out
     assert doc["estimated"] and doc["gpu"] == ""
     charge = math.ceil(rl_run.evaluations / 2)
     assert doc["budget"]["allowance"] == {"rl": max(0, 3 - charge), "sft": 3, "tune": 3, "random": 3}
