@@ -275,6 +275,8 @@ class Harness:
         self.reference_evaluations = 0
         self._model = None
         self._pools: dict[bool, object] = {}
+        self.torch_us: dict[tuple, float] = {}     # screening's torch reference time per shape
+        self.finals_notes: list[str] = []
         self.n_measurements = 0
 
     # -- estimates (no GPU) ----------------------------------------------------------------
@@ -359,9 +361,12 @@ class Harness:
                 return [pipeline_evaluate(reqs[0], db=self.db, gpu=False, estimator=self.estimate)]
             return evaluate_many(reqs, db=self.db, jobs=self.jobs, gpu=False, estimator=self.estimate)
         builds = build_many([BuildSpec(s, arch=self.arch, name=origin) for s in sources], jobs=self.jobs)
-        rows, _ref = screen(shape, [ScreenCandidate(s, b, (), origin) for s, b in zip(sources, builds)],
-                            arch=self.arch, acc=self.acc, db=self.db, pool=self._pool(trusted),
-                            gpu=True, trusted=trusted, timeout_s=self.timeout_s)
+        rows, ref = screen(shape, [ScreenCandidate(s, b, (), origin) for s, b in zip(sources, builds)],
+                           arch=self.arch, acc=self.acc, db=self.db, pool=self._pool(trusted),
+                           gpu=True, trusted=trusted, timeout_s=self.timeout_s,
+                           reference_us=self.torch_us.get(_key(shape)))
+        if ref.get("torch_us"):       # measured once per shape, reused by later screens
+            self.torch_us.setdefault(_key(shape), ref["torch_us"])
         return rows
 
     def best(self, arm: str, shape: Shape):
@@ -386,7 +391,12 @@ class Harness:
         except BaselineError as exc:          # measure still times torch and says why
             self.log(f"  baselines: {exc}")
             libs = None
-        rows = evaluate_group(reqs, db=None, pool=None, gpu=True, baseline_libs=libs, lt_known=lt_known)
+        try:
+            rows = evaluate_group(reqs, db=None, pool=None, gpu=True, baseline_libs=libs, lt_known=lt_known)
+        except ValueError as exc:     # winners of different B layouts cannot share one session
+            self.finals_notes.append(f"{shape}: winners measured in separate finals ({exc})")
+            rows = [evaluate_group([r], db=None, pool=None, gpu=True, baseline_libs=libs,
+                                   lt_known=lt_known)[0] for r in reqs]
         by_sha = {}
         for sha, req, ev in zip(shas, reqs, rows):
             by_sha[sha] = record(self.db, ev, req.source)
@@ -841,6 +851,7 @@ def run(args, *, command: str = "") -> dict:
                      f"winner and every baseline ({gpu})")
     else:
         notes.append("no finals: no GPU (winners are each arm's best-estimated kernel)")
+    notes += harness.finals_notes
     if cut:
         notes.append(f"--budget-s cut {len(cut)} shape(s), left out of every arm: " + ", ".join(map(str, cut)))
     cmd = command or "python -m cudal2_rl.experiment " + " ".join(sys.argv[1:])

@@ -240,3 +240,61 @@ def test_reference_note_says_where_exhaustive_was_not_affordable():
     assert X.reference_note(ref, 64) == ("cutlass_sm90 exhaustive on 2 shape(s) (96 configs); mma not "
                                          "affordable on 2 shape(s) (space 864-3456 configs > --exhaustive-max 64)")
     assert X.reference_note({}, 64) == "no exhaustive reference"
+
+
+def test_gpu_path_screens_then_one_finals_session(tmp_path, monkeypatch):
+    """The GPU path with the harness's GPU steps faked (no GPU here): arms screen their kernels,
+    tune's search ranks by screening time, the winners meet in ONE finals session that is never
+    served from the cache, and its rows go through the one writer."""
+    from cudal2.core.identity import source_sha
+    db = ResultsDB(tmp_path / "r.db")
+    shape = Shape(1024, 1024, 1024)
+    screened, sessions = [], []
+
+    class Pool:
+        def close(self):
+            pass
+
+    def fake_screen(shp, cands, *, db=None, trusted=True, reference_us=None, **kw):
+        rows = []
+        for c in cands:
+            screened.append((c.origin, trusted))
+            us = 10.0 + int(source_sha(c.source)[:4], 16) % 97
+            ev = Evaluation(status="ok", source_sha=source_sha(c.source), shape=shp, arch="sm_90a",
+                            stage="screen", origin=c.origin,
+                            timings={"screen": {"candidate": {"median_us": us, "n": 3}}})
+            rows.append(record(db, ev, c.source))
+        return rows, {"torch_us": 9.0}
+
+    def fake_group(reqs, *, db=None, **kw):
+        assert db is None                       # finals are fresh: no cache in between
+        sessions.append([r.origin for r in reqs])
+        return [Evaluation(status="ok", source_sha=source_sha(r.source), shape=r.shape, arch="sm_90a",
+                           origin=r.origin, timings={"offline": {"candidate": {"median_us": 20.0 + i}}},
+                           speedups={"offline": {"cublaslt_autotuned": 0.9 - 0.1 * i}},
+                           stats={"offline": {"speedup": {"cublaslt_autotuned": {"median": 0.9 - 0.1 * i,
+                                                                                 "lo": 0.85 - 0.1 * i,
+                                                                                 "hi": 0.95 - 0.1 * i}}}})
+                for i, r in enumerate(reqs)]
+
+    monkeypatch.setattr(X, "screen", fake_screen)
+    monkeypatch.setattr(X, "evaluate_group", fake_group)
+    monkeypatch.setattr(X, "build_many", lambda specs, jobs=None: [None] * len(specs))
+    monkeypatch.setattr(X, "build_baselines", lambda arch: {})
+    monkeypatch.setattr(X, "gpu_pool", lambda **kw: Pool())
+    budget = X.Budget(3, n_shapes=1)
+    h = X.Harness(db, budget, arch="sm_90a", acc="f32", baseline="cublaslt_autotuned", gpu="FakeGPU")
+    res = X.run_tune_arm(shape, h, arch="sm_90a", acc="f32", families=["mma"], seed=0, log=lambda *a: None)
+    assert len(res.trials) == 3 and all(t.time_us and not t.estimated for t in res.trials)
+    assert budget.fresh("tune", shape) == 3 and screened == [("exp-tune", True)] * 3
+    X.run_random_arm(shape, h, arch="sm_90a", acc="f32", families=["mma"], seed=0)
+    assert budget.fresh("random", shape) == 3 and screened[3:] == [("exp-random", True)] * 3
+    h.run("sft", shape, ["int a;", "int b;"], trusted=False)
+    assert screened[6:] == [("exp-sft", False)] * 2            # policy code: untrusted screening
+    winners = {a: h.best(a, shape)[1] for a in ("tune", "random", "sft")}
+    assert all(winners.values())
+    fin = h.finals(shape, winners, {})
+    assert len(sessions) == 1 and len(sessions[0]) == len(set(winners.values()))
+    assert X.speedup_of(fin["tune"], "cublaslt_autotuned")[1] is not None      # the interval
+    finals_rows = db.rows(origin="exp-finals")
+    assert len(finals_rows) == len(set(winners.values())) and all(r.stage == "final" for r in finals_rows)
