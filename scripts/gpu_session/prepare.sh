@@ -68,7 +68,9 @@ if [ $CAMPAIGN = 1 ]; then
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
       --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES}
 fi
-if [ $EXPERIMENT = 1 ]; then
+if [ $EXPERIMENT = 1 ] && [ $POLICY = 0 ]; then
+  echo "== no RL policy for the experiment stage: it trains the built-in policy, which --no-policy skips"
+elif [ $EXPERIMENT = 1 ]; then
   # 2 steps x 2 shapes x 4 completions = 16 training evaluations, which the experiment charges to
   # the RL arm (2 per held-out shape over 8 shapes: best of 16 at --budget 18)
   echo "== RL policy for the experiment stage into $ROOT/.gpu_experiment/rl"
