@@ -95,6 +95,19 @@ def test_median_quantile_and_bootstrap_interval():
     assert S.tight([iv], 0.005) and not S.tight([S.Interval(1.0, 0.9, 1.1, 5)], 0.005)
 
 
+def test_bootstrap_geomean_interval():
+    xs = [0.8, 0.9, 1.0, 1.1, 1.25, 0.95, 1.05, 0.85]
+    g, lo, hi = S.bootstrap_geomean_ci(xs, seed=0)
+    assert abs(g - math.exp(sum(map(math.log, xs)) / len(xs))) < 1e-12
+    assert lo < g < hi and 0.8 < lo and hi < 1.25
+    assert S.bootstrap_geomean_ci(xs, seed=0) == (g, lo, hi)      # deterministic for a seed
+    assert S.bootstrap_geomean_ci([2.0]) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError):
+        S.bootstrap_geomean_ci([])
+    with pytest.raises(ValueError, match="positive"):
+        S.bootstrap_geomean_ci([1.0, 0.0])
+
+
 def test_paired_ratios_and_clock_filter():
     assert S.paired_ratios([2.0, None, 3.0], [1.0, 1.0, 0.0]) == [2.0]
     keep = S.kept_rounds([1980, 1975, 1700, None, 1980], tolerance=0.03)

@@ -4,18 +4,20 @@
 #                   built-in RL policy (cudal2_rl.policy build); hits on the GPU machine when its nvcc
 #                   has the same version, else that machine rebuilds (nvcc there, 16 cores)
 #   .gpu_campaign/  `cudal2 campaign prepare` pack (binaries, no nvcc needed there)
+#   .gpu_experiment/ an RL policy for run.sh's experiment stage: a short cudal2_rl.train run on this
+#                   CPU (estimated rewards; its log.jsonl names its training shapes and evaluations)
 #   .whl/           wheels the GPU image lacks: trl + datasets (+ dill, multiprocess) for the RL
 #                   stage, nvidia-cutlass (headers + the version the cache key records)
 # Then checks that the tree that travels plus these stays under 64 MiB.
 #
 #   scripts/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
-#                                  [--no-campaign] [--no-prefill] [--root DIR]
+#                                  [--no-campaign] [--no-prefill] [--no-experiment] [--root DIR]
 #                                  [--families "mma ptx"] [--limit-per-shape 4]
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 FAMILIES="" LIMIT_PER_SHAPE=4
+WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=4
 while [ $# -gt 0 ]; do
   case $1 in
     --shapes) SHAPES=$2; shift 2;;
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
     --no-policy) POLICY=0; shift;;
     --no-campaign) CAMPAIGN=0; shift;;
     --no-prefill) PREFILL=0; shift;;
+    --no-experiment) EXPERIMENT=0; shift;;
     --families) FAMILIES=$2; shift 2;;
     --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
     -h|--help) sed -n '2,15p' "$0"; exit 0;;
@@ -43,7 +46,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu_cache/ /.gpu_campaign/ /.whl/; do
+for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_experiment/ /.whl/; do
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
@@ -64,6 +67,17 @@ if [ $CAMPAIGN = 1 ]; then
   CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
       --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES}
+fi
+if [ $EXPERIMENT = 1 ] && [ $POLICY = 0 ]; then
+  echo "== no RL policy for the experiment stage: it trains the built-in policy, which --no-policy skips"
+elif [ $EXPERIMENT = 1 ]; then
+  # 2 steps x 2 shapes x 4 completions = 16 training evaluations, which the experiment charges to
+  # the RL arm (2 per held-out shape over 8 shapes: best of 16 at --budget 18)
+  echo "== RL policy for the experiment stage into $ROOT/.gpu_experiment/rl"
+  rm -rf "$ROOT/.gpu_experiment"
+  $PY -m cudal2_rl.train --policy builtin --steps 2 --sample 2 --prompts-per-step 2 --num-generations 4 \
+    --out "$ROOT/.gpu_experiment/rl" --no-export
+  rm -rf "$ROOT/.gpu_experiment/rl/checkpoints"
 fi
 if [ $WHEELS = 1 ]; then
   echo "== wheels into $ROOT/.whl: ${PINS[*]}"
@@ -86,7 +100,7 @@ fi
 tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
 total=$tree
 printf '%-16s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
-for d in .gpu_cache .gpu_campaign .whl; do
+for d in .gpu_cache .gpu_campaign .gpu_experiment .whl; do
   [ -d "$ROOT/$d" ] || continue
   n=$(du -sb "$ROOT/$d" | cut -f1); total=$((total + n))
   printf '%-16s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
@@ -96,4 +110,4 @@ if [ "$total" -gt "$LIMIT" ]; then
   echo "prepare.sh: $total bytes > 64 MiB would not travel: carry less (--no-wheels, fewer shapes)" >&2
   exit 1
 fi
-echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".whl\"]   (docs/gpu_session.md has the run commands)"
+echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".gpu_experiment\", \".whl\"]   (docs/gpu_session.md has the run commands)"

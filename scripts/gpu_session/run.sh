@@ -14,10 +14,14 @@
 #   campaign  cudal2 campaign run .gpu_campaign (screen + finals: kernel time, e2e,
 #             server; five baselines; export by the export rule)                        issue 10, 11
 #   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run                    issue 4
-# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .whl.
+#   experiment python -m cudal2_rl.experiment: RL vs SFT vs tune vs random on 8 held-out shapes,
+#             an equal budget of 18 fresh evaluations per arm and shape (RL's training charged),
+#             winners re-measured in finals; the RL policy from .gpu_experiment/rl (prepare.sh)  issue 13
+# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
 # BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
-# --budget-s is 40 s less), BUDGET_RL (540). RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
+# --budget-s is 40 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
+# 60 s less). EXPERIMENT_ARGS replaces the experiment's arguments, EXPERIMENT_RL its RL policy. RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
 # GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
 # arguments for the tests stage (e.g. "-k kerneltime" for a smoke run); TIMER_ARGS, TRACE_ARGS
@@ -37,9 +41,9 @@ STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    tests|overhead|hostile|timer|trace|campaign|rl) STAGES+=("$a");;
-    all) STAGES+=(tests overhead hostile timer trace campaign rl);;
-    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    tests|overhead|hostile|timer|trace|campaign|rl|experiment) STAGES+=("$a");;
+    all) STAGES+=(tests overhead hostile timer trace campaign rl experiment);;
+    -h|--help) sed -n '2,24p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
@@ -199,6 +203,17 @@ if steps:
     print(f"drew reward_curve.png from {len(steps)} logged steps (the run stopped at its budget)")
 EOF
       fi
+      ;;
+    experiment)
+      rlp=${EXPERIMENT_RL:-.gpu_experiment/rl/policy}
+      rlarg=()
+      if [ -d "$rlp" ]; then rlarg=(--rl-policy "$rlp")
+      else echo "experiment: no RL policy at $rlp (prepare.sh makes one): the RL arm is left out"; fi
+      secs=$(budget experiment "${BUDGET_EXPERIMENT:-540}")
+      # shellcheck disable=SC2086
+      stage experiment "$secs" $PY -m cudal2_rl.experiment "${rlarg[@]}" \
+        ${EXPERIMENT_ARGS:---sft-policy builtin --heldout 8 --budget 18} \
+        --budget-s $((secs > 120 ? secs - 60 : secs / 2)) --out "$d/experiment"
       ;;
   esac
   pack "$s"
