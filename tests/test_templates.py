@@ -730,6 +730,56 @@ def test_cutlass_runtime_options_match_torch(cfg):
         assert err == INVALID_VALUE
 
 
+def _pack_cutlass_builds():
+    """Every cutlass_sm90 build of the campaign pack named by CUDAL2_TEST_PACK (the GPU kit's
+    run.sh sets it to the carried .gpu_campaign): the pack holds the space's binaries, so a GPU
+    machine checks them all without compiling."""
+    import json
+    import os
+    from pathlib import Path
+    pack = os.environ.get("CUDAL2_TEST_PACK", "")
+    manifest = Path(pack) / "manifest.json" if pack else None
+    if manifest is None or not manifest.is_file():
+        return [pytest.param(None, None, marks=pytest.mark.skip(
+            reason="no campaign pack: set CUDAL2_TEST_PACK to a folder made by `cudal2 campaign prepare`"))]
+    out = []
+    for c in json.loads(manifest.read_text())["candidates"]:
+        if c["family"] == "cutlass_sm90":
+            # a tuned-table kernel carries no template parameters: its meta declares its options
+            cfg = KernelConfig(c["family"], tuple(map(tuple, c["params"]))) if c.get("params") else None
+            out.append(pytest.param(Path(pack) / c["dir"], cfg, id=_cutlass_id(cfg) if cfg else c["label"]))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build_dir,cfg", _pack_cutlass_builds())
+def test_pack_cutlass_builds_match_torch(build_dir, cfg):
+    """Every cutlass_sm90 config a campaign carries, with every runtime option combination its
+    Family allows, against an fp64 reference on residue (M, N not tile multiples), grid,
+    wave-quantised and long-K shapes: the configs the campaign screens are correct everywhere they
+    claim to serve, not only on the shapes it times."""
+    from cudal2.core.abi import load_library, meta_accepts
+    fam = FAMILIES["cutlass_sm90"]
+    so = [p for p in build_dir.iterdir() if p.suffix == ".so"]
+    assert len(so) == 1, f"{build_dir}: expected one .so, found {so}"
+    lib = load_library(so[0])
+    meta = lib.meta
+    if cfg is not None:
+        assert meta["tile"][:2] == [cfg.get("BM"), cfg.get("BN")], (meta["tile"], cfg.label())
+        combos = fam.option_space(cfg)
+    else:
+        import itertools
+        decls = meta.get("options", [])
+        combos = [dict(zip([d["name"] for d in decls], v)) for v in itertools.product(*[d["values"] for d in decls])]
+    for M, N, K in [(200, 136, 72), (1000, 1000, 1024), (1024, 2048, 512), (2304, 2304, 1024),
+                    (264, 4104, 4096), (256, 256, 8192)]:
+        if not meta_accepts(meta, M, N, K):
+            assert cfg is None, f"{cfg.label()} refuses {M}x{N}x{K}: the space serves any M, N"
+            continue        # a tuned kernel of an earlier ABI may serve tile multiples only
+        for o in combos:
+            _run(lib, meta, M, N, K, options=o)
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", default_configs(), ids=lambda c: c.label().split(",LAYOUT")[0])
 def test_defaults_pass_the_harness_audit(cfg):

@@ -43,6 +43,9 @@ PINS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal2 from this checkout, installed or not
+# ... and cudal2_rl (pyproject maps it to rl/) from this checkout too, as run.sh does
+PKGS=$(mktemp -d) && ln -s "$REPO/rl" "$PKGS/cudal2_rl" && trap 'rm -rf "$PKGS"' EXIT
+export PYTHONPATH=$PYTHONPATH:$PKGS
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"

@@ -143,7 +143,8 @@ for s in "${STAGES[@]}"; do
   case $s in
     tests)
       # shellcheck disable=SC2086
-      stage tests "$(budget tests "${BUDGET_TESTS:-300}")" \
+      # CUDAL2_TEST_PACK: tests/test_templates.py checks every CUTLASS build of the carried pack
+      CUDAL2_TEST_PACK=$PACK stage tests "$(budget tests "${BUDGET_TESTS:-300}")" \
         $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$d/junit.xml" -o junit_family=xunit2 ${TESTS_ARGS:-} tests
       ;;
     overhead)
