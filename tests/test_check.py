@@ -259,6 +259,32 @@ def test_edge_shapes_clip_at_one():
     assert check.edge_shapes(64, 64, 64) == [(63, 65, 61), (65, 63, 69)]
 
 
+def test_edge_shapes_keep_the_declared_divisors():
+    # TMA kernels (cutlass_sm90 on ABI 2, wgmma) serve any M but N, K multiples of 8
+    assert check.edge_shapes(64, 64, 64, (1, 8, 8)) == [(63, 72, 40), (65, 56, 104)]
+    assert check.edge_shapes(1, 8, 8, (1, 8, 8)) == [(1, 16, 8), (2, 8, 48)]
+
+
+def test_edge_shapes_of_a_divisible_kernel_with_a_shape_dependent_workspace():
+    """The first H100 campaign of ABI 2 CUTLASS kernels: every final 'crashed' because the suite
+    asked a kernel declaring N, K % 8 == 0 for 63x65x61 (it rightly refused), and a stream-K
+    kernel needs more workspace for an edge shape with more tiles than the target."""
+    def need(M, N, K):
+        return 16 * ((M + 63) // 64) * ((N + 63) // 64)
+
+    def tma_like(ops):
+        if ops.N % 8 or ops.K % 8 or ops.ws_bytes < need(ops.M, ops.N, ops.K):
+            return 1                          # cudaErrorInvalidValue, as the real launchers do
+        return good(ops)
+    rep = run_suite(tma_like, M=64, N=64, K=64, any_shape=True, ws_bytes=need(64, 64, 64),
+                    divisible=(1, 8, 8), workspace=need)
+    assert rep.ok, rep.first_failure
+    assert rep.checks["edge_shapes"]["n"] == 4
+    # without the divisors the suite would call it with N = 65: the refusal is a launch error
+    rep = run_suite(tma_like, M=64, N=64, K=64, any_shape=True, ws_bytes=need(64, 64, 64), workspace=need)
+    assert rep.launch_error == 1
+
+
 # ---- the planted-bug kernels as CUDA (tests/data/cheats) --------------------------------------------
 
 from pathlib import Path  # noqa: E402

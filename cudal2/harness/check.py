@@ -307,10 +307,12 @@ class Suite:
     """Runs calls with all the per-call guards; checks record into one CheckReport."""
 
     def __init__(self, launch: Launch, *, acc: str, layout: str, ws_bytes: int = 0,
-                 device="cpu", seed: int = 0):
+                 device="cpu", seed: int = 0, workspace: Callable[[int, int, int], int] | None = None):
         import torch
 
         self.launch_fn, self.acc, self.layout, self.ws_bytes = launch, acc, layout, ws_bytes
+        # the workspace a shape other than the target needs (edge shapes; stream-K grows with tiles)
+        self.workspace = workspace
         self.device = device
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
@@ -355,20 +357,22 @@ class Suite:
         return cmp.ok
 
     def fresh(self, M, N, K, kind: str, pad: int = 0):
-        ops = make_operands(M, N, K, self.layout, self.ws_bytes, self.gen, self.device, pad=pad)
+        ws_bytes = self.ws_bytes if self.workspace is None else int(self.workspace(M, N, K))
+        ops = make_operands(M, N, K, self.layout, ws_bytes, self.gen, self.device, pad=pad)
         a, b = (ones_inputs if kind == "ones" else random_inputs)(M, N, K, self.gen, self.device)
         set_inputs(ops, a, b)
         return ops, a, b
 
     def run(self, M: int, N: int, K: int, *, seeds: int = 3, any_shape: bool = False,
-            tile: tuple[int, int, int] | None = None) -> CheckReport:
+            tile: tuple[int, int, int] | None = None,
+            divisible: tuple[int, int, int] = (1, 1, 1)) -> CheckReport:
         try:
-            self._run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile)
+            self._run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible)
         except LaunchError:
             pass
         return self.report
 
-    def _run(self, M, N, K, *, seeds, any_shape, tile):
+    def _run(self, M, N, K, *, seeds, any_shape, tile, divisible=(1, 1, 1)):
         if not any_shape and tile:
             bm, bn, bk = tile
             if M % bm or N % bn or K % bk:
@@ -405,7 +409,7 @@ class Suite:
         c = self.call(ops, f"{target} padded ld")
         self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K)
         if any_shape:
-            for (m, n, k) in edge_shapes(M, N, K):
+            for (m, n, k) in edge_shapes(M, N, K, divisible):
                 where = f"{m}x{n}x{k}"
                 ops, a, b = self.fresh(m, n, k, "ones")
                 self._score("edge_shapes", self.call(ops, where), a, b, True, where, k)
@@ -413,11 +417,14 @@ class Suite:
                 self._score("edge_shapes", self.call(ops, where), a, b, False, where, k)
 
 
-def edge_shapes(M: int, N: int, K: int) -> list[tuple[int, int, int]]:
-    """Odd shapes near the target, clipped at 1, without the target itself or repeats."""
+def edge_shapes(M: int, N: int, K: int,
+                divisible: tuple[int, int, int] = (1, 1, 1)) -> list[tuple[int, int, int]]:
+    """Odd shapes near the target, clipped at 1, without the target itself or repeats. A
+    dimension the kernel declares `divisible` by d moves in steps of d (TMA needs N and K
+    multiples of 8: N+1 would be a shape the kernel rightly refuses, not an edge it mishandles)."""
     out = []
-    for s in ((M - 1, N + 1, K - 3), (M + 1, N - 1, K + 5)):
-        s = tuple(max(1, v) for v in s)
+    for steps in ((-1, 1, -3), (1, -1, 5)):
+        s = tuple(max(d, v + step * d) for v, step, d in zip((M, N, K), steps, divisible))
         if s != (M, N, K) and s not in out:
             out.append(s)
     return out
@@ -431,10 +438,14 @@ def rms(x) -> float:
 def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: str,
                  ws_bytes: int = 0, any_shape: bool = False,
                  tile: tuple[int, int, int] | None = None, seeds: int = 3, device="cpu",
-                 seed: int = 0) -> CheckReport:
-    """The whole correctness suite for one kernel and shape."""
-    suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed)
-    return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile)
+                 seed: int = 0, divisible: tuple[int, int, int] = (1, 1, 1),
+                 workspace: Callable[[int, int, int], int] | None = None) -> CheckReport:
+    """The whole correctness suite for one kernel and shape. divisible: the meta's (M, N, K)
+    divisors, which the edge shapes keep; workspace(M, N, K): bytes for shapes other than the
+    target (default: ws_bytes for every shape)."""
+    suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed,
+                  workspace=workspace)
+    return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible)
 
 
 def so_launcher(lib) -> Launch:

@@ -446,9 +446,12 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
             continue
         ws_bytes = lib.workspace_bytes(M, N, K, opts)
         tile = tuple(meta["tile"])[:3] if meta.get("tile") else None
+        div = meta.get("divisible")
         report = check.check_kernel(_so_launcher(lib, opts), M, N, K, acc=acc, layout=layout,
                                     ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
-                                    tile=tile, seeds=r.seeds, device="cuda")
+                                    tile=tile, seeds=r.seeds, device="cuda",
+                                    divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
+                                    workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts))
         base["correctness"] = report.to_dict()
         if report.launch_error is not None:
             results[i] = _poisoned(f"kernel returned cudaError {report.launch_error}", **base)
