@@ -8,16 +8,18 @@
 #   rl       -> `cudal2 report` on the run's DB
 #
 #   scripts/gpu_session/collect.sh FILES_DIR [--reports reports] [--kernels generated_kernels] [--no-export]
+#                                  [--tag TAG]   (folders <date>-<stage>-TAG, e.g. TAG=s3-call2)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-[ $# -ge 1 ] || { sed -n '2,11p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 2; }
 SRC=$(cd "$1" && pwd); shift
-REPORTS=$REPO/reports KERNELS=$REPO/generated_kernels EXPORT=1
+REPORTS=$REPO/reports KERNELS=$REPO/generated_kernels EXPORT=1 TAG=
 while [ $# -gt 0 ]; do
   case $1 in
     --reports) REPORTS=$2; shift 2;;
     --kernels) KERNELS=$2; shift 2;;
     --no-export) EXPORT=0; shift;;
+    --tag) TAG=-$2; shift 2;;
     *) echo "collect.sh: unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -36,7 +38,7 @@ shopt -s nullglob
 done_any=0
 for tgz in "$SRC"/*.tar.gz; do
   stage=$(basename "$tgz" .tar.gz)
-  dest=$REPORTS/$gpu/$date-$stage
+  dest=$REPORTS/$gpu/$date-$stage$TAG
   [ -e "$dest" ] && dest=$dest-$(date -u +%H%M%S)
   tar xzf "$tgz" -C "$tmp"
   mkdir -p "$dest"
@@ -68,6 +70,11 @@ EOF
       # the GPU side's own export is the same rows from the same DB: with the export redone into
       # the repo's table above, a second copy of the sources under reports/ is only a duplicate
       if [ $EXPORT = 1 ]; then rm -rf "$dest/generated_kernels"; fi
+      # every tracked byte travels with each later GPU call (64 MiB in all): a large DB is kept
+      # gzipped (`gunzip -k results.db.gz` to query it); evaluations.csv beside it holds the rows
+      for db in "$dest"/reports/*/*-campaign/results.db; do
+        [ "$(stat -c %s "$db")" -gt 4000000 ] && gzip -9 "$db"
+      done
       ;;
     hostile)
       [ -f "$dest/results.db" ] && { $PY -m cudal2 report --db "$dest/results.db" --out "$dest/report-db" || true; }
