@@ -111,6 +111,11 @@ def _quiet_progress(trainer, log: RunLog):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs:
                 log(type="trl", step=state.global_step, metrics=logs)
+                shown = {k: logs[k] for k in ("reward_std", "grad_norm", "loss") if k in logs}
+                if shown:       # GRPO learns only where rewards differ within a group
+                    print(f"  step {state.global_step} trl: " + "  ".join(
+                        f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in shown.items()),
+                        flush=True)
 
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgress())
@@ -266,8 +271,8 @@ def run(cfg: RLConfig) -> dict:
         raise ValueError("--num-generations must be >= 2 (GRPO compares completions within a group)")
     if cfg.steps < 1:
         raise ValueError("--steps must be >= 1")
-    if cfg.prompt_style and cfg.prompt_style not in ("full", "compact"):
-        raise ValueError(f"--prompt-style must be full or compact, got {cfg.prompt_style!r}")
+    if cfg.prompt_style and cfg.prompt_style not in ("full", "brief", "compact"):
+        raise ValueError(f"--prompt-style must be full, brief or compact, got {cfg.prompt_style!r}")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     log = RunLog(out / "log.jsonl")
@@ -280,14 +285,14 @@ def run(cfg: RLConfig) -> dict:
     _quiet_libraries()
     import torch
     from .executor import make_executor
-    from .policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy
+    from .policy import SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_style, is_builtin, load_policy
     from .reward import KernelReward
     from cudal2.harness.db import ResultsDB
 
     recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = is_builtin(cfg.policy)
-    style = cfg.prompt_style or ("compact" if builtin else "full")
+    style = cfg.prompt_style or default_style(cfg.policy)
     executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None)
     db_path = Path(cfg.db) if cfg.db else out / "results.db"
     db = ResultsDB(db_path)
@@ -308,7 +313,7 @@ def run(cfg: RLConfig) -> dict:
         output_dir=str(out / "checkpoints"), max_steps=cfg.steps,
         per_device_train_batch_size=per_step * cfg.num_generations,
         num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_completion_length or (128 if builtin else 2048),
+        max_completion_length=cfg.max_completion_length or default_max_tokens(cfg.policy),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
         temperature=cfg.temperature, min_p=cfg.min_p or None, beta=cfg.beta, logging_steps=1,
         save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
@@ -355,6 +360,10 @@ def run(cfg: RLConfig) -> dict:
         f"{n_best}/{len(shapes)} shapes with a {'built (estimated)' if reward.estimated else 'correct'} kernel"
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
         type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached)
+    shown = next(iter(sorted((out / "kernels").glob("*.cu"))), None)
+    if shown is not None:       # what the policy wrote: the head of one best kernel per shape
+        lines = shown.read_text().splitlines()
+        print(f"the policy wrote ({shown}, {len(lines)} lines):\n" + "\n".join(lines[:14]) + "\n  ...")
     print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
           f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
     return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}
