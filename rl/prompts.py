@@ -6,8 +6,11 @@ Two styles:
   best kernels found so far for nearby shapes), and contrastive feedback from earlier attempts
   at this shape: verdict, speedup, trimmed compile errors, ptxas registers/smem/spills and which
   baseline won.
-- ``compact`` (the built-in ~1M-parameter policy, short context): one line naming the shape,
-  arch and accumulator (rl/data/prompt_compact.txt).
+- ``brief`` (the default small policy, SmolLM2-135M + adapter: its context and CPU time are
+  short): the shape, the hardware facts of the arch, and the ABI in three lines
+  (rl/data/prompt_brief.txt).
+- ``compact`` (the built-in ~1M-parameter test policy, 256-token context): one line naming the
+  shape, arch and accumulator (rl/data/prompt_compact.txt).
 """
 from __future__ import annotations
 
@@ -16,8 +19,25 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
+from .corpus import variants
+
 DATA = Path(__file__).resolve().parent / "data"
-STYLES = ("full", "compact")
+STYLES = ("full", "brief", "compact")
+
+# What a kernel writer needs to know about the target (SM count, L2, shared memory, the
+# tensor-core instructions and TMA); per arch, one line.
+HARDWARE = {
+    "sm_90a": "H100 SXM: 132 SMs, 50 MB L2, 228 KB shared memory per SM (227 KB per block, opt-in), "
+              "64K registers per SM, wgmma + TMA + clusters available, mma.sync and WMMA too",
+    "sm_90": "H100: 132 SMs, 50 MB L2, 228 KB shared memory per SM; no wgmma (needs sm_90a), "
+             "mma.sync, WMMA and cp.async",
+    "sm_80": "A100: 108 SMs, 40 MB L2, 164 KB shared memory per SM; mma.sync, WMMA and cp.async, "
+             "no wgmma or TMA",
+}
+
+
+def hardware_line(arch: str) -> str:
+    return HARDWARE.get(arch, f"{arch}: no hardware facts recorded")
 
 
 @lru_cache(maxsize=None)
@@ -35,6 +55,12 @@ def _shape(shape) -> tuple[int, int, int]:
 def compact_prompt(shape, arch: str = "sm_90a", acc: str = "f32") -> str:
     M, N, K = _shape(shape)
     return Template(data_file("prompt_compact.txt")).substitute(M=M, N=N, K=K, arch=arch, acc=acc).strip()
+
+
+def brief_prompt(shape, arch: str = "sm_90a", acc: str = "f32") -> str:
+    M, N, K = _shape(shape)
+    return Template(data_file("prompt_brief.txt")).substitute(
+        M=M, N=N, K=K, arch=arch, acc=acc, hardware=hardware_line(arch)).strip()
 
 
 def template_file(config) -> str:
@@ -83,6 +109,45 @@ def nearby_best(shape, best: dict, *, limit: int = 1) -> list[tuple[str, str]]:
         tag = "estimated " if a.estimated else ""
         out.append((f"best so far for {s[0]}x{s[1]}x{s[2]} ({tag}speedup {a.speedup:.2f}x)", a.source))
     return out
+
+
+def measured_nearby(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 1,
+                    index=None) -> list[tuple[str, str]]:
+    """The measured kernels of the shipped table (generated_kernels/index.csv, or `index`, a
+    cudal2.core.store.KernelIndex) nearest to the shape, with their measured speedups: the best
+    known kernels for nearby shapes. Rows without a measurement are skipped."""
+    from cudal2.core.store import KernelIndex
+    M, N, K = _shape(shape)
+    try:
+        idx = index if index is not None else KernelIndex.load()
+    except Exception:          # no table here: nothing to show
+        return []
+
+    def dist(r):
+        return sum(abs(math.log2(a) - math.log2(b)) for a, b in zip(r.shape, (M, N, K)))
+    rows = [r for r in idx.rows if r.arch == arch and r.acc == acc and r.speedup_cublaslt_autotuned]
+    out = []
+    for r in sorted(rows, key=dist)[:limit]:
+        try:
+            src = idx.source(r)
+        except Exception:
+            continue
+        out.append((f"measured for {r.M}x{r.N}x{r.K} ({r.family}, {r.mode}): "
+                    f"{r.speedup_cublaslt_autotuned:.2f}x cuBLASLt autotuned, "
+                    f"{r.speedup_torch or 0:.2f}x torch", src))
+    return out
+
+
+def corpus_reference(shape, arch: str = "sm_90a", acc: str = "f32") -> list[tuple[str, str]]:
+    """One complete kernel file from the corpus (rl/data/corpus) that serves the shape: it
+    defines the entry points itself, so a model sees a whole file, not a template include."""
+    M, N, K = _shape(shape)
+    for t in ("ptx_pipe", "wmma_pipe"):
+        cands = [v for v in variants(t, arch) if v.acc == acc and v.serves(M, N, K)]
+        if cands:
+            v = cands[len(cands) // 2]
+            return [(f"complete kernel file, {v.label()} (not measured)", v.source())]
+    return []
 
 
 def _trim_log(log: str, lines: int = 6) -> str:
@@ -139,7 +204,8 @@ def full_prompt(shape, arch: str = "sm_90a", acc: str = "f32", *, baseline: str 
     ref_text = "\n\n".join(f"{title}:\n```cuda\n{text.strip()}\n```" for title, text in refs) \
         or "(none accepted for this shape: write the kernel from the ABI)"
     return Template(data_file("prompt_full.md")).substitute(
-        M=M, N=N, K=K, arch=arch, acc=acc, baseline=baseline, abi=data_file("abi.md").strip(),
+        M=M, N=N, K=K, arch=arch, acc=acc, baseline=baseline, hardware=hardware_line(arch),
+        abi=data_file("abi.md").strip(),
         rules=data_file("rules.md").strip(), references=ref_text,
         feedback=feedback_text(attempts or []))
 
@@ -148,7 +214,10 @@ def make_prompt(style: str, shape, arch: str = "sm_90a", acc: str = "f32", *, ba
                 best: dict | None = None, attempts=None) -> str:
     if style == "compact":
         return compact_prompt(shape, arch, acc)
+    if style == "brief":
+        return brief_prompt(shape, arch, acc)
     if style != "full":
         raise ValueError(f"unknown prompt style {style!r}; use one of {STYLES}")
-    refs = template_references(shape, arch, acc) + nearby_best(shape, best or {})
+    refs = (template_references(shape, arch, acc, limit=1) + corpus_reference(shape, arch, acc)
+            + (nearby_best(shape, best or {}) or measured_nearby(shape, arch, acc)))
     return full_prompt(shape, arch, acc, baseline=baseline, references=refs, attempts=attempts)

@@ -31,7 +31,7 @@ from cudal2.search.tune import read_shapes
 from cudal2_rl.config import RLConfig, add_arguments, from_args
 from cudal2_rl.executor import make_executor, visible_gpu_name
 from cudal2_rl.multiturn import make_rollout
-from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy
+from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_style, is_builtin, load_policy
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import Attempt, KernelReward, launch_bound
 
@@ -192,6 +192,11 @@ def _quiet_progress(trainer, log: RunLog):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs:
                 log(type="trl", step=state.global_step, metrics=logs)
+                shown = {k: logs[k] for k in ("reward_std", "grad_norm", "loss") if k in logs}
+                if shown:       # GRPO learns only where rewards differ within a group
+                    print(f"  step {state.global_step} trl: " + "  ".join(
+                        f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in shown.items()),
+                        flush=True)
 
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(QuietProgress())
@@ -352,8 +357,8 @@ def run(cfg: RLConfig) -> dict:
         raise ValueError("--num-generations must be >= 2 (GRPO compares completions within a group)")
     if cfg.steps < 1:
         raise ValueError("--steps must be >= 1")
-    if cfg.prompt_style and cfg.prompt_style not in ("full", "compact"):
-        raise ValueError(f"--prompt-style must be full or compact, got {cfg.prompt_style!r}")
+    if cfg.prompt_style and cfg.prompt_style not in ("full", "brief", "compact"):
+        raise ValueError(f"--prompt-style must be full, brief or compact, got {cfg.prompt_style!r}")
     if cfg.turns < 1 or cfg.num_generations % cfg.turns:
         raise ValueError(f"--turns must be >= 1 and divide --num-generations ({cfg.num_generations})")
     out = Path(cfg.out)
@@ -373,7 +378,7 @@ def run(cfg: RLConfig) -> dict:
     recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = is_builtin(cfg.policy)
-    style = cfg.prompt_style or ("compact" if builtin else "full")
+    style = cfg.prompt_style or default_style(cfg.policy)
     executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
                              screen=cfg.screen, finals_per_group=cfg.finals_per_group)
     db = ResultsDB(db_path)
@@ -395,7 +400,7 @@ def run(cfg: RLConfig) -> dict:
         output_dir=str(out / "checkpoints"), max_steps=cfg.steps,
         per_device_train_batch_size=per_step * cfg.num_generations,
         num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_completion_length or (128 if builtin else 2048),
+        max_completion_length=cfg.max_completion_length or default_max_tokens(cfg.policy),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
         temperature=cfg.temperature, min_p=cfg.min_p or None, beta=cfg.beta, logging_steps=1,
         save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
@@ -452,6 +457,10 @@ def run(cfg: RLConfig) -> dict:
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
         type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached,
         remeasured=reward.n_remeasured, fresh=executor.fresh, gpu_seconds=round(executor.gpu_seconds, 3))
+    shown = next(iter(sorted((out / "kernels").glob("*.cu"))), None)
+    if shown is not None:       # what the policy wrote: the head of one best kernel per shape
+        lines = shown.read_text().splitlines()
+        print(f"the policy wrote ({shown}, {len(lines)} lines):\n" + "\n".join(lines[:14]) + "\n  ...")
     print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
           f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
     return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}

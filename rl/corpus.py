@@ -1,0 +1,291 @@
+"""The warm-start corpus: complete, self-contained kernel files, each paired with a prompt.
+
+Every file defines the ABI's entry points itself (`cudal2_hgemm`, `cudal2_meta`; docs/abi.md);
+none includes one of our template headers. The kernel sources are data files
+(rl/data/corpus/*.cu) with `${NAME}` placeholders; this module fills them with a variant's
+parameters, written out as `constexpr` code (tile constants, pipeline depth, tile order,
+split-K), and renders the meta from the same values, so the meta tells the truth about the code.
+
+Styles and templates:
+
+| template | style | what it is | layouts / acc |
+| --- | --- | --- | --- |
+| `wmma.cu` | raw CUDA C++ | WMMA fragments loaded straight from global memory (short) | RR / f32, f16 |
+| `ptx.cu` | inline PTX | `mma.sync.m16n8k16` via asm, fragments from global memory (short) | RR, RC / f32 |
+| `wmma_pipe.cu` | raw CUDA C++ | WMMA + cp.async smem pipeline, grouped tile order, split-K | RR / f32, f16 |
+| `ptx_pipe.cu` | inline PTX | cp.async + ldmatrix + mma.sync pipeline, grouped tile order | RR / f32 |
+| `cutlass.cu` | CUTLASS 3 | SM90 collective builders (TMA + wgmma, warp-specialised) | RR, RC / f32, f16 |
+
+The two short templates (~50 lines, ~1.2-1.5k tokens with the SmolLM2 tokenizer) are what the
+default small policy is trained to write (`SMALL_TEMPLATES`): a whole kernel must be generated
+on a CPU in reasonable time. The pipelined and CUTLASS templates are references for bigger
+models (full prompts) and the rest of the corpus.
+
+`python -m cudal2_rl.corpus list|render|audit` prints, renders or builds+audits variants.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import product
+from pathlib import Path
+from string import Template
+
+from cudal2.core.abi import meta_accepts, meta_problems
+
+CORPUS_DIR = Path(__file__).resolve().parent / "data" / "corpus"
+TEMPLATES = ("wmma", "ptx", "wmma_pipe", "ptx_pipe", "cutlass")
+SMALL_TEMPLATES = ("wmma", "ptx")
+SPLITK_MAX_MN = 1 << 22            # the largest M*N a split-K variant's fixed workspace covers
+MAX_SMEM = 227 * 1024              # opt-in dynamic shared memory per block on sm_90
+
+
+@dataclass(frozen=True)
+class Variant:
+    template: str                  # file stem in rl/data/corpus/
+    params: tuple                  # ((name, value), ...) in the template's order
+    acc: str = "f32"
+    layout: str = "RR"
+    arch: str = "sm_90a"
+
+    @property
+    def p(self) -> dict:
+        return dict(self.params)
+
+    def label(self) -> str:
+        return f"{self.template}[{','.join(f'{k}={v}' for k, v in self.params)},{self.acc},{self.layout}]"
+
+    def meta(self) -> dict:
+        return _META[self.template](self)
+
+    def serves(self, M: int, N: int, K: int) -> bool:
+        return meta_accepts(self.meta(), M, N, K)
+
+    def source(self) -> str:
+        return render(self)
+
+
+@lru_cache(maxsize=None)
+def template_text(name: str) -> str:
+    path = CORPUS_DIR / f"{name}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus template {name!r}: no file {path}")
+    return path.read_text()
+
+
+def _meta_wmma(v: Variant) -> dict:
+    p = v.p
+    return {"style": "mma", "family": "wmma", "arch": v.arch, "acc": v.acc, "layout": "RR",
+            "tile": [p["WM"] * p["WARPS_M"], p["WN"] * p["WARPS_N"], 16], "any_shape": False,
+            "workspace_bytes": 0, "threads": 32 * p["WARPS_M"] * p["WARPS_N"], "group_m": p["GROUP_M"]}
+
+
+def _meta_ptx(v: Variant) -> dict:
+    p = v.p
+    return {"style": "ptx", "family": "ptx_mma", "arch": v.arch, "acc": "f32", "layout": v.layout,
+            "tile": [p["WM"] * p["WARPS_M"], p["WN"] * p["WARPS_N"], 16], "any_shape": False,
+            "workspace_bytes": 0, "threads": 32 * p["WARPS_M"] * p["WARPS_N"], "group_m": p["GROUP_M"]}
+
+
+def _pipe_smem(p: dict) -> int:
+    return p["STAGES"] * (p["BM"] * (p["BK"] + 8) + p["BK"] * (p["BN"] + 8)) * 2
+
+
+def _meta_wmma_pipe(v: Variant) -> dict:
+    p = v.p
+    m = {"style": "mma", "family": "wmma_pipe", "arch": v.arch, "acc": v.acc, "layout": "RR",
+         "tile": [p["BM"], p["BN"], p["BK"]], "any_shape": False,
+         "workspace_bytes": p["SPLITS"] * SPLITK_MAX_MN * 4 if p["SPLITS"] > 1 else 0,
+         "stages": p["STAGES"], "threads": 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]),
+         "smem_bytes": _pipe_smem(p), "group_m": p["GROUP_M"], "splits": p["SPLITS"]}
+    if p["SPLITS"] > 1:
+        m["divisible"] = [1, 1, p["BK"] * p["SPLITS"]]
+        m["splitk_max_mn"] = SPLITK_MAX_MN
+    return m
+
+
+def _meta_ptx_pipe(v: Variant) -> dict:
+    p = v.p
+    return {"style": "ptx", "family": "ptx_pipe", "arch": v.arch, "acc": "f32", "layout": "RR",
+            "tile": [p["BM"], p["BN"], p["BK"]], "any_shape": False, "workspace_bytes": 0,
+            "stages": p["STAGES"], "threads": 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]),
+            "smem_bytes": _pipe_smem(p), "group_m": p["GROUP_M"]}
+
+
+def _meta_cutlass(v: Variant) -> dict:
+    p = v.p
+    return {"style": "cutlass", "family": "cutlass_sm90_builder", "arch": v.arch, "acc": v.acc,
+            "layout": v.layout, "tile": [p["BM"], p["BN"], p["BK"]], "any_shape": True,
+            "divisible": [1, 8, 8], "workspace_bytes": 0,
+            "cluster": [p["CLUSTER_M"], p["CLUSTER_N"], 1],
+            "schedule": "pingpong" if p["PINGPONG"] else "cooperative",
+            "raster": p["RASTER"], "swizzle": p["SWIZZLE"]}
+
+
+_META = {"wmma": _meta_wmma, "ptx": _meta_ptx, "wmma_pipe": _meta_wmma_pipe,
+         "ptx_pipe": _meta_ptx_pipe, "cutlass": _meta_cutlass}
+
+
+def meta_literal(meta: dict) -> str:
+    """The meta as the body of a C string literal (quotes escaped)."""
+    return json.dumps(meta, separators=(", ", ": ")).replace('"', '\\"')
+
+
+def render(v: Variant) -> str:
+    """The complete kernel file for a variant."""
+    p = v.p
+    values = {k: str(val) for k, val in p.items()}
+    values["META"] = meta_literal(v.meta())
+    values["ACC_T"] = "half" if v.acc == "f16" else "float"
+    if v.template == "ptx":
+        values["RC"] = "true" if v.layout == "RC" else "false"
+    if v.template == "wmma_pipe":
+        values["MAX_MN"] = str(SPLITK_MAX_MN)
+    if v.template == "cutlass":
+        values["ACC_T"] = "cutlass::half_t" if v.acc == "f16" else "float"
+        values["LAYOUT_B"] = "ColumnMajor" if v.layout == "RC" else "RowMajor"
+        values["STRIDE_B"] = ("make_stride(int64_t(ldb), _1{}, int64_t(0))" if v.layout == "RC"
+                              else "make_stride(_1{}, int64_t(ldb), int64_t(0))")
+        values["SCHEDULE"] = ("KernelTmaWarpSpecializedPingpong" if p["PINGPONG"]
+                              else "KernelTmaWarpSpecializedCooperative")
+        values["EPI_SCHEDULE"] = ("TmaWarpSpecialized" if p["PINGPONG"]
+                                  else "TmaWarpSpecializedCooperative")
+    return Template(template_text(v.template)).substitute(values)
+
+
+# -- the variant spaces -------------------------------------------------------------------
+def _variants_wmma(arch):
+    for wm, wn, wa, wb, g, acc in product((32, 64), (32, 64), (1, 2, 4), (1, 2, 4), (1, 8), ("f32", "f16")):
+        if 2 <= wa * wb <= 8:
+            yield Variant("wmma", (("WM", wm), ("WN", wn), ("WARPS_M", wa), ("WARPS_N", wb),
+                                   ("GROUP_M", g)), acc, "RR", arch)
+
+
+def _variants_ptx(arch):
+    for wm, wn, wa, wb, g, lay in product((16, 32, 64), (16, 32, 64), (1, 2, 4), (1, 2, 4), (1, 8), ("RR", "RC")):
+        if 2 <= wa * wb <= 8 and wm * wn <= 64 * 32:        # accumulators: <= 64 floats a thread
+            yield Variant("ptx", (("WM", wm), ("WN", wn), ("WARPS_M", wa), ("WARPS_N", wb),
+                                  ("GROUP_M", g)), "f32", lay, arch)
+
+
+def _pipe_ok(p: dict) -> bool:
+    warps = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
+    return (p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0 and 2 <= warps <= 16
+            and _pipe_smem(p) <= MAX_SMEM and _pipe_smem(p) >= warps * 1024)
+
+
+def _variants_wmma_pipe(arch):
+    for bm, bn, bk, wm, wn, st, g, sp, acc in product((64, 128), (64, 128), (32, 64), (32, 64), (32, 64),
+                                                      (2, 3, 4), (1, 8), (1, 2, 4), ("f32", "f16")):
+        if acc == "f16" and sp > 1:
+            continue
+        params = (("BM", bm), ("BN", bn), ("BK", bk), ("WM", wm), ("WN", wn), ("STAGES", st),
+                  ("GROUP_M", g), ("SPLITS", sp))
+        if _pipe_ok(dict(params)):
+            yield Variant("wmma_pipe", params, acc, "RR", arch)
+
+
+def _variants_ptx_pipe(arch):
+    for bm, bn, bk, wm, wn, st, g in product((64, 128), (64, 128), (32, 64), (32, 64), (32, 64),
+                                             (2, 3, 4), (1, 8)):
+        params = (("BM", bm), ("BN", bn), ("BK", bk), ("WM", wm), ("WN", wn), ("STAGES", st),
+                  ("GROUP_M", g))
+        if _pipe_ok(dict(params)):
+            yield Variant("ptx_pipe", params, "f32", "RR", arch)
+
+
+def _variants_cutlass(arch):
+    for pp, bm, bn, (cm, cn), ras, sw, lay, acc in product(
+            (0, 1), (64, 128, 256), (64, 128, 256), ((1, 1), (2, 1), (1, 2)), (1, 2), (1, 4),
+            ("RR", "RC"), ("f32", "f16")):
+        if (pp and bm == 256) or (not pp and bm == 64) or bm * bn > 128 * 256:
+            continue
+        yield Variant("cutlass", (("BM", bm), ("BN", bn), ("BK", 64), ("CLUSTER_M", cm), ("CLUSTER_N", cn),
+                                  ("PINGPONG", pp), ("RASTER", ras), ("SWIZZLE", sw)), acc, lay, arch)
+
+
+_SPACES = {"wmma": _variants_wmma, "ptx": _variants_ptx, "wmma_pipe": _variants_wmma_pipe,
+           "ptx_pipe": _variants_ptx_pipe, "cutlass": _variants_cutlass}
+
+
+def variants(template: str, arch: str = "sm_90a") -> list[Variant]:
+    if template not in _SPACES:
+        raise ValueError(f"unknown corpus template {template!r}; known: {', '.join(TEMPLATES)}")
+    out = list(_SPACES[template](arch))
+    for v in out:
+        problems = meta_problems(v.meta(), arch)
+        if problems:
+            raise AssertionError(f"{v.label()}: meta breaks the ABI: {problems}")
+    return out
+
+
+def pairs(shapes, prompt, *, templates=SMALL_TEMPLATES, per_shape: int = 2, accs=("f32",),
+          arch: str = "sm_90a", seed: int = 0) -> list[tuple[str, str, tuple, Variant]]:
+    """(prompt, kernel file, shape, variant): per shape and accumulator, `per_shape` variants
+    drawn (seeded) among those that serve the shape, alternating templates; `prompt(shape, arch,
+    acc)` writes the prompt (e.g. cudal2_rl.prompts.brief_prompt)."""
+    rng = random.Random(seed)
+    pools = {t: variants(t, arch) for t in templates}
+    out = []
+    for shape in shapes:
+        for acc in accs:
+            for i in range(per_shape):
+                t = templates[(i + rng.randrange(len(templates))) % len(templates)]
+                cands = [v for v in pools[t] if v.acc == acc and v.serves(*shape)] or \
+                        [v for tt in templates for v in pools[tt] if v.acc == acc and v.serves(*shape)]
+                if not cands:
+                    continue
+                v = rng.choice(cands)
+                out.append((prompt(shape, arch, acc), v.source(), tuple(shape), v))
+    return out
+
+
+def sample_variants(n: int, *, templates=TEMPLATES, seed: int = 0, arch: str = "sm_90a") -> list[Variant]:
+    """n variants, spread over the templates (seeded)."""
+    rng = random.Random(seed)
+    pools = {t: variants(t, arch) for t in templates}
+    return [rng.choice(pools[templates[i % len(templates)]]) for i in range(n)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m cudal2_rl.corpus", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="count the variants of each template")
+    r = sub.add_parser("render", help="write N sampled variants as .cu files into a folder")
+    r.add_argument("out")
+    r.add_argument("-n", type=int, default=10)
+    r.add_argument("--templates", default=",".join(TEMPLATES))
+    r.add_argument("--seed", type=int, default=0)
+    a = sub.add_parser("audit", help="build and audit N sampled variants (nvcc, no GPU)")
+    a.add_argument("-n", type=int, default=8)
+    a.add_argument("--templates", default=",".join(SMALL_TEMPLATES))
+    a.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.cmd == "list":
+        for t in TEMPLATES:
+            print(f"{t}: {len(variants(t))} variants ({CORPUS_DIR / (t + '.cu')})")
+        return 0
+    vs = sample_variants(args.n, templates=tuple(args.templates.split(",")), seed=args.seed)
+    if args.cmd == "render":
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for i, v in enumerate(vs):
+            (out / f"{i:03d}_{v.template}.cu").write_text(v.source())
+            print(f"{out / f'{i:03d}_{v.template}.cu'}: {v.label()}")
+        return 0
+    from cudal2.harness.audit import audit_source
+    bad = 0
+    for v in vs:
+        res = audit_source(v.source(), v.arch, name=v.label())
+        bad += not res.ok
+        print(res.line())
+    print(f"{len(vs) - bad}/{len(vs)} variants built and passed the audit")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The warm-start corpus (rl/corpus.py, rl/data/corpus/*.cu): complete kernel files that define
+the ABI's entry points themselves, with a meta rendered from the same parameters as the code."""
+import json
+import re
+
+import pytest
+
+from cudal2.core.abi import meta_problems
+from cudal2_rl.corpus import SMALL_TEMPLATES, TEMPLATES, pairs, render, sample_variants, variants
+from cudal2_rl.extract import extract
+from cudal2_rl.prompts import brief_prompt, make_prompt
+
+_META_RE = re.compile(r'cudal2_meta\(void\) \{\n  return "(.*)";\n\}', re.S)
+
+
+def _meta_in_source(src: str) -> dict:
+    m = _META_RE.search(src)
+    assert m, "no meta literal in the rendered file"
+    return json.loads(m.group(1).replace('\\"', '"'))
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_every_variant_renders_a_complete_abi_file(template):
+    vs = variants(template)
+    assert len(vs) >= 20
+    for v in vs:
+        src = render(v)
+        assert "${" not in src, v.label()
+        ex = extract(src)
+        assert ex.ok and ex.detail == "raw kernel", (v.label(), ex)
+        assert '#include "' not in src          # no template header: the file is the whole kernel
+        meta = _meta_in_source(src)
+        assert meta == v.meta() and meta_problems(meta, "sm_90a") == []
+
+
+def test_constants_in_the_code_match_the_meta():
+    for v in variants("ptx_pipe")[:20] + variants("wmma_pipe")[:40]:
+        src, p, meta = render(v), v.p, v.meta()
+        assert f"BM = {p['BM']}, BN = {p['BN']}, BK = {p['BK']}" in src
+        assert meta["tile"] == [p["BM"], p["BN"], p["BK"]]
+        assert f"STAGES = {p['STAGES']}" in src
+    for v in variants("wmma"):
+        p = v.p
+        assert v.meta()["tile"] == [p["WM"] * p["WARPS_M"], p["WN"] * p["WARPS_N"], 16]
+        assert ("using Acc = half;" in render(v)) == (v.acc == "f16")
+
+
+def test_split_k_variants_declare_their_workspace_and_shape_limits():
+    sk = [v for v in variants("wmma_pipe") if v.p["SPLITS"] > 1]
+    assert sk and all(v.acc == "f32" for v in sk)
+    v = sk[0]
+    meta = v.meta()
+    assert meta["workspace_bytes"] == v.p["SPLITS"] * meta["splitk_max_mn"] * 4
+    assert meta["divisible"] == [1, 1, v.p["BK"] * v.p["SPLITS"]]
+    assert not v.serves(4096, 4096, 4096)            # M*N above the workspace's cover
+    assert v.serves(1024, 1024, 4096)
+
+
+def test_pairs_serve_their_shapes_and_carry_the_brief_prompt():
+    shapes = [(64, 64, 64), (128, 4096, 64), (8192, 128, 16384), (1024, 1024, 1024)]
+    ps = pairs(shapes, brief_prompt, templates=SMALL_TEMPLATES, per_shape=2, seed=3)
+    assert len(ps) == 8
+    for prompt, src, shape, v in ps:
+        assert v.template in SMALL_TEMPLATES and v.serves(*shape)
+        assert f"M={shape[0]} N={shape[1]} K={shape[2]}" in prompt
+        assert src == v.source()
+    assert {v.template for *_, v in ps} == set(SMALL_TEMPLATES)
+
+
+def test_prompts_teach_hardware_abi_and_show_complete_kernels():
+    brief = make_prompt("brief", (256, 512, 1024))
+    assert "132 SMs" in brief and "50 MB L2" in brief and "cudal2_meta" in brief
+    full = make_prompt("full", (2048, 512, 8192))
+    assert "wgmma + TMA" in full and "complete kernel file" in full
+    assert "cuBLASLt autotuned" in full             # a measured kernel of the shipped table
+
+
+@pytest.mark.compile
+def test_sampled_raw_and_ptx_variants_build_and_pass_the_audit():
+    from cudal2.harness.audit import audit_source
+    vs = sample_variants(4, templates=("wmma", "ptx", "wmma_pipe", "ptx_pipe"), seed=11)
+    vs += [next(v for v in variants("ptx") if v.layout == "RC"),
+           next(v for v in variants("wmma") if v.acc == "f16"),
+           next(v for v in variants("wmma_pipe") if v.p["SPLITS"] > 1)]
+    for v in vs:
+        res = audit_source(v.source(), "sm_90a", name=v.label())
+        assert res.ok, res.line()
+        assert res.meta == v.meta()                     # the .so says what the corpus rendered
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_one_cutlass_variant_builds_and_passes_the_audit():
+    from cudal2.harness.audit import audit_source
+    v = variants("cutlass")[0]
+    res = audit_source(v.source(), "sm_90a", name=v.label())
+    assert res.ok, res.line()
+    assert res.meta["style"] == "cutlass" and res.mma      # wgmma in the PTX
