@@ -3,7 +3,7 @@ log-RMSE on every measured candidate row, its mean predicted/measured ratio on t
 rows, the fitted model's held-out Spearman (70/30 split of the shapes, three seeds), and
 the achieved TFLOP/s of candidates and cuBLASLt autotuned on the >= 5e11-FLOP rows.
 
-    python scripts/costmodel_check.py [results.db ...]   (default: every reports/<gpu>/**/results.db)
+    python scripts/costmodel_check.py [results.db ...]   (default: every reports/<gpu>/**/results.db[.gz])
     python scripts/costmodel_check.py --sweep-mem-exposed [results.db ...]
         the prior's log-RMSE on the >= 1e11-FLOP offline rows for MEM_EXPOSED 0 .. 1 (how 0.6 was chosen)
 """
@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     sweep = "--sweep-mem-exposed" in argv
     argv = [a for a in argv if a != "--sweep-mem-exposed"]
     root = Path(__file__).resolve().parents[1] / "reports"
-    dbs = [Path(a) for a in argv] or sorted(p for p in root.glob("*/**/results.db")
-                                            if p.relative_to(root).parts[0] != "cpu")
+    dbs = [Path(a) for a in argv] or sorted(p for pat in ("*/**/results.db", "*/**/results.db.gz")
+                                            for p in root.glob(pat) if p.relative_to(root).parts[0] != "cpu")
     rows = [ev for p in dbs for ev in ResultsDB(p, readonly=True).rows() if ev.status == "ok" and not ev.estimated]
     print(f"{len(rows)} measured rows from {len(dbs)} DB(s)")
     if sweep:

@@ -77,6 +77,12 @@ def test_prior_is_physical():
     # the baseline prior sits at ~80% of peak on a compute-bound shape
     t = m.predict_baseline_us((16384, 16384, 16384))
     assert 2 * 16384 ** 3 / (t * 1e6) == pytest.approx(0.8 * 989.4, rel=0.02)
+    # Hopper's peak is wgmma's: an mma.sync kernel is priced at no more than the ~0.3 of it
+    # measured (ptx 290 TFLOP/s at best on the H100); on an A100 mma.sync is the peak's path
+    tflops = 2 * 8192 ** 3 / (big * 1e6)
+    assert tflops <= 0.31 * 989.4, tflops
+    a100 = CostModel.default("A100").predict_us(meta, res, (8192, 8192, 8192))
+    assert 2 * 8192 ** 3 / (a100 * 1e6) > 0.4 * 312.0
 
 
 def test_occupancy_and_facts():
@@ -159,10 +165,11 @@ def test_save_load_roundtrip(tmp_path):
 
 
 def _checked_in_measurement_dbs():
-    """results.db files that GPU runs committed under reports/<gpu>/ (reports/cpu holds none:
-    nothing there is measured)."""
+    """results.db (or .db.gz) files that GPU runs committed under reports/<gpu>/ (reports/cpu
+    holds none: nothing there is measured)."""
     root = Path(__file__).resolve().parent.parent / "reports"
-    return sorted(p for p in root.rglob("results.db") if p.relative_to(root).parts[0] != "cpu")
+    return sorted(p for pat in ("results.db", "results.db.gz") for p in root.rglob(pat)
+                  if p.relative_to(root).parts[0] != "cpu")
 
 
 def test_fits_and_predicts_on_checked_in_measurements():

@@ -98,6 +98,29 @@ def test_a_version_1_db_migrates_and_keeps_its_rows(tmp_path):
         assert row.status == "ok" and row.options == {} and row.stage == "final" and row.stats == {}
 
 
+def test_a_gzipped_db_reads_as_is_and_refuses_writes(tmp_path):
+    """Large committed campaign DBs are kept as results.db.gz (collect.sh): they open read-only."""
+    import gzip
+    path = tmp_path / "r.db"
+    with ResultsDB(path) as db:                             # WAL mode, as runs write them
+        db.add(_ev("ok"), source="s")
+        db.add_baseline_choice("k1", {"index": 3, "algos": 40})
+    gz = tmp_path / "results.db.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    with ResultsDB(gz) as db:
+        assert db.readonly
+        (row,) = db.rows()
+        assert row.status == "ok" and db.baseline_choices() == {"k1": {"index": 3, "algos": 40}}
+        with pytest.raises(sqlite3.OperationalError):
+            db.add(row, source="s")
+    (tmp_path / "bad.db.gz").write_bytes(b"not gzip")
+    with pytest.raises(DBError, match="bad.db.gz"):
+        ResultsDB(tmp_path / "bad.db.gz")
+    (tmp_path / "notdb.db.gz").write_bytes(gzip.compress(b"hello"))
+    with pytest.raises(DBError, match="notdb.db.gz"):
+        ResultsDB(tmp_path / "notdb.db.gz")
+
+
 def test_no_gpu_rows_keyed_by_empty_gpu(tmp_path):
     with ResultsDB(tmp_path / "r.db") as db:
         db.add(_ev("not_measured", gpu=None, timings={}, speedups={}), source="s")

@@ -10,6 +10,7 @@ Schema changes go in MIGRATIONS (append only); `ResultsDB` applies the missing o
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sqlite3
@@ -127,19 +128,25 @@ class ResultsDB:
 
     def __init__(self, path: str | Path, *, timeout: float = 60.0, readonly: bool = False):
         """readonly=True: read a DB as it is (a committed report's), never migrated or written;
-        rows of an older schema read with the newer fields at their defaults."""
+        rows of an older schema read with the newer fields at their defaults. A gzipped DB
+        (`results.db.gz`, how large committed reports are kept) opens read-only, in memory."""
         self.path = Path(path)
-        self.readonly = readonly
         self._lock = threading.RLock()
+        if self.path.suffix == ".gz":
+            readonly = True
+        self.readonly = readonly
         if readonly:
             if not self.path.is_file():
                 raise DBError(f"{path}: no such results DB")
-            # a closed DB (no -wal file: a committed report's) opens immutable, so reading it
-            # leaves no -shm/-wal files behind; a live one (a run still writing) read-only
-            live = Path(f"{self.path}-wal").exists()
-            uri = f"file:{self.path}?mode=ro" + ("" if live else "&immutable=1")
-            self._conn = sqlite3.connect(uri, uri=True, timeout=timeout,
-                                         check_same_thread=False, isolation_level=None)
+            if self.path.suffix == ".gz":
+                self._conn = self._open_gzipped(timeout)
+            else:
+                # a closed DB (no -wal file: a committed report's) opens immutable, so reading
+                # it leaves no -shm/-wal files behind; a live one (a run still writing) read-only
+                live = Path(f"{self.path}-wal").exists()
+                uri = f"file:{self.path}?mode=ro" + ("" if live else "&immutable=1")
+                self._conn = sqlite3.connect(uri, uri=True, timeout=timeout,
+                                             check_same_thread=False, isolation_level=None)
             self._conn.row_factory = sqlite3.Row
             try:
                 self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -160,6 +167,29 @@ class ResultsDB:
         except sqlite3.DatabaseError as e:
             self._conn.close()
             raise DBError(f"{path}: not a usable results DB ({e})") from None
+
+    def _open_gzipped(self, timeout: float) -> sqlite3.Connection:
+        try:
+            data = gzip.decompress(self.path.read_bytes())
+        except (OSError, EOFError) as e:
+            raise DBError(f"{self.path}: not a gzipped results DB ({e})") from None
+        conn = sqlite3.connect(":memory:", timeout=timeout, check_same_thread=False,
+                               isolation_level=None)
+        if not hasattr(conn, "deserialize"):      # Python 3.10
+            conn.close()
+            raise DBError(f"{self.path}: reading a gzipped DB needs Python >= 3.11; "
+                          f"gunzip -k it and open the .db")
+        if data[:16] == b"SQLite format 3\x00" and data[18:20] == b"\x02\x02":
+            # a WAL-mode file (as runs write them) cannot be read from memory: mark it as a
+            # rollback-journal file, which it is once closed (its WAL was checkpointed)
+            data = data[:18] + b"\x01\x01" + data[20:]
+        try:
+            conn.deserialize(data)
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise DBError(f"{self.path}: not a usable results DB ({e})") from None
+        conn.execute("PRAGMA query_only = ON")    # read-only like a committed file DB
+        return conn
 
     # -- schema
     def _migrate(self) -> None:
