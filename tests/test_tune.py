@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from cudal2 import templates
 from cudal2.search import tune
 from cudal2.harness.types import Evaluation, Shape
 
@@ -194,3 +195,22 @@ def test_plan_carries_runtime_options_per_shape():
     assert len(full) < len(cut.option_space(cfg))
     assert [o for o in q.per_shape[one_tile][0].options[one_tile]]         # every build has options
     assert len(q.candidates) == len(tune.enumerate_space(cut))
+
+
+def test_plan_times_the_highest_ceiling_instruction_on_every_shape():
+    """Skinny deep-K shapes: the prior ranks mma.sync split-K first (the first H100 campaign of
+    ABI 2 packed them with mma/ptx alone: measured 0.2-0.57x cuBLAS); a wgmma build (CUTLASS
+    here) must still get a slot. The reverse is not forced: large shapes stay wgmma-only."""
+    skinny, large = Shape(128, 64, 12288), Shape(8192, 8192, 8192)
+    p = tune.plan([skinny, large], "sm_90a", limit_per_shape=4)
+    fams = {s: [c.family for c in p.per_shape[s]] for s in (skinny, large)}
+    assert len(fams[skinny]) == 4 and fams[skinny][0] in ("mma", "ptx"), fams
+    assert "cutlass_sm90" in fams[skinny] or "wgmma" in fams[skinny], fams
+    instr = {templates.FAMILIES[f].instruction for f in fams[large]}
+    assert instr == {"wgmma"}, fams
+    # the hedge needs two slots: one slot stays the prior's best
+    one = tune.plan([skinny], "sm_90a", limit_per_shape=1)
+    assert [c.family for c in one.per_shape[skinny]] == [fams[skinny][0]]
+    # an arch without wgmma families is unaffected
+    a100 = tune.plan([skinny], "sm_80", limit_per_shape=4)
+    assert {templates.FAMILIES[c.family].instruction for c in a100.per_shape[skinny]} == {"mma.sync"}

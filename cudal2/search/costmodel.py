@@ -45,6 +45,12 @@ ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100",
 # Fraction of tensor peak a family's main loop reaches at full occupancy (the prior only; the
 # fitted correction learns the rest). wgmma-based CUTLASS ~ cuBLAS; mma.sync tops out lower.
 STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
+# Hopper's dense peak is wgmma's; mma.sync issues at a fraction of it. Best measured on the
+# H100 (reports/NVIDIA_H100_80GB_HBM3, 2026-11-22/23): ptx 290 TFLOP/s (8192x8192x4096, 0.29 of
+# peak), mma 110 (1024x256x16384, where ptx measured 115). 0.55 let the prior plan mma.sync
+# split-K alone for skinny deep-K shapes (predicted 11 us, measured 40 us).
+STYLE_EFF_BY_GPU = {"H100": {**STYLE_EFF, "ptx": 0.30, "mma": 0.28},
+                    "H200": {**STYLE_EFF, "ptx": 0.30, "mma": 0.28}}
 MEM_EXPOSED = 0.6            # fraction of min(compute, memory) not hidden by the other (H100 campaign: see dram_bytes)
 BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (cuBLAS at 8192^3 bf16: 792-795 of 989 TFLOP/s)
 # wgmma tiles above a 128x128 tile's operand reuse (64, see _feed_eff) keep the tensor cores fed
@@ -362,7 +368,7 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     M, N, K = _shape(shape)
     occ = occupancy(f, gpu)
     # Compute: padded tile work, spread over the SMs actually busy in each wave.
-    eff = STYLE_EFF.get(f.style, 0.5)
+    eff = STYLE_EFF_BY_GPU.get(gpu.name, STYLE_EFF).get(f.style, 0.5)
     # Small tiles re-load operands from L2 more per flop: below a 128x128 tile's reuse
     # (BM*BN/(BM+BN) = 64) the main loop is fed, not compute, bound; clusters share loads.
     eff *= _feed_eff(f)

@@ -29,6 +29,7 @@ from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.toolchain import ToolchainError, detect_arch, find_toolchain
+from cudal2.core.vocab import INSTRUCTIONS
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
@@ -202,7 +203,8 @@ def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_else
     """A shape's `limit` candidates: best predicted first, among near-ties (within 2%) a config
     another shape already chose (one build serves more shapes), and at most `per_tie` from one
     near-tie group before the next group gets a turn: configs the model cannot tell apart (on
-    the H100 plan, four cluster shapes of one tile) would otherwise fill every slot. `times`:
+    the H100 plan, four cluster shapes of one tile) would otherwise fill every slot; and a
+    slot for the best config of the highest-ceiling instruction serving the shape. `times`:
     each config's predicted time (default: the model at its default options)."""
     ranked = []
     for fc in fitting:
@@ -214,7 +216,18 @@ def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_else
         n = per_group.get(group, 0)
         (first if n < per_tie else rest).append(fc)
         per_group[group] = n + 1
-    return (first + rest)[:limit]
+    order = first + rest
+    picked = order[:limit]
+    # The instruction with the highest ceiling that serves the shape always gets a slot: the
+    # prior's error is largest across instructions (H100 campaign of 2026-11-23: four skinny
+    # deep-K shapes were packed with mma.sync split-K alone, predicted 11 us, measured 40 us,
+    # 0.2-0.57x cuBLAS; no wgmma build was timed on them). Its best config replaces the last
+    # slot; the other way round (mma.sync where wgmma builds lead) would spend a slot on a
+    # ceiling measured at ~0.3 of the peak.
+    top = max((INSTRUCTIONS.index(f.instruction) for f, _ in order), default=0)
+    if len(picked) >= 2 and all(INSTRUCTIONS.index(f.instruction) < top for f, _ in picked):
+        picked[-1] = next(fc for fc in order if INSTRUCTIONS.index(fc[0].instruction) == top)
+    return picked
 
 
 # --- the build farm ------------------------------------------------------------------------------

@@ -103,6 +103,9 @@ class Family:
     _problems: Callable[["Family", dict, str | None], list[str]] = field(repr=False, default=None)
     _accepts: Callable[[dict, int, int, int], bool] = field(repr=False, default=None)
     any_shape: bool = True                      # the meta's any_shape (False: tile multiples only)
+    # the tensor-core instruction its main loop issues: families of one instruction share a
+    # throughput ceiling (mma.sync: ~110 TFLOP/s measured on an H100; wgmma: the dense peak)
+    instruction: str = "mma.sync"
     # ABI 2 families: the runtime options a config's build declares, in call order; a rule
     # refusing combinations (reasons, empty = fine); one marking combinations that behave like
     # another listed one (the sweep skips them). None: an ABI 1 family, no options.
@@ -423,7 +426,7 @@ _register(Family(
     _fixed=_ACC_LAYOUT, _defaults=(_COOP, _PING, _STREAMK, _TALL),
     _problems=_cutlass_problems, _accepts=_cutlass_accepts, any_shape=True,
     _options=_cutlass_options, _option_rule=_cutlass_option_rule,
-    _option_redundant=_cutlass_option_redundant))
+    _option_redundant=_cutlass_option_redundant, instruction="wgmma"))
 
 
 def with_acc(config: KernelConfig, acc: str) -> KernelConfig | None:
@@ -571,4 +574,5 @@ _register(Family(
     _options=lambda p: list(WGMMA_OPTIONS),
     # swizzle is the group size of rasters 1 and 2 only: with 0 (heuristic) or 3 (Hilbert)
     # every swizzle value runs the same order
-    _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8))
+    _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8,
+    instruction="wgmma"))
