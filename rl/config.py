@@ -30,9 +30,11 @@ class RLConfig:
     max_completion_length: int = field(default=0, metadata={"help": "tokens per completion (0 = 128 builtin, "
                                        "1792 smollm2, 2048 otherwise)"})
     learning_rate: float = field(default=0.0, metadata={"help": "0 = 5e-4 builtin, 1e-6 otherwise"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    min_p: float = field(default=0.05, metadata={"help": "drop tokens less likely than min_p x the top "
-                         "token's probability (cuts rare garbage tokens, keeps the real choices; 0 = off)"})
+    temperature: float = field(default=0.0, metadata={"help": "sampling temperature (0 = the policy's: "
+                               "0.6 smollm2, 1.0 otherwise)"})
+    min_p: float = field(default=-1.0, metadata={"help": "drop tokens less likely than min_p x the top "
+                         "token's probability (cuts rare garbage tokens, keeps the real choices; 0 = off; "
+                         "-1 = the policy's: 0.2 smollm2, 0.05 otherwise)"})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (0 = no reference model)"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters (peft) instead of all weights"})
     vllm: bool = field(default=False, metadata={"help": "generate with vLLM (where installed)"})

@@ -31,7 +31,8 @@ from cudal2.search.tune import read_shapes
 from cudal2_rl.config import RLConfig, add_arguments, from_args
 from cudal2_rl.executor import make_executor, visible_gpu_name
 from cudal2_rl.multiturn import make_rollout
-from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_style, is_builtin, load_policy
+from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, default_style,
+                              is_builtin, load_policy)
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import Attempt, KernelReward, launch_bound
 
@@ -379,6 +380,9 @@ def run(cfg: RLConfig) -> dict:
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = is_builtin(cfg.policy)
     style = cfg.prompt_style or default_style(cfg.policy)
+    temperature, min_p = default_sampling(cfg.policy)
+    temperature = cfg.temperature or temperature
+    min_p = min_p if cfg.min_p < 0 else cfg.min_p
     executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
                              screen=cfg.screen, finals_per_group=cfg.finals_per_group)
     db = ResultsDB(db_path)
@@ -402,7 +406,7 @@ def run(cfg: RLConfig) -> dict:
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length or default_max_tokens(cfg.policy),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
-        temperature=cfg.temperature, min_p=cfg.min_p or None, beta=cfg.beta, logging_steps=1,
+        temperature=temperature, min_p=min_p or None, beta=cfg.beta, logging_steps=1,
         save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
         report_to="none", use_cpu=use_cpu, bf16=False, seed=cfg.seed, data_seed=cfg.seed,
         use_vllm=cfg.vllm, disable_tqdm=False, log_level="warning",

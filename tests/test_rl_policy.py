@@ -39,6 +39,18 @@ def test_default_policy_names_and_styles():
     assert default_max_tokens("builtin") == 128 and default_max_tokens("smollm2") >= 1536
 
 
+def test_sampling_defaults_follow_the_policy():
+    """The default small model samples at 0.6 / min_p 0.2 (10/16 built and audited there, 0/16
+    at 1.0 / 0.05); the toy and other models keep 1.0 / 0.05; the RL config's sentinels defer
+    to the policy and explicit values win."""
+    from cudal2_rl.config import RLConfig
+    from cudal2_rl.policy import default_sampling
+    assert default_sampling("smollm2") == (0.6, 0.2)
+    assert default_sampling("builtin") == default_sampling("/models/qwen") == (1.0, 0.05)
+    cfg = RLConfig()
+    assert cfg.temperature == 0.0 and cfg.min_p == -1.0
+
+
 def test_shipped_adapter_is_small_and_says_how_it_was_made():
     import json
     from cudal2_rl.policy import ADAPTER_DIR
