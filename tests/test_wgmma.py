@@ -242,7 +242,28 @@ def _cuobjdump() -> str | None:
     return None
 
 
-CASES = [pytest.param(c, id=c.label().replace("wgmma:", "")) for c in FAM.defaults()]
+def _instantiations() -> list:
+    """The defaults, then for every value of every knob and layout one config that has it (the
+    default with that one change where valid, else the first config of the space with it): 14
+    builds of ~2-5 s, every value built at least once. CUDAL2_WGMMA_ALL=1: every instantiation
+    of the space (832, both layouts; ~25 min on 2 cores, reports/cpu/2026-11-23-wgmma-space)."""
+    from cudal2.search.tune import enumerate_space
+    space = [c for lay in ("RR", "RC") for c in enumerate_space(FAM, arch="sm_90a", acc="f32", layout=lay)]
+    if os.environ.get("CUDAL2_WGMMA_ALL"):
+        return space
+    out = list(FAM.defaults())
+    base = FAM.default()
+    valid = set(space)
+    for knob, values in FAM.choices().items():
+        for v in values:
+            if any(c.get(knob) == v for c in out):
+                continue
+            near = base.with_(**{knob: v})
+            out.append(near if near in valid else next(c for c in space if c.get(knob) == v))
+    return out
+
+
+CASES = [pytest.param(c, id=c.label().replace("wgmma:", "")) for c in _instantiations()]
 
 
 @pytest.mark.compile
