@@ -133,6 +133,14 @@ def test_sweeps_and_throughput_table():
     assert tab["screen <1e9"]["per_gpu_minute"] == pytest.approx(1200.0)
     assert tab["final all"]["per_gpu_minute"] == pytest.approx(40.0)
     assert any("per GPU-minute" in line for line in t.lines())
+    assert t.phase_line() is None                       # no phases recorded: no line
+    t.add_phases({"offline": 1.0, "correctness": 0.5})
+    t.add_phases({"offline": 0.5, "e2e": 0.25})
+    assert t.phases == {"offline": 1.5, "correctness": 0.5, "e2e": 0.25}
+    line = t.lines()[-1]
+    assert line == t.phase_line()
+    assert "offline 1.5 s, correctness 0.5 s, e2e 0.2 s" in line
+    assert line.endswith("outside measure 0.8 s")        # 3.0 s of finals, 2.25 s inside measure
 
 
 def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):

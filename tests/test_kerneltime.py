@@ -363,6 +363,25 @@ def test_time_group_pairs_every_candidate_with_every_baseline():
         assert r["bounds"]["cold_operands"]
 
 
+def test_time_group_reports_its_phases():
+    """Every stage's host seconds land in `phases` (the campaign sums them per run)."""
+    from cudal2.harness import bounds
+    from cudal2.harness.measure import PHASES, time_group
+    from cudal2.harness.types import EvalRequest, Shape
+
+    gpu = FakeGpu({"cand0": 5.0, "torch": 10.0})
+    kernel = _kernels(gpu)
+    phases = {}
+    out = time_group({"cand0": kernel("cand0")}, {"torch": lambda n, p, v: kernel(n)},
+                     EvalRequest("x", Shape(16, 16, 16), modes=("offline", "server"),
+                                 server_gaps_ms=(1.0,)),
+                     acc="f32", device="cpu", peak=bounds.peak_for_name("H100"), notes={},
+                     backend=gpu, l2_bytes=1 << 16, phases=phases)
+    assert out["cand0"]["status"] == "ok"
+    assert set(phases) == {"operands", "baselines", "calibrate", "offline", "server"} <= set(PHASES)
+    assert all(v >= 0 for v in phases.values())
+
+
 def test_time_group_too_fast_checked_against_the_cold_bound():
     from cudal2.harness.bounds import GpuPeak
 

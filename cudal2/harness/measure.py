@@ -21,12 +21,19 @@ measure_group(so_paths, requests)   finals, in a fresh worker: every candidate's
      "stats": {mode_key: {"speedup": {baseline: {median, lo, hi, n}}, "session": {...}}},
      "bounds", "baseline_notes", "lt_autotune": [new autotune entries], "env"}
 
+env["phases_s"] says where a group's worker time went (seconds, the whole group): provenance (GPU
+clock/temperature reads), correctness, operands, baselines (set-up, cuBLASLt autotune), calibrate,
+offline, server, e2e, wall; the
+campaign sums it per stage so a GPU session shows what limits finals per minute.
+
 mode keys: "offline" (kernel time), "server_<gap>ms", "e2e_<kind>" (who: candidate = cudal2.matmul,
 torch = torch.matmul), "wall" (CUDA-L2's host clock, labelled).
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from contextlib import contextmanager
 
 from cudal2.core.abi import load_library
 from cudal2.harness import bounds, check
@@ -40,6 +47,19 @@ from cudal2.timing import kerneltime as KT
 
 N_SCREEN_SETS_MAX = 64          # screening rotates fewer sets (still > 3x L2 for large shapes)
 DERIVED_CUBLAS_BEST = "cublas_best"   # per round, the faster of cuBLAS NN and TN (CUDA-L2's "max")
+PHASES = ("provenance", "correctness", "operands", "baselines", "calibrate", "offline", "server",
+          "e2e", "wall")
+
+
+@contextmanager
+def _phase(phases: dict | None, name: str):
+    """Adds the block's host wall time (seconds) to phases[name]."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if phases is not None:
+            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t0, 4)
 
 
 def _fail(status: str, detail: str, **extra) -> dict:
@@ -82,11 +102,14 @@ class OperandPool:
         self.A = torch.empty(n_sets, M, K, dtype=torch.float16, device=device)
         self.B = torch.empty(n_sets, K, N, dtype=torch.float16, device=device)
         self.Bt = torch.empty(n_sets, N, K, dtype=torch.float16, device=device)
-        for i in range(n_sets):
-            a, b = check.random_inputs(M, N, K, gen, device)
-            self.A[i].copy_(a)
-            self.B[i].copy_(b)
-            self.Bt[i].copy_(b.t())
+        # many sets per draw: a tiny shape has thousands of sets, and a chain of launches per set
+        # is host-bound; at most ~64 MB of fp32 draws per chunk
+        chunk = max(1, (64 << 20) // (4 * max(1, M * K + K * N)))
+        for lo in range(0, n_sets, chunk):
+            hi = min(n_sets, lo + chunk)
+            self.A[lo:hi].copy_(torch.randn(hi - lo, M, K, generator=gen, device=device))
+            self.B[lo:hi].copy_(torch.randn(hi - lo, K, N, generator=gen, device=device))
+        self.Bt.copy_(self.B.transpose(1, 2))
         self._refs: OrderedDict[int, object] = OrderedDict()
         self._rms: dict[int, tuple[float, float]] = {}
 
@@ -148,14 +171,16 @@ def _interval_dict(iv) -> dict:
 def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, peak,
                notes: dict, backend=None, l2_bytes: int | None = None, e2e=None,
                kernel_config: "KT.KernelTimeConfig | None" = None,
-               server_config: "KT.ServerConfig | None" = None, pool: OperandPool | None = None) -> dict:
+               server_config: "KT.ServerConfig | None" = None, pool: OperandPool | None = None,
+               phases: dict | None = None) -> dict:
     """Time the (already checked) candidates against the baselines in every requested mode.
 
     candidates[name] / a baseline's callable: fn(a, b_rr, b_rc, c) -> status, enqueues one call
     writing c. baselines[name] is setup(name, pool, verify) -> such a callable (it runs outside
     timing and may raise to say the baseline is unavailable). e2e(name) -> e2e.measure_e2e's
-    dict for a candidate given its kernel time (GPU path; None skips e2e). Returns {name: result part} with status,
-    detail, timings, speedups, stats, bounds."""
+    dict for a candidate given its kernel time (GPU path; None skips e2e). `phases`, when given,
+    gains the seconds of each stage (PHASES). Returns {name: result part} with status, detail,
+    timings, speedups, stats, bounds."""
     import torch
 
     M, N, K = request.shape.M, request.shape.N, request.shape.K
@@ -164,7 +189,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
         l2_bytes = getattr(backend, "l2_bytes", peak.l2_bytes)
     if pool is None:
         n_sets = KT.n_operand_sets(OperandPool.bytes_per_set(M, N, K), l2_bytes, request.operands)
-        pool = OperandPool(M, N, K, n_sets, device)
+        with _phase(phases, "operands"):
+            pool = OperandPool(M, N, K, n_sets, device)
 
     def verify_c(c, i):
         return pool.verify(c, i, acc=acc)
@@ -173,7 +199,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     fns = dict(candidates)
     for name, setup in baselines.items():
         try:
-            fn = setup(name, pool, verify_c)
+            with _phase(phases, "baselines"):
+                fn = setup(name, pool, verify_c)
         except RuntimeError as exc:         # BaselineError, torch errors: unavailable, say why
             notes[name] = f"unavailable: {exc}"
             continue
@@ -249,27 +276,30 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
         cal = None
         if "offline" in request.modes or "server" in request.modes:
             cfg = kernel_config or KT.FINAL_CONFIG
-            cal = KT.calibrate(callables, cfg, backend, n_sets=pool.n_sets)
+            with _phase(phases, "calibrate"):
+                cal = KT.calibrate(callables, cfg, backend, n_sets=pool.n_sets)
         if "offline" in request.modes:
-            kt = KT.time_kernels(callables, cfg, backend, n_sets=pool.n_sets, pairs=pairs,
-                                 verify=verify, prepare=prepare, calibration=cal)
+            with _phase(phases, "offline"):
+                kt = KT.time_kernels(callables, cfg, backend, n_sets=pool.n_sets, pairs=pairs,
+                                     verify=verify, prepare=prepare, calibration=cal)
             fail_timed(kt.failures)
             record("offline", kt, kt.session_dict())
         if "server" in request.modes and any(r["status"] == "ok" for r in results.values()):
             scfg = server_config or KT.ServerConfig(gaps_ms=tuple(request.server_gaps_ms))
             live = {n: f for n, f in callables.items()
                     if n not in results or results[n]["status"] == "ok"}
-            for key, kt in KT.time_after_gaps(live, scfg, backend, calibration=cal,
-                                              n_sets=pool.n_sets,
-                                              pairs=[p for p in pairs if p[1] in live],
-                                              verify=verify).items():
+            with _phase(phases, "server"):
+                by_gap = KT.time_after_gaps(live, scfg, backend, calibration=cal, n_sets=pool.n_sets,
+                                            pairs=[p for p in pairs if p[1] in live], verify=verify)
+            for key, kt in by_gap.items():
                 fail_timed(kt.failures)
                 record(key, kt, dict(kt.session_dict(), server=scfg.to_dict()))
         if "wall" in request.modes:
-            res = run_schedule({n: f for n, f in callables.items()}, TimingConfig(mode="wall"),
-                               _WallBackend(backend), n_buffers=min(pool.n_sets, 3),
-                               verify=lambda who, i: verify(who, i),
-                               prepare_set=lambda i: [prepare(n) for n in callables])
+            with _phase(phases, "wall"):
+                res = run_schedule({n: f for n, f in callables.items()}, TimingConfig(mode="wall"),
+                                   _WallBackend(backend), n_buffers=min(pool.n_sets, 3),
+                                   verify=lambda who, i: verify(who, i),
+                                   prepare_set=lambda i: [prepare(n) for n in callables])
             for c, r in results.items():
                 if r["status"] != "ok":
                     continue
@@ -294,7 +324,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                             f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
             continue
         if e2e is not None and "e2e" in request.modes:
-            out = e2e(c, t)
+            with _phase(phases, "e2e"):
+                out = e2e(c, t)
             for kind, whos in out["timings"].items():
                 key = f"e2e_{kind}"
                 r["timings"][key] = {("candidate" if w == "cudal2" else w): v for w, v in whos.items()}
@@ -431,7 +462,9 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
         return [_fail("not_measured", "not measured: no GPU") for _ in requests]
     req = requests[0]
     M, N, K = req.shape.M, req.shape.N, req.shape.K
-    env_before = gpu_env()
+    phases: dict[str, float] = {}
+    with _phase(phases, "provenance"):
+        env_before = gpu_env()
     results: list[dict | None] = [None] * len(requests)
     live: dict[str, tuple] = {}          # name -> (index, lib, meta, opts, ws, layout)
     acc_all = None
@@ -447,11 +480,12 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
         ws_bytes = lib.workspace_bytes(M, N, K, opts)
         tile = tuple(meta["tile"])[:3] if meta.get("tile") else None
         div = meta.get("divisible")
-        report = check.check_kernel(_so_launcher(lib, opts), M, N, K, acc=acc, layout=layout,
-                                    ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
-                                    tile=tile, seeds=r.seeds, device="cuda",
-                                    divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
-                                    workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts))
+        with _phase(phases, "correctness"):
+            report = check.check_kernel(_so_launcher(lib, opts), M, N, K, acc=acc, layout=layout,
+                                        ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
+                                        tile=tile, seeds=r.seeds, device="cuda",
+                                        divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
+                                        workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts))
         base["correctness"] = report.to_dict()
         if report.launch_error is not None:
             results[i] = _poisoned(f"kernel returned cudaError {report.launch_error}", **base)
@@ -513,12 +547,15 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
 
     try:
         timed = time_group(cands, {n: setup for n in wanted}, req, acc=acc_all, device="cuda",
-                           peak=bounds.device_peak(), notes=notes, backend=backend, e2e=e2e)
+                           peak=bounds.device_peak(), notes=notes, backend=backend, e2e=e2e,
+                           phases=phases)
     finally:
         if runners is not None:
             notes.update({k: v for k, v in runners.notes.items() if k not in notes})
             runners.close()
-    env = _env(env_before)
+    with _phase(phases, "provenance"):
+        env = _env(env_before)
+    env["phases_s"] = phases
     for name, (i, _, _, _, _, _, base) in live.items():
         results[i] = dict(base, **timed[name], baseline_notes=notes, lt_autotune=new_lt, env=env)
     return results

@@ -366,6 +366,23 @@ class Throughput:
 
     def __init__(self):
         self.rec: dict[str, dict[str, float]] = {}
+        self.phases: dict[str, float] = {}      # finals: seconds per measure phase, all groups
+
+    def add_phases(self, phases: dict | None) -> None:
+        """One finals group's env["phases_s"] (measure.PHASES), summed over the run."""
+        for k, v in (phases or {}).items():
+            self.phases[k] = self.phases.get(k, 0.0) + float(v)
+
+    def phase_line(self) -> str | None:
+        """Where the finals' wall time went: the measure phases, and the rest (worker start,
+        DB, cache lookups, process hand-over) as 'outside measure'."""
+        final = sum(r["seconds"] for k, r in self.rec.items() if k.startswith("final"))
+        if not final or not self.phases:
+            return None
+        inside = sum(self.phases.values())
+        parts = [f"{k} {v:.1f} s" for k, v in sorted(self.phases.items(), key=lambda kv: -kv[1])]
+        return (f"  finals {final:.1f} s by phase: " + ", ".join(parts)
+                + f", outside measure {max(0.0, final - inside):.1f} s")
 
     def add(self, stage: str, bucket: str, n: int, seconds: float) -> None:
         r = self.rec.setdefault(f"{stage} {bucket}", {"n": 0, "seconds": 0.0})
@@ -373,7 +390,7 @@ class Throughput:
         r["seconds"] += seconds
 
     def table(self) -> dict:
-        out = {}
+        out: dict = {}
         for k, r in sorted(self.rec.items()):
             out[k] = dict(r, per_gpu_minute=r["n"] / (r["seconds"] / 60.0) if r["seconds"] else None)
         for stage in ("screen", "final"):
@@ -383,9 +400,11 @@ class Throughput:
         return out
 
     def lines(self) -> list[str]:
-        return [f"  {k:<22} {v['n']:5d} in {v['seconds']:7.1f} s: "
-                + (f"{v['per_gpu_minute']:8.1f} per GPU-minute" if v["per_gpu_minute"] else "-")
-                for k, v in self.table().items()]
+        out = [f"  {k:<22} {v['n']:5d} in {v['seconds']:7.1f} s: "
+               + (f"{v['per_gpu_minute']:8.1f} per GPU-minute" if v["per_gpu_minute"] else "-")
+               for k, v in self.table().items()]
+        phase = self.phase_line()
+        return out + ([phase] if phase else [])
 
 
 def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 3,
@@ -434,7 +453,9 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         _copy_db(Path(resume_db), run_dir / "results.db")
     db = ResultsDB(run_dir / "results.db")
     known_lt = db.baseline_choices()
-    reserve = min(60.0, 0.15 * budget_s)               # export + reports after the last timing
+    # export + reports after the last timing: 8 s for 49 shapes in the third H100 session
+    # (its 60 s reserve left ~50 s of the lease idle)
+    reserve = min(30.0, 0.1 * budget_s)
     deadline = start + budget_s - reserve
     thr = Throughput()
     statuses: dict[str, int] = {}
@@ -502,11 +523,15 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                     meta = _meta(pairs[i][0])
                     by_layout.setdefault(meta.get("layout", m.get("layout", "RR")), []).append(j)
                 evs = []
+                before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
                 for js in by_layout.values():
-                    evs += evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
-                                          build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
-                                          baseline_libs=base_libs, gpu=has_gpu,
-                                          lt_known=known_lt, audits=audits)
+                    group = evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
+                                           build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
+                                           baseline_libs=base_libs, gpu=has_gpu,
+                                           lt_known=known_lt, audits=audits)
+                    thr.add_phases(next((ev.env.get("phases_s") for ev in group
+                                         if ev.id not in before and (ev.env or {}).get("phases_s")), None))
+                    evs += group
                 thr.add("final", bucket, len(reqs), time.monotonic() - t0)
                 for ev in evs:
                     statuses[ev.status] = statuses.get(ev.status, 0) + 1
@@ -528,7 +553,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     rows = db.rows()
     summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
                "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
-               "reports": [], "throughput": thr.table()}
+               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases}
     log("throughput (wall time of each stage on the GPU machine):")
     for line in thr.lines():
         log(line)

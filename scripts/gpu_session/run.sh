@@ -20,7 +20,7 @@
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
 # BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
-# --budget-s is 40 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
+# --budget-s is 30 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
 # 60 s less). EXPERIMENT_ARGS replaces the experiment's arguments, EXPERIMENT_RL its RL policy. RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
 # GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
@@ -181,7 +181,7 @@ for s in "${STAGES[@]}"; do
         echo missing > "$d/rc"; pack "$s"; continue
       fi
       secs=$(budget campaign "${BUDGET_CAMPAIGN:-500}")
-      stage campaign "$secs" $PY -m cudal2 campaign run "$PACK" --budget-s $((secs - 40)) \
+      stage campaign "$secs" $PY -m cudal2 campaign run "$PACK" --budget-s $((secs - 30)) \
         --out "$d/reports" --kernels-out "$d/generated_kernels" ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
       ;;
     rl)
