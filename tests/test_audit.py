@@ -92,6 +92,33 @@ def test_meta_rules():
     assert any("acc" in r for r in A.check_meta({**good, "acc": "f8"}, "sm_90a"))
 
 
+def test_meta_rules_for_runtime_options():
+    """ABI 2 options are audited as docs/abi.md states them: a malformed declaration never loads."""
+    good = {"style": "cutlass", "arch": "sm_90a", "acc": "f32", "layout": "RR",
+            "tile": [128, 128, 64], "any_shape": True, "workspace_bytes": 0, "abi": 2,
+            "options": [{"name": "swizzle", "values": [1, 2, 4, 8], "default": 1},
+                        {"name": "raster", "values": [0, 1, 2], "default": 0}]}
+    assert A.check_meta(good, "sm_90a") == []
+    swz = good["options"][0]
+    for meta, why in (({**good, "abi": 1}, 'declares options but not "abi": 2'),
+                      ({k: v for k, v in good.items() if k != "abi"}, 'not "abi": 2'),
+                      ({**good, "options": [swz, swz]}, "'swizzle' declared twice"),
+                      ({**good, "options": [{**swz, "default": 3}]}, "must be"),
+                      ({**good, "options": [{**swz, "values": [True, 2]}]}, "must be"),
+                      ({**good, "options": [{**swz, "name": ""}]}, "must be"),
+                      # index.csv stores 'name=value;...': a name it cannot hold never passes
+                      ({**good, "options": [{**swz, "name": "SM_count"}]}, "lower-case word"),
+                      ({**good, "options": [{**swz, "name": "a=1;b"}]}, "lower-case word"),
+                      ({**good, "options": {"swizzle": [1, 8]}}, "options must be a list"),
+                      ({**good, "abi": 3}, "abi must be one of")):
+        assert any(why in r for r in A.check_meta(meta, "sm_90a")), (meta, why)
+    # loading applies the same rules and refuses on the first
+    import json
+    from cudal2.core.abi import AbiError, parse_meta
+    with pytest.raises(AbiError, match="declared twice"):
+        parse_meta(json.dumps({**good, "options": [swz, swz]}))
+
+
 # ---- the hostile corpus (nvcc; no GPU) ----------------------------------------------------
 # file -> fragment of the expected reason. Every one must be rejected; the pool stays alive.
 REJECTED = {

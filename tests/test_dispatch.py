@@ -358,6 +358,79 @@ def test_broken_index_warns_and_serves_torch(store, tmp_path):
         assert resolve.decide(0, 128, 128, 128, "RR", None, None) is resolve.TORCH
 
 
+class Abi2Lib(FakeLib):
+    """An ABI 2 library: options() as abi.KernelLibrary makes it (one int per declared option,
+    in meta order); raw_launch records its arguments."""
+
+    def __init__(self, meta, calls):
+        super().__init__(meta)
+        self.raw_launch = lambda *args: calls.append(args) or 0
+
+    def options(self, chosen=None):
+        from cudal2.core.abi import option_values
+        values = option_values(self.meta, chosen)
+        return (ctypes.c_int * max(len(values), 1))(*values)
+
+
+def test_each_shape_launches_with_the_options_recorded_for_it(store, monkeypatch):
+    """index.csv options -> resolve -> hot path: one build serves two shapes with their own
+    options array; options the kernel does not declare serve torch, never a wrong launch."""
+    import torch
+    idx, _, _ = store
+    kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
+              mode="offline", report="synthetic", speedups={"torch": 1.5})
+    idx.add("// one build\n", M=32, N=16, K=64, options={"swizzle": 8, "raster": 2}, **kw)
+    idx.add("// one build\n", M=64, N=16, K=64, **kw)                     # defaults
+    idx.add("// one build\n", M=16, N=16, K=64, options={"splits": 4}, **kw)  # not declared
+    idx.write()
+    calls = []
+    meta = dict(ANY, arch="sm_90a", acc="f32", layout="RR", workspace_bytes=0, abi=2,
+                options=[{"name": "swizzle", "values": [1, 2, 4, 8], "default": 1},
+                         {"name": "raster", "values": [0, 1, 2], "default": 0}])
+    resolve.reset(KernelLoader(lambda s, a, n: Abi2Lib(meta, calls)))
+    resolve.state.arch[-1] = "sm_90a"                      # CPU tensors: device index -1
+    monkeypatch.setattr(hotpath, "_cur_device", lambda: -1)
+    monkeypatch.setattr(hotpath, "_raw_stream", lambda dev: 1234)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
+    b = torch.randn(64, 16, dtype=torch.float16)
+    for M in (32, 64, 32):
+        mm._cuda_matmul(torch.randn(M, 64, dtype=torch.float16), b, None)
+    assert [len(c) for c in calls] == [13, 13, 13]
+    assert [list(c[12]) for c in calls] == [[8, 2], [1, 0], [8, 2]]
+    assert calls[2][12] is calls[0][12]                   # built once, reused by the hot path
+    a = torch.randn(16, 64, dtype=torch.float16)
+    with pytest.warns(RuntimeWarning, match="not declared by the kernel"):
+        assert torch.equal(mm._cuda_matmul(a, b, None), torch.matmul(a, b))
+    assert len(calls) == 3 and resolve.serving[(-1, 16, 16, 64, "RR")] is resolve.TORCH
+
+
+def test_nearest_keeps_each_shapes_options_apart(store):
+    """One build tabled at two shapes with different options: the race and its stored verdict
+    name (build, options) pairs, and the winner launches with its own shape's options."""
+    idx, _, _ = store
+    kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
+              mode="offline", report="synthetic", speedups={"torch": 1.5})
+    near = idx.add("// one build\n", M=512, N=512, K=512, options={"swizzle": 1}, **kw)
+    far = idx.add("// one build\n", M=8192, N=8192, K=8192, options={"swizzle": 8}, **kw)
+    idx.write()
+    assert near.sha256 == far.sha256
+    meta = dict(ANY, arch="sm_90a", acc="f32", layout="RR", workspace_bytes=0, abi=2,
+                options=[{"name": "swizzle", "values": [1, 2, 4, 8], "default": 1}])
+    ids = [f"{near.sha256}@swizzle=1", f"{far.sha256}@swizzle=8"]
+    for winner, want in ((ids[0], [1]), (ids[1], [8])):
+        resolve.reset(KernelLoader(lambda s, a, n: Abi2Lib(meta, [])))   # forgets verdicts read
+        resolve.state.arch[0] = "sm_90a"
+        resolve.state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
+        key = dict(resolve.state.env[0], shape=[640, 640, 640], layout="RR", acc="f32",
+                   candidates=sorted(ids))
+        p = race.verdict_path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps({"key": key, "winner": winner}))
+        served = resolve.decide(0, 640, 640, 640, "RR", None, None)
+        assert served is not resolve.TORCH and list(served[3]) == want
+
+
 # -- the hot path's argument marshalling, with CPU tensors standing in for CUDA ones ------------
 @pytest.fixture
 def hot(monkeypatch):

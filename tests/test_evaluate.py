@@ -238,3 +238,45 @@ def test_compile_bomb_costs_one_build_timeout_then_the_db_row(tmp_path):
     assert first.status == "build_error" and first.build["status"] == "timeout"
     again = evaluate(req, db=db, gpu=False)
     assert again.status == "build_error" and db.count() == 1
+
+
+def test_runtime_options_are_checked_against_the_meta_then_reach_the_worker_and_db(tmp_path,
+                                                                                   monkeypatch):
+    """An option the kernel does not declare costs no GPU time; valid ones are timed and stored."""
+    from types import SimpleNamespace
+
+    from cudal2.core.identity import source_sha
+    from cudal2.harness import pipeline as P
+
+    monkeypatch.setattr(P.provenance, "collect", lambda gpu=None: {"gpu": "FakeGPU" if gpu else None})
+    monkeypatch.setattr(P.provenance, "gpu_name", lambda: "FakeGPU")
+    src = "// one ABI 2 build\n"
+    meta = {"style": "cutlass", "arch": "sm_90a", "acc": "f32", "layout": "RR", "tile": [128, 128, 64],
+            "any_shape": True, "workspace_bytes": 0, "abi": 2,
+            "options": [{"name": "swizzle", "values": [1, 2, 4, 8], "default": 1}]}
+    audits = {source_sha(src): {"ok": True, "status": "error", "detail": "", "build": {},
+                                "audit": {"ok": True}, "meta": meta, "acc": "f32", "layout": "RR"}}
+    br = SimpleNamespace(so_path=tmp_path / "k.so")
+    sent = []
+
+    class FakePool:                       # the worker: records what it was asked to time
+        def run(self, fn, shape, args, *rest, timeout_s):
+            sent.append(args)
+            return SimpleNamespace(status="ok", value={"reference": {}, "env": {}, "candidates": [
+                {"status": "ok", "timings": {"screen": {"candidate": {"median_us": 5.0}}}}
+                for _ in args]})
+
+    db = ResultsDB(tmp_path / "r.db")
+    cands = [P.ScreenCandidate(src, br, (("swizzle", 8),)), P.ScreenCandidate(src, br, (("raster", 1),)),
+             P.ScreenCandidate(src, br, (("swizzle", 3),)), P.ScreenCandidate(src, br)]
+    rows, _ = P.screen(Shape(256, 256, 256), cands, db=db, pool=FakePool(), gpu=True, audits=audits)
+    assert [r.status for r in rows] == ["ok", "audit_rejected", "audit_rejected", "ok"]
+    assert "not declared" in rows[1].detail and "not one of [1, 2, 4, 8]" in rows[2].detail
+    assert sent == [[(str(br.so_path), [("swizzle", 8)]), (str(br.so_path), [])]]
+    assert sorted((r.status, str(r.options)) for r in db.rows(stage="screen")) == [
+        ("audit_rejected", "{'raster': 1}"), ("audit_rejected", "{'swizzle': 3}"),
+        ("ok", "{'swizzle': 8}"), ("ok", "{}")]
+    # finals apply the same check (evaluate_group reusing the audit of the screen)
+    (fin,) = P.evaluate_group([EvalRequest(src, Shape(256, 256, 256), options={"raster": 1})],
+                              build_results=[br], audits=audits, gpu=False)
+    assert fin.status == "audit_rejected" and fin.detail.startswith("options:")

@@ -136,6 +136,32 @@ def test_export_options_travel_and_failing_tuned_rows_leave(tmp_path):
     assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 256, 64, 64) is None
 
 
+def test_a_failing_remeasure_removes_only_the_options_that_failed(tmp_path):
+    """(kernel, options) is what was exported: other options of the same build failing the
+    rule leave the tuned row and its options in the table."""
+    root = tmp_path / "gk"
+    by_sha = {v: SRC[k] for k, v in SHA.items()}
+    export([ev("a", (64, 64, 64), 5.0, BASE, options={"swizzle": 8})], by_sha.get, root=root,
+           report="run1")
+    res = export([ev("a", (64, 64, 64), 10.0, BASE, options={"swizzle": 1})], by_sha.get,
+                 root=root, report="run2")
+    assert not res.exported and not res.removed
+    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 64, 64, 64).options == "swizzle=8"
+
+
+def test_options_travel_from_the_results_db_through_the_cli(tmp_path, capsys):
+    """The winning row's options, as the results DB stored them, are what index.csv records."""
+    from cudal2.cli import main
+    from cudal2.harness.db import ResultsDB
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(ev("a", (64, 64, 64), 5.0, BASE, options={"swizzle": 1}), source=SRC["a"])
+        db.add(ev("a", (64, 64, 64), 4.0, BASE, options={"swizzle": 8, "raster": 2}), source=SRC["a"])
+    assert main(["export", "--db", str(tmp_path / "r.db"), "--report", "r", "--out",
+                 str(tmp_path / "gk")]) == 0
+    row = KernelIndex.load(tmp_path / "gk").get("sm_90a", "f32", "RR", 64, 64, 64)
+    assert row.options_dict == {"raster": 2, "swizzle": 8} and "1 exported" in capsys.readouterr().out
+
+
 def test_export_refuses_unknown_source(tmp_path):
     root = tmp_path / "gk"
     by_sha = {v: SRC[k] for k, v in SHA.items()}

@@ -133,6 +133,40 @@ def test_validation_names_file_line_and_problem(tmp_path, over, message):
     assert message in text
 
 
+def test_options_column_roundtrips_and_old_indexes_read(tmp_path):
+    """A row's runtime options survive write/load in one canonical spelling; an index written
+    before the options column reads as rows without options."""
+    idx = KernelIndex(tmp_path)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64,
+            options={"swizzle": 8, "raster": 1}, **TUNED)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=64, K=64, **TUNED)
+    idx.write()
+    back = KernelIndex.load(tmp_path)
+    r = back.get("sm_90a", "f32", "RR", 64, 64, 64)
+    assert r.options == "raster=1;swizzle=8" and r.options_dict == {"raster": 1, "swizzle": 8}
+    assert back.get("sm_90a", "f32", "RR", 128, 64, 64).options_dict == {}
+    assert "raster=1;swizzle=8" in (tmp_path / "index.csv").read_text()
+    old = [",".join(c for c in COLUMNS if c not in KI.OPTIONAL_COLUMNS)] + [
+        ",".join(v for c, v in row.to_csv().items() if c not in KI.OPTIONAL_COLUMNS)
+        for row in back.rows]
+    (tmp_path / "index.csv").write_text("\n".join(old) + "\n")
+    assert [x.options for x in KernelIndex.load(tmp_path).rows] == ["", ""]
+
+
+@pytest.mark.parametrize("options,message", [
+    ("swizzle", "option 'swizzle' is not name=integer"),
+    ("swizzle=eight", "option 'swizzle=eight' is not name=integer"),
+    ("Swizzle=8", "option 'Swizzle=8' is not name=integer"),
+    ("swizzle=8;raster=1", "must be 'name=value;...' sorted by name"),
+])
+def test_malformed_options_name_the_entry_file_and_line(tmp_path, options, message):
+    """dispatch passes these to the kernel: a malformed entry stops the load, named."""
+    _write_index(tmp_path, [_good_row(tmp_path, options=options)])
+    with pytest.raises(KernelIndexError) as exc:
+        KernelIndex.load(tmp_path)
+    assert f"{tmp_path / 'index.csv'} line 2" in str(exc.value) and message in str(exc.value)
+
+
 def test_bad_header_and_duplicates(tmp_path):
     (tmp_path / "index.csv").write_text("arch,acc,layout,bogus\n")
     with pytest.raises(KernelIndexError, match=r"missing \[.*'M'.*unknown \['bogus'\]"):

@@ -15,11 +15,12 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
 from cudal2.core.toolchain import normalise_arch, pip_cuda_roots
-from cudal2.core.vocab import ACCS, LAYOUTS
+from cudal2.core.vocab import ACCS, LAYOUTS, OPTION_NAME
 
 ABI_SYMBOLS = ("cudal2_hgemm", "cudal2_meta")
 ABI2_SYMBOLS = ABI_SYMBOLS + ("cudal2_workspace",)
@@ -125,12 +126,13 @@ def meta_problems(meta: dict, arch: str | None = None) -> list[str]:
         out.append('meta declares options but not "abi": 2')
     seen = set()
     for o in opts:
-        ok = (isinstance(o, dict) and isinstance(o.get("name"), str) and o["name"]
+        ok = (isinstance(o, dict) and isinstance(o.get("name"), str)
+              and re.fullmatch(OPTION_NAME, o["name"])
               and isinstance(o.get("values"), list) and o["values"]
               and all(isinstance(v, int) and not isinstance(v, bool) for v in o["values"])
               and o.get("default") in o["values"])
         if not ok:
-            out.append(f"meta option {o!r} must be {{\"name\": str, \"values\": "
+            out.append(f"meta option {o!r} must be {{\"name\": a lower-case word, \"values\": "
                        "[int, ...], \"default\": one of the values}")
         elif o["name"] in seen:
             out.append(f"meta option {o['name']!r} declared twice")

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 
 from cudal2.core import knobs
 from cudal2.core.identity import content_sha
-from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, normalise_options
+from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, OPTION_NAME, normalise_options
 
 INDEX_NAME = "index.csv"
 SPEEDUP_COLUMNS = (
@@ -65,7 +65,7 @@ def parse_options(text: str) -> dict[str, int]:
     for part in filter(None, (text or "").split(";")):
         name, eq, value = part.partition("=")
         try:
-            if not eq or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+            if not eq or not re.fullmatch(OPTION_NAME, name):
                 raise ValueError
             out[name] = int(value)
         except ValueError:

@@ -17,6 +17,11 @@ INSTRUCTIONS = ("mma.sync", "wgmma")
 WIN_MARGIN = 0.02
 
 
+# A runtime option's name (docs/abi.md: lower-case words): what the meta may declare and what
+# index.csv's options column can hold.
+OPTION_NAME = r"[a-z][a-z0-9_]*"
+
+
 def normalise_options(options) -> tuple[tuple[str, int], ...]:
     """Runtime options as sorted (name, int) pairs, from a dict or pairs; the one spelling the
     DB, the cache rule, the kernel table and dispatch compare."""

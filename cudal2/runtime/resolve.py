@@ -173,9 +173,18 @@ def decide(dev, M, N, K, layout, a, b):
     return _nearest(dev, M, N, K, layout, a, b, d)
 
 
+def _contender_id(e) -> str:
+    """One (build, options) pair: a build tabled at several shapes may carry other options at
+    each, and the race, its stored verdict and the launch must keep them apart."""
+    return e.sha256 + (f"@{e.options}" if e.options else "")
+
+
 def _nearest(dev, M, N, K, layout, a, b, d: Decision):
-    libs = {e.sha256: load(e) for e in d.candidates}  # loaded by decide: dict gets
-    opts_by_sha = {e.sha256: e.options_dict for e in d.candidates}
+    entries: dict[str, object] = {}
+    for e in d.candidates:              # nearest first: a pair seen again farther away adds nothing
+        entries.setdefault(_contender_id(e), e)
+    libs = {cid: load(e) for cid, e in entries.items()}  # loaded by decide: dict gets
+    opts_by_sha = {cid: e.options_dict for cid, e in entries.items()}
     key = dict(device_env(dev), shape=[M, N, K], layout=layout, acc="f32",
                candidates=sorted(libs))
     verdict = R.read_verdict(key)
