@@ -246,7 +246,7 @@ def _instantiations() -> list:
     """The defaults, then for every value of every knob and layout one config that has it (the
     default with that one change where valid, else the first config of the space with it): 14
     builds of ~2-5 s, every value built at least once. CUDAL2_WGMMA_ALL=1: every instantiation
-    of the space (832, both layouts; ~25 min on 2 cores, reports/cpu/2026-11-23-wgmma-space)."""
+    of the space (832, both layouts; 35 min on 2 shared cores, all passed: reports/cpu/2026-11-23-wgmma-space)."""
     from cudal2.search.tune import enumerate_space
     space = [c for lay in ("RR", "RC") for c in enumerate_space(FAM, arch="sm_90a", acc="f32", layout=lay)]
     if os.environ.get("CUDAL2_WGMMA_ALL"):
@@ -266,9 +266,17 @@ def _instantiations() -> list:
 CASES = [pytest.param(c, id=c.label().replace("wgmma:", "")) for c in _instantiations()]
 
 
+@pytest.fixture(scope="module")
+def prebuilt():
+    """Every case built two at a time (nvcc per build is one core); the tests below read each
+    from the build cache. With CUDAL2_WGMMA_ALL=1 that halves ~45 minutes of builds."""
+    from cudal2.core.build import build_many
+    build_many([FAM.build_spec(p.values[0], "sm_90a") for p in CASES], jobs=2)
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CASES)
-def test_builds_without_spills(cfg):
+def test_builds_without_spills(cfg, prebuilt):
     r = _build(cfg)
     assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
     assert r.resources and max(x.stack_bytes for x in r.resources) == 0
@@ -287,7 +295,7 @@ def test_builds_without_spills(cfg):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CASES)
-def test_sass_holds_hgmma(cfg):
+def test_sass_holds_hgmma(cfg, prebuilt):
     """The sm_90a machine code runs the tensor cores through HGMMA (not HMMA/FFMA), and no
     wgmma is serialised. Needs cuobjdump and nvdisasm (pip nvidia-cuda-cuobjdump and
     nvidia-cuda-nvdisasm, both in the build extra); without them the PTX check in
@@ -307,7 +315,7 @@ def test_sass_holds_hgmma(cfg):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CASES)
-def test_meta_and_argument_checks(cfg):
+def test_meta_and_argument_checks(cfg, prebuilt):
     """cudal2_meta and the launcher's argument checks run on the host: no GPU needed."""
     from cudal2.core.abi import abi_version, load_library, meta_options, parse_meta
     from cudal2.templates import _wgmma_smem_bytes
@@ -361,7 +369,7 @@ def test_meta_and_argument_checks(cfg):
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CASES)
-def test_passes_the_harness_audit(cfg):
+def test_passes_the_harness_audit(cfg, prebuilt):
     from cudal2.core.abi import load_library
     from cudal2.harness.audit import audit_build
     spec = FAM.build_spec(cfg, "sm_90a")
