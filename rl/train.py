@@ -461,13 +461,27 @@ def run(cfg: RLConfig) -> dict:
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
         type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached,
         remeasured=reward.n_remeasured, fresh=executor.fresh, gpu_seconds=round(executor.gpu_seconds, 3))
-    shown = next(iter(sorted((out / "kernels").glob("*.cu"))), None)
-    if shown is not None:       # what the policy wrote: the head of one best kernel per shape
-        lines = shown.read_text().splitlines()
-        print(f"the policy wrote ({shown}, {len(lines)} lines):\n" + "\n".join(lines[:14]) + "\n  ...")
+    _show_written(reward, out)
     print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
           f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
     return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}
+
+
+def _show_written(reward, out: Path, head: int = 14) -> None:
+    """What the policy wrote: the head of one best kernel, or when none built, of the last
+    completion the harness saw with its verdict (the main job's point is to show this)."""
+    shown = next(iter(sorted((out / "kernels").glob("*.cu"))), None)
+    if shown is not None:
+        lines = shown.read_text().splitlines()
+        print(f"the policy wrote ({shown}, {len(lines)} lines):\n" + "\n".join(lines[:head]) + "\n  ...")
+        return
+    last = next((a for batch in reversed(reward.attempts) for a in reversed(batch) if a.source.strip()), None)
+    if last is None:
+        return
+    lines = last.source.splitlines()
+    why = f": {last.detail.splitlines()[0][:160]}" if last.detail else ""
+    print(f"the policy wrote (no kernel built; last completion for {'x'.join(map(str, last.shape))}, "
+          f"verdict {last.verdict}{why}; {len(lines)} lines):\n" + "\n".join(lines[:head]) + "\n  ...")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

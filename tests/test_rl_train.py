@@ -93,3 +93,22 @@ def test_launch_bound_shapes_are_left_out_with_the_reason_logged(tmp_path):
     shapes.write_text("M,N,K\n64,64,64\n")
     with pytest.raises(ValueError, match="launch-bound"):
         choose_shapes(cfg, log, tmp_path / "none.db", gpu="")
+
+
+def test_the_main_job_shows_what_the_policy_wrote(tmp_path, capsys):
+    """A best kernel when one built, else the last completion with its verdict: never nothing."""
+    from types import SimpleNamespace
+    from cudal2_rl.reward import Attempt
+    from cudal2_rl.train import _show_written
+    r = SimpleNamespace(attempts=[
+        [Attempt((64, 64, 64), "build_error", -0.5, detail="nvcc: error\nmore", source="// first\n")],
+        [Attempt((128, 64, 64), "not_abi", -0.85, detail="no cudal2_meta", source="// second\n"),
+         Attempt((128, 64, 64), "not_abi", -0.85, source="  \n")]])
+    _show_written(r, tmp_path)
+    out = capsys.readouterr().out
+    assert "no kernel built; last completion for 128x64x64, verdict not_abi: no cudal2_meta" in out
+    assert "// second" in out
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "64_64_64.cu").write_text("// best\n")
+    _show_written(r, tmp_path)
+    assert "// best" in capsys.readouterr().out
