@@ -268,14 +268,18 @@ def test_runtime_options_are_checked_against_the_meta_then_reach_the_worker_and_
 
     db = ResultsDB(tmp_path / "r.db")
     cands = [P.ScreenCandidate(src, br, (("swizzle", 8),)), P.ScreenCandidate(src, br, (("raster", 1),)),
-             P.ScreenCandidate(src, br, (("swizzle", 3),)), P.ScreenCandidate(src, br)]
+             P.ScreenCandidate(src, br, (("swizzle", 3),)), P.ScreenCandidate(src, br),
+             P.ScreenCandidate(src, br, {"swizzle": 2})]   # a dict reaches the worker as pairs
     rows, _ = P.screen(Shape(256, 256, 256), cands, db=db, pool=FakePool(), gpu=True, audits=audits)
-    assert [r.status for r in rows] == ["ok", "audit_rejected", "audit_rejected", "ok"]
+    assert [r.status for r in rows] == ["ok", "audit_rejected", "audit_rejected", "ok", "ok"]
     assert "not declared" in rows[1].detail and "not one of [1, 2, 4, 8]" in rows[2].detail
-    assert sent == [[(str(br.so_path), [("swizzle", 8)]), (str(br.so_path), [])]]
+    assert sent == [[(str(br.so_path), [("swizzle", 8)]), (str(br.so_path), []),
+                     (str(br.so_path), [("swizzle", 2)])]]
     assert sorted((r.status, str(r.options)) for r in db.rows(stage="screen")) == [
         ("audit_rejected", "{'raster': 1}"), ("audit_rejected", "{'swizzle': 3}"),
-        ("ok", "{'swizzle': 8}"), ("ok", "{}")]
+        ("ok", "{'swizzle': 2}"), ("ok", "{'swizzle': 8}"), ("ok", "{}")]
+    with pytest.raises(ValueError, match="swizzle"):
+        P.ScreenCandidate(src, br, {"swizzle": "8"})
     # finals apply the same check (evaluate_group reusing the audit of the screen)
     (fin,) = P.evaluate_group([EvalRequest(src, Shape(256, 256, 256), options={"raster": 1})],
                               build_results=[br], audits=audits, gpu=False)

@@ -24,6 +24,7 @@ from typing import Callable, Iterable
 from cudal2.core.abi import AbiError, option_values
 from cudal2.core.build import BuildSpec, build, build_many
 from cudal2.core.identity import source_sha
+from cudal2.core.vocab import normalise_options
 from cudal2.harness import measure as M, provenance, types as T
 from cudal2.harness.audit import audit_build, check_includes
 from cudal2.harness.baselines import BaselineError, build_baselines
@@ -426,8 +427,12 @@ class ScreenCandidate:
     the options, and who made it."""
     source: str
     build: object
-    options: tuple[tuple[str, int], ...] = ()
+    options: tuple[tuple[str, int], ...] = ()   # a dict is accepted
     origin: str = "screen"
+
+    def __post_init__(self):
+        # one spelling for every use below: the request, the meta check and the worker's args
+        object.__setattr__(self, "options", normalise_options(self.options))
 
 
 def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm_90a",
