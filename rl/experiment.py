@@ -63,7 +63,7 @@ from cudal2.search.tune import enumerate_space, families_for, read_shapes, searc
 from cudal2.timing.stats import bootstrap_geomean_ci
 from cudal2_rl import extract as _extract
 from cudal2_rl.estimate import facts_for_build
-from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, is_builtin, load_policy, sample
+from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, is_builtin, load_policy, sample
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import add_estimate, launch_bound
 
@@ -412,12 +412,28 @@ class PolicyArm:
     tok: object
     style: str
     max_new_tokens: int
+    temperature: float = 1.0
+    min_p: float = 0.05
     samples: dict = field(default_factory=dict)       # shape -> completions drawn
     no_code: dict = field(default_factory=dict)       # shape -> extraction failures
 
 
+def arm_sampling(name: str, run_config: dict | None = None) -> tuple[float, float]:
+    """(temperature, min_p) an arm samples with: what its policy sampled with in training (the
+    RL run's config where it set them, else the default of the policy it started from), so the
+    default small model is not drawn at temperature 1, where it builds 0 of 16."""
+    cfg = run_config or {}
+    temperature, min_p = default_sampling(cfg.get("policy") or name)
+    if (cfg.get("temperature") or 0) > 0:
+        temperature = float(cfg["temperature"])
+    if cfg.get("min_p") is not None and float(cfg["min_p"]) >= 0:
+        min_p = float(cfg["min_p"])
+    return temperature, min_p
+
+
 def load_arm_policy(arm: str, name: str, *, style: str = "", max_new_tokens: int = 0,
-                    small_builtin: bool = False, log=print) -> PolicyArm:
+                    small_builtin: bool = False, run_config: dict | None = None,
+                    log=print) -> PolicyArm:
     recipe = SMALL_RECIPE if small_builtin else BuiltinRecipe()
     try:
         import transformers
@@ -430,11 +446,14 @@ def load_arm_policy(arm: str, name: str, *, style: str = "", max_new_tokens: int
         raise ValueError(f"--{arm}-policy {name!r}: {exc}") from None
     builtin = is_builtin(name)
     style = style or ("compact" if builtin else "full")
-    return PolicyArm(arm, name, model, tok, style, max_new_tokens or (128 if style == "compact" else 2048))
+    temperature, min_p = arm_sampling(name, run_config)
+    base = (run_config or {}).get("policy") or name     # what an RL run started from
+    return PolicyArm(arm, name, model, tok, style, max_new_tokens or default_max_tokens(base),
+                     temperature, min_p)
 
 
 def run_policy_arm(pa: PolicyArm, shape: Shape, harness: Harness, *, samples: int, max_rounds: int,
-                   arch: str, acc: str, baseline: str, temperature: float, min_p: float, seed: int):
+                   arch: str, acc: str, baseline: str, seed: int):
     """Best of B: draw up to `samples` completions a round (no more than the fresh evaluations
     left), extract, evaluate; again while budget is left (repeats and extraction failures
     spend none), at most `max_rounds` rounds."""
@@ -445,7 +464,7 @@ def run_policy_arm(pa: PolicyArm, shape: Shape, harness: Harness, *, samples: in
             break
         k = min(samples, left)
         texts = sample(pa.model, pa.tok, [prompt], n=k, max_new_tokens=pa.max_new_tokens,
-                       temperature=temperature, min_p=min_p,
+                       temperature=pa.temperature, min_p=pa.min_p,
                        seed=seed * 100003 + rnd * 1009 + shape.M * 7 + shape.N * 3 + shape.K)
         pa.samples[shape] = pa.samples.get(shape, 0) + len(texts)
         srcs = []
@@ -689,8 +708,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--acc", default="f32", choices=("f32", "f16"))
     p.add_argument("--baseline", default="cublaslt_autotuned", choices=BASELINES)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--temperature", type=float, default=None, help="every policy arm's sampling "
+                   "temperature (default: what the arm's policy sampled with in training)")
+    p.add_argument("--min-p", type=float, default=None, help="every policy arm's min_p (default: as "
+                   "--temperature)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per harness evaluation")
     p.add_argument("--jobs", type=int, default=0, help="parallel builds (0 = CUDAL2_BUILD_JOBS)")
     p.add_argument("--db", default=None, help="results DB (default --out/results.db)")
@@ -770,10 +791,14 @@ def run(args, *, command: str = "") -> dict:
         cfg = rl_run.config or {}
         policies["rl"] = load_arm_policy("rl", args.rl_policy, style=rl_run.style,
                                          max_new_tokens=int(cfg.get("max_completion_length") or 0),
-                                         small_builtin=args.small_builtin, log=log)
+                                         small_builtin=args.small_builtin, run_config=cfg, log=log)
     for pa in policies.values():
+        if args.temperature is not None:
+            pa.temperature = args.temperature
+        if args.min_p is not None:
+            pa.min_p = args.min_p
         notes.append(f"{pa.arm} policy {pa.name} ({pa.style} prompts, {pa.max_new_tokens} new tokens, "
-                     f"temperature {args.temperature:g}, min_p {args.min_p:g})")
+                     f"temperature {pa.temperature:g}, min_p {pa.min_p:g})")
     notes.append(f"tune, random and exhaustive search the families {' '.join(args.families)} on {args.arch}")
 
     db_path = Path(args.db) if args.db else out / "results.db"
@@ -798,8 +823,7 @@ def run(args, *, command: str = "") -> dict:
             for arm in arms:
                 if arm in policies:
                     run_policy_arm(policies[arm], shape, harness, samples=samples, max_rounds=args.max_rounds,
-                                   arch=args.arch, acc=args.acc, baseline=args.baseline,
-                                   temperature=args.temperature, min_p=args.min_p, seed=args.seed)
+                                   arch=args.arch, acc=args.acc, baseline=args.baseline, seed=args.seed)
                 elif arm == "tune":
                     run_tune_arm(shape, harness, arch=args.arch, acc=args.acc, families=args.families,
                                  seed=args.seed, log=lambda *a: None)

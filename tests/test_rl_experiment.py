@@ -1,6 +1,7 @@
 """The RL-vs-search experiment (rl/experiment.py): held-out shapes, budget accounting, the
 summary, and (compile) the whole command end to end on a CPU with the small built-in policy and
 a real one-step RL run."""
+import argparse
 import csv
 import json
 import math
@@ -108,6 +109,20 @@ def test_read_rl_run(tmp_path):
     log.write_text(json.dumps({"type": "step", "attempts": []}) + "\n")
     with pytest.raises(ValueError, match="setup"):
         X.read_rl_run(log)
+
+
+def test_policy_arms_sample_as_their_policy_did_in_training():
+    """The default small model builds 0/16 at temperature 1: an arm that starts from it samples
+    at its own default, or at what its RL run set; the toy keeps temperature 1."""
+    assert X.arm_sampling("smollm2") == (0.6, 0.2)
+    assert X.arm_sampling("builtin") == (1.0, 0.05)
+    trained = {"policy": "smollm2", "temperature": 0.0, "min_p": -1.0}      # train's "use the default"
+    assert X.arm_sampling("runs/demo/policy", trained) == (0.6, 0.2)
+    assert X.arm_sampling("runs/demo/policy", {**trained, "temperature": 0.8, "min_p": 0.0}) == (0.8, 0.0)
+    p = argparse.ArgumentParser()
+    X.configure_parser(p)
+    args = p.parse_args([])
+    assert args.temperature is None and args.min_p is None          # per arm unless given
 
 
 # ---- held-out shapes ----------------------------------------------------------------------------
