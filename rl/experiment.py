@@ -63,7 +63,8 @@ from cudal2.search.tune import enumerate_space, families_for, read_shapes, searc
 from cudal2.timing.stats import bootstrap_geomean_ci
 from cudal2_rl import extract as _extract
 from cudal2_rl.estimate import facts_for_build
-from cudal2_rl.policy import SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, is_builtin, load_policy, sample
+from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, is_builtin,
+                             load_policy, sample, sampling_device)
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import add_estimate, launch_bound
 
@@ -446,6 +447,7 @@ def load_arm_policy(arm: str, name: str, *, style: str = "", max_new_tokens: int
         raise ValueError(f"--{arm}-policy {name!r}: {exc}") from None
     builtin = is_builtin(name)
     style = style or ("compact" if builtin else "full")
+    model.to(sampling_device()).eval()
     temperature, min_p = arm_sampling(name, run_config)
     base = (run_config or {}).get("policy") or name     # what an RL run started from
     return PolicyArm(arm, name, model, tok, style, max_new_tokens or default_max_tokens(base),

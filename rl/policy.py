@@ -359,8 +359,8 @@ def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print)
 
 def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path | None = None, log=print):
     """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template.
-    'smollm2' is the base model with the repo's warm-start adapter (rl/data/adapter, or `adapter`)
-    merged in: a plain causal LM, so GRPO trains it like any other (or a fresh LoRA on it)."""
+    'smollm2' is the base model with the repo's warm-start adapter (rl/data/adapter, or `adapter`,
+    or CUDAL2_ADAPTER) merged in: a plain causal LM, so GRPO trains it like any other (or a fresh LoRA on it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = resolve_policy(name, recipe=recipe, log=log)
     try:
@@ -373,10 +373,12 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     if name == DEFAULT_POLICY:
-        adapter = Path(adapter) if adapter else ADAPTER_DIR
+        from cudal2.core import knobs
+        adapter = Path(adapter) if adapter else knobs.adapter_dir() or ADAPTER_DIR
         if not (adapter / "adapter_config.json").is_file():
             raise ValueError(f"policy {name!r}: no LoRA adapter in {adapter} (train one with "
-                             "python -m cudal2_rl.warmstart; docs/rl.md has the recipe)")
+                             "python -m cudal2_rl.warmstart; docs/rl.md has the recipe"
+                             + ("; CUDAL2_ADAPTER names this folder" if knobs.adapter_dir() else "") + ")")
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
         # peft froze the base weights when it attached the adapter, and merging keeps them
@@ -411,6 +413,13 @@ def is_builtin(path_or_name: str) -> bool:
 
 
 # -- sampling and the build check --------------------------------------------------------
+def sampling_device() -> str:
+    """Where a policy samples outside training: the GPU when one is visible (a 1.5k-token
+    kernel file from the default model takes minutes on 2 CPU cores, seconds on a GPU)."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 128,
            temperature: float = 1.0, min_p: float = 0.05, seed: int = 0) -> list[str]:
     """Sample as training does (rl.config min_p default): min_p drops the rare garbage tokens
@@ -420,6 +429,7 @@ def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 
     msgs = [[{"role": "user", "content": p}] for p in prompts for _ in range(n)]
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt",
                                   padding=True, return_dict=True)
+    enc = {k: v.to(model.device) for k, v in enc.items()}
     with torch.no_grad():
         out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0, min_p=min_p or None,
                              max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
@@ -436,6 +446,7 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     cudal2_meta itself, no template include), built, audited (built and passed the audit), and
     `raw_built_audited`, the issue's figure: raw files that build and pass the audit. With `out`,
     every completion and its verdicts are written there."""
+    from cudal2.core import knobs
     from cudal2.core.build import BuildSpec, build_many
     from cudal2.harness.audit import audit_build
     from .extract import extract
@@ -446,7 +457,7 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     temperature = t_default if temperature is None else temperature
     min_p = p_default if min_p is None else min_p
     model, tok = load_policy(policy, recipe=recipe, log=log)
-    model.eval()
+    model.to(sampling_device()).eval()
     rng = random.Random(seed)
     shapes = list(shapes) if shapes else rng.sample(grid_shapes(), samples)
     shapes = [tuple(shapes[i % len(shapes)]) for i in range(samples)]
@@ -457,8 +468,8 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     for i in range(0, len(prompts), batch):
         texts += sample(model, tok, prompts[i:i + batch], seed=seed + i, temperature=temperature,
                         min_p=min_p, max_new_tokens=max_new)
-        log(f"  sampled {len(texts)}/{len(prompts)} ({time.time() - t0:.0f}s, torch threads "
-            f"{torch.get_num_threads()})")
+        log(f"  sampled {len(texts)}/{len(prompts)} ({time.time() - t0:.0f}s on {model.device}, "
+            f"torch threads {torch.get_num_threads()})")
     t_gen = time.time() - t0
     exts = [extract(t) for t in texts]
     ok_idx = [i for i, e in enumerate(exts) if e.ok]
@@ -484,7 +495,8 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
               "built": built, "fraction_built": built / samples, "audited": audited,
               "raw_built_audited": raw_ok,
               "unique_sources": len({exts[i].source for i in ok_idx}), "verdicts": verdicts,
-              "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1)}
+              "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1),
+              "device": str(model.device), "adapter": str(knobs.adapter_dir() or "") if policy == DEFAULT_POLICY else ""}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

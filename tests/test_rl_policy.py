@@ -1,5 +1,7 @@
 """cudal2_rl.policy's --policy argument: a bad path or an unusable directory is an error naming it
 (before transformers is asked, which would answer with a Hub-name parse error or a download try)."""
+import os
+
 import pytest
 
 from cudal2_rl.policy import is_builtin, resolve_policy
@@ -91,3 +93,16 @@ def test_default_policy_loads_offline_with_the_adapter_merged():
     base = AutoModelForCausalLM.from_pretrained(smollm2_base(log=lambda *a: None), local_files_only=True)
     name = "model.layers.29.self_attn.q_proj.weight"
     assert not torch.equal(model.state_dict()[name], base.state_dict()[name])   # the adapter is in
+
+
+def test_cudal2_adapter_names_the_adapter_the_default_policy_merges(tmp_path, monkeypatch):
+    """A GPU-trained adapter is used through CUDAL2_ADAPTER; a folder without one is refused by
+    name (before anything is merged)."""
+    from cudal2.core import knobs
+    assert knobs.adapter_dir() is None or "CUDAL2_ADAPTER" in os.environ
+    monkeypatch.setenv("CUDAL2_ADAPTER", str(tmp_path / "nothing"))
+    assert knobs.adapter_dir() == tmp_path / "nothing"
+    _need_smollm2()
+    from cudal2_rl.policy import load_policy
+    with pytest.raises(ValueError, match=r"no LoRA adapter in .*nothing.*CUDAL2_ADAPTER"):
+        load_policy("smollm2", log=lambda *a: None)

@@ -26,6 +26,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_ARCH", "", "target arch when no GPU is visible (sm_80, sm_90a)"),
     Knob("CUDAL2_BUILD_JOBS", "<cpu count>", "parallel nvcc processes for build_many"),
     Knob("CUDAL2_LOG", "warning", "log level of the cudal2 logger"),
+    Knob("CUDAL2_ADAPTER", "<repo>/rl/data/adapter", "the LoRA adapter the default policy (smollm2) merges"),
     Knob("CUDA_HOME", "", "CUDA toolkit root, searched first for nvcc (standard name)"),
 )
 
@@ -77,6 +78,13 @@ def build_jobs() -> int:
 
 def log_level() -> str:
     return _get("CUDAL2_LOG") or "warning"
+
+
+def adapter_dir() -> Path | None:
+    """CUDAL2_ADAPTER: a LoRA adapter folder for the default policy (e.g. one trained on a GPU);
+    None: the adapter that ships in rl/data/adapter."""
+    value = _get("CUDAL2_ADAPTER")
+    return Path(value).expanduser() if value else None
 
 
 def repo_root() -> Path:

