@@ -63,8 +63,8 @@ from cudal2.search.tune import enumerate_space, families_for, read_shapes, searc
 from cudal2.timing.stats import bootstrap_geomean_ci
 from cudal2_rl import extract as _extract
 from cudal2_rl.estimate import facts_for_build
-from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, is_builtin,
-                             load_policy, sample, sampling_device)
+from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, default_style,
+                             is_builtin, load_policy, sample, sampling_device)
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import add_estimate, launch_bound
 
@@ -419,17 +419,20 @@ class PolicyArm:
     no_code: dict = field(default_factory=dict)       # shape -> extraction failures
 
 
-def arm_sampling(name: str, run_config: dict | None = None) -> tuple[float, float]:
-    """(temperature, min_p) an arm samples with: what its policy sampled with in training (the
-    RL run's config where it set them, else the default of the policy it started from), so the
-    default small model is not drawn at temperature 1, where it builds 0 of 16."""
+def arm_settings(name: str, run_config: dict | None = None) -> tuple[str, int, float, float]:
+    """(prompt style, new tokens, temperature, min_p) an arm samples with: what its policy saw
+    in training (the RL run's config where it set them, else the defaults of the policy it
+    started from), so the default small model gets the brief prompt it was warm-started on and
+    is not drawn at temperature 1, where it builds 0 of 16."""
     cfg = run_config or {}
-    temperature, min_p = default_sampling(cfg.get("policy") or name)
+    base = cfg.get("policy") or name
+    temperature, min_p = default_sampling(base)
     if (cfg.get("temperature") or 0) > 0:
         temperature = float(cfg["temperature"])
     if cfg.get("min_p") is not None and float(cfg["min_p"]) >= 0:
         min_p = float(cfg["min_p"])
-    return temperature, min_p
+    return (default_style(base), int(cfg.get("max_completion_length") or 0) or default_max_tokens(base),
+            temperature, min_p)
 
 
 def load_arm_policy(arm: str, name: str, *, style: str = "", max_new_tokens: int = 0,
@@ -445,13 +448,9 @@ def load_arm_policy(arm: str, name: str, *, style: str = "", max_new_tokens: int
         model, tok = load_policy(name, recipe=recipe, log=log)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--{arm}-policy {name!r}: {exc}") from None
-    builtin = is_builtin(name)
-    style = style or ("compact" if builtin else "full")
     model.to(sampling_device()).eval()
-    temperature, min_p = arm_sampling(name, run_config)
-    base = (run_config or {}).get("policy") or name     # what an RL run started from
-    return PolicyArm(arm, name, model, tok, style, max_new_tokens or default_max_tokens(base),
-                     temperature, min_p)
+    d_style, d_tokens, temperature, min_p = arm_settings(name, run_config)
+    return PolicyArm(arm, name, model, tok, style or d_style, max_new_tokens or d_tokens, temperature, min_p)
 
 
 def run_policy_arm(pa: PolicyArm, shape: Shape, harness: Harness, *, samples: int, max_rounds: int,
@@ -792,7 +791,6 @@ def run(args, *, command: str = "") -> dict:
     if "rl" in arms:
         cfg = rl_run.config or {}
         policies["rl"] = load_arm_policy("rl", args.rl_policy, style=rl_run.style,
-                                         max_new_tokens=int(cfg.get("max_completion_length") or 0),
                                          small_builtin=args.small_builtin, run_config=cfg, log=log)
     for pa in policies.values():
         if args.temperature is not None:

@@ -112,13 +112,17 @@ def test_read_rl_run(tmp_path):
 
 
 def test_policy_arms_sample_as_their_policy_did_in_training():
-    """The default small model builds 0/16 at temperature 1: an arm that starts from it samples
-    at its own default, or at what its RL run set; the toy keeps temperature 1."""
-    assert X.arm_sampling("smollm2") == (0.6, 0.2)
-    assert X.arm_sampling("builtin") == (1.0, 0.05)
-    trained = {"policy": "smollm2", "temperature": 0.0, "min_p": -1.0}      # train's "use the default"
-    assert X.arm_sampling("runs/demo/policy", trained) == (0.6, 0.2)
-    assert X.arm_sampling("runs/demo/policy", {**trained, "temperature": 0.8, "min_p": 0.0}) == (0.8, 0.0)
+    """The default small model builds 0/16 at temperature 1 and was warm-started on the brief
+    prompt: an arm that starts from it samples as it does (or as its RL run set); the toy keeps
+    its compact prompt and temperature 1; any other model gets the full prompt."""
+    assert X.arm_settings("smollm2") == ("brief", 1792, 0.6, 0.2)
+    assert X.arm_settings("builtin") == ("compact", 128, 1.0, 0.05)
+    assert X.arm_settings("/models/coder") == ("full", 2048, 1.0, 0.05)
+    trained = {"policy": "smollm2", "temperature": 0.0, "min_p": -1.0,      # train's "use the default"
+               "max_completion_length": 0}
+    assert X.arm_settings("runs/demo/policy", trained) == ("brief", 1792, 0.6, 0.2)
+    assert X.arm_settings("runs/demo/policy", {**trained, "temperature": 0.8, "min_p": 0.0,
+                                               "max_completion_length": 1024}) == ("brief", 1024, 0.8, 0.0)
     p = argparse.ArgumentParser()
     X.configure_parser(p)
     args = p.parse_args([])
