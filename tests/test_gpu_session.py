@@ -156,3 +156,17 @@ def test_the_default_policys_gguf_travels_in_parts_and_is_joined_on_the_machine(
     found = subprocess.run([sys.executable, "-c", "from cudal2_rl.policy import smollm2_gguf; print(smollm2_gguf())"],
                            env=dict(os.environ, PYTHONPATH=str(keep / "pkgs")), capture_output=True, text=True)
     assert found.stdout.strip() == str(joined), found.stderr
+
+    # its conversion (made in the carried cache, which the next call's carry replaces) is kept too
+    converted = tmp_path / "cache1" / "rl" / "smollm2-135m-0123"
+    converted.mkdir(parents=True)
+    (converted / "source.json").write_text("{}")
+    for cache in ("cache1", "cache2"):                 # cache2: a later call's fresh carry
+        (tmp_path / cache).mkdir(exist_ok=True)
+        r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
+                env={"OUT": str(tmp_path / f"out_{cache}"), "GPU_SESSION_KEEP": str(keep),
+                     "GPU_SESSION_SMOLLM2": str(tmp_path / "c"), "GPU_SESSION_CACHE": str(tmp_path / cache)})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        link = tmp_path / cache / "rl" / converted.name
+        assert link.is_symlink() and (link / "source.json").is_file()
+    assert (keep / "hf" / converted.name / "source.json").is_file()

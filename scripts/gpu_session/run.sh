@@ -32,7 +32,8 @@
 # --budget-s is 30 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
 # 60 s less). EXPERIMENT_ARGS replaces the experiment's arguments, EXPERIMENT_RL its RL policy. RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
 # `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
-# GPU_SESSION_PACK: the campaign pack (default .gpu_campaign). TESTS_ARGS: extra pytest
+# GPU_SESSION_PACK: the campaign pack (default .gpu_campaign); GPU_SESSION_CACHE the carried build
+# cache (default .gpu_cache). TESTS_ARGS: extra pytest
 # arguments for the tests stage (e.g. "-k kerneltime" for a smoke run); TIMER_ARGS, TRACE_ARGS
 # and TRACE_ENV (e.g. CUDA_LAUNCH_BLOCKING=1) for those stages.
 # --allow-no-gpu: run on a machine without a GPU (CPU test of the plumbing; nothing is measured).
@@ -64,7 +65,8 @@ export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 # the RL package installs as cudal2_rl (pyproject maps it to rl/); nothing is installed here
 mkdir -p "$WORK/pkgs" && ln -sfn "$REPO/rl" "$WORK/pkgs/cudal2_rl"
 export PYTHONPATH=$PYTHONPATH:$WORK/pkgs
-[ -d .gpu_cache ] && export CUDAL2_CACHE=$REPO/.gpu_cache
+CARRIED_CACHE=${GPU_SESSION_CACHE:-$REPO/.gpu_cache}
+[ -d "$CARRIED_CACHE" ] && export CUDAL2_CACHE=$CARRIED_CACHE
 
 # The default policy's GGUF travels in parts over several calls (prepare.sh --smollm2): keep each
 # carried part outside the repo (the next call's carry replaces the repo's ignored folders) and
@@ -106,6 +108,21 @@ smollm2_stash() {
 smollm2_stash
 [ -d "$KEEP/pkgs" ] && export PYTHONPATH=$KEEP/pkgs:$PYTHONPATH
 [ "${CUDAL2_ADAPTER:-}" = keep ] && export CUDAL2_ADAPTER=$KEEP/adapter
+# The GGUF's conversion to a Hugging Face folder (cudal2_rl.policy.smollm2_base, ~40 s on 2 CPU
+# cores) lands in the cache, which the next call's carry of .gpu_cache replaces: keep it in $KEEP
+# and link it back into whatever cache this call has.
+RL_CACHE=${CUDAL2_CACHE:-$HOME/.cache/cudal2}/rl
+keep_conversions() {
+  local c
+  for c in "$RL_CACHE"/smollm2-135m-*; do
+    [ -d "$c" ] && [ ! -L "$c" ] && [ -f "$c/source.json" ] || continue
+    mkdir -p "$KEEP/hf" && rm -rf "${KEEP:?}/hf/$(basename "$c")" && mv "$c" "$KEEP/hf/" &&
+      ln -sfn "$KEEP/hf/$(basename "$c")" "$c" && echo "smollm2: kept the converted model in $KEEP/hf/$(basename "$c")"
+  done
+}
+for c in "$KEEP"/hf/smollm2-135m-*; do
+  [ -f "$c/source.json" ] && [ ! -e "$RL_CACHE/$(basename "$c")" ] && mkdir -p "$RL_CACHE" && ln -sfn "$c" "$RL_CACHE/$(basename "$c")"
+done
 
 # Wheels the image lacks (trl, datasets, ..., nvidia-cutlass): into /tmp/site, after the repo.
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -297,4 +314,5 @@ EOF
   esac
   pack "$s"
 done
+keep_conversions
 echo "run.sh done in $(( $(date +%s) - T0 )) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
