@@ -426,11 +426,7 @@ def arm_settings(name: str, run_config: dict | None = None) -> tuple[str, int, f
     is not drawn at temperature 1, where it builds 0 of 16."""
     cfg = run_config or {}
     base = cfg.get("policy") or name
-    temperature, min_p = default_sampling(base)
-    if (cfg.get("temperature") or 0) > 0:
-        temperature = float(cfg["temperature"])
-    if cfg.get("min_p") is not None and float(cfg["min_p"]) >= 0:
-        min_p = float(cfg["min_p"])
+    temperature, min_p = default_sampling(base, cfg.get("temperature"), cfg.get("min_p"))
     return (default_style(base), int(cfg.get("max_completion_length") or 0) or default_max_tokens(base),
             temperature, min_p)
 

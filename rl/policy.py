@@ -374,11 +374,12 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     if name == DEFAULT_POLICY:
         from cudal2.core import knobs
+        from_knob = not adapter and knobs.adapter_dir() is not None
         adapter = Path(adapter) if adapter else knobs.adapter_dir() or ADAPTER_DIR
         if not (adapter / "adapter_config.json").is_file():
             raise ValueError(f"policy {name!r}: no LoRA adapter in {adapter} (train one with "
                              "python -m cudal2_rl.warmstart; docs/rl.md has the recipe"
-                             + ("; CUDAL2_ADAPTER names this folder" if knobs.adapter_dir() else "") + ")")
+                             + ("; CUDAL2_ADAPTER names this folder" if from_knob else "") + ")")
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
         # peft froze the base weights when it attached the adapter, and merging keeps them
@@ -400,11 +401,15 @@ def default_max_tokens(name: str) -> int:
     return 128 if is_builtin(name) else 1792 if name == DEFAULT_POLICY else 2048
 
 
-def default_sampling(name: str) -> tuple[float, float]:
-    """(temperature, min_p) a policy samples with. The default small model garbles its long
-    files at temperature 1 (0/16 built, min_p 0.05); at 0.6 with min_p 0.2, 10/16 build and
-    pass the audit and 15 of 16 differ (reports/cpu/2026-11-23-smollm2-check-t06)."""
-    return (0.6, 0.2) if name == DEFAULT_POLICY else (1.0, 0.05)
+def default_sampling(name: str, temperature: float | None = None,
+                     min_p: float | None = None) -> tuple[float, float]:
+    """(temperature, min_p) a policy samples with: the given values where set (a temperature
+    above 0, a min_p of 0 or more; 0 turns min_p off), else the policy's own. The default small
+    model garbles its long files at temperature 1 (0/16 built, min_p 0.05); at 0.6 with min_p
+    0.2, 10/16 build and pass the audit and 15 of 16 differ (reports/cpu/2026-11-23-smollm2-check-t06)."""
+    t_default, p_default = (0.6, 0.2) if name == DEFAULT_POLICY else (1.0, 0.05)
+    return (float(temperature) if temperature is not None and temperature > 0 else t_default,
+            float(min_p) if min_p is not None and min_p >= 0 else p_default)
 
 
 def is_builtin(path_or_name: str) -> bool:
@@ -453,9 +458,7 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     from .prompts import make_prompt
     import torch
     t0 = time.time()
-    t_default, p_default = default_sampling(policy)
-    temperature = t_default if temperature is None else temperature
-    min_p = p_default if min_p is None else min_p
+    temperature, min_p = default_sampling(policy, temperature, min_p)
     model, tok = load_policy(policy, recipe=recipe, log=log)
     model.to(sampling_device()).eval()
     rng = random.Random(seed)
@@ -496,7 +499,8 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
               "raw_built_audited": raw_ok,
               "unique_sources": len({exts[i].source for i in ok_idx}), "verdicts": verdicts,
               "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1),
-              "device": str(model.device), "adapter": str(knobs.adapter_dir() or "") if policy == DEFAULT_POLICY else ""}
+              "device": str(model.device),
+              "adapter": str(knobs.adapter_dir() or ADAPTER_DIR) if policy == DEFAULT_POLICY else ""}
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -380,9 +380,7 @@ def run(cfg: RLConfig) -> dict:
     model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
     builtin = is_builtin(cfg.policy)
     style = cfg.prompt_style or default_style(cfg.policy)
-    temperature, min_p = default_sampling(cfg.policy)
-    temperature = cfg.temperature or temperature
-    min_p = min_p if cfg.min_p < 0 else cfg.min_p
+    temperature, min_p = default_sampling(cfg.policy, cfg.temperature, cfg.min_p)
     executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
                              screen=cfg.screen, finals_per_group=cfg.finals_per_group)
     db = ResultsDB(db_path)

@@ -1,7 +1,5 @@
 """cudal2_rl.policy's --policy argument: a bad path or an unusable directory is an error naming it
 (before transformers is asked, which would answer with a Hub-name parse error or a download try)."""
-import os
-
 import pytest
 
 from cudal2_rl.policy import is_builtin, resolve_policy
@@ -49,6 +47,9 @@ def test_sampling_defaults_follow_the_policy():
     from cudal2_rl.policy import default_sampling
     assert default_sampling("smollm2") == (0.6, 0.2)
     assert default_sampling("builtin") == default_sampling("/models/qwen") == (1.0, 0.05)
+    # set values win; 0 / -1 (train's "the policy's") and None fall back; min_p 0 is "off"
+    assert default_sampling("smollm2", 0.8, 0.0) == (0.8, 0.0)
+    assert default_sampling("smollm2", 0.0, -1.0) == default_sampling("smollm2", None, None) == (0.6, 0.2)
     cfg = RLConfig()
     assert cfg.temperature == 0.0 and cfg.min_p == -1.0
 
@@ -99,7 +100,8 @@ def test_cudal2_adapter_names_the_adapter_the_default_policy_merges(tmp_path, mo
     """A GPU-trained adapter is used through CUDAL2_ADAPTER; a folder without one is refused by
     name (before anything is merged)."""
     from cudal2.core import knobs
-    assert knobs.adapter_dir() is None or "CUDAL2_ADAPTER" in os.environ
+    monkeypatch.delenv("CUDAL2_ADAPTER", raising=False)
+    assert knobs.adapter_dir() is None                      # unset: the shipped adapter
     monkeypatch.setenv("CUDAL2_ADAPTER", str(tmp_path / "nothing"))
     assert knobs.adapter_dir() == tmp_path / "nothing"
     _need_smollm2()
