@@ -38,11 +38,30 @@ def test_prepare_packs_and_dry_runs(pack):
     assert sorted(b["name"] for b in m["baselines"]) == ["cublas", "cublaslt"]
     for e in m["candidates"] + m["baselines"]:
         assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu").is_file()
-    assert 0 < m["pack_bytes"] < campaign.MAX_PACK_BYTES
+    assert 0 < m["pack_bytes"] < 64 << 20
     assert any("dry run" in l and "0 problem(s)" in l for l in lines)
     assert (out / "shapes.csv").is_file()
     with pytest.raises(ValueError, match="not empty"):
         campaign.prepare(out / "shapes.csv", "sm_90a", out, families=["mma"])
+
+
+def test_pack_size_limit_is_the_users_flag(pack, tmp_path, monkeypatch):
+    """No pack-size limit by default (the fixture's pack passed without one); --max-pack-mib
+    refuses a larger pack, naming the flag."""
+    out, manifest, _, root = pack
+    monkeypatch.setenv("CUDAL2_CACHE", str(root / "cache"))       # the fixture's builds: cached
+    with pytest.raises(RuntimeError, match="--max-pack-mib"):
+        campaign.prepare(out / "shapes.csv", "sm_90a", tmp_path / "p", families=["mma"],
+                         limit_per_shape=2, jobs=2, include_tuned=False, log=lambda *a: None,
+                         max_pack_bytes=manifest["pack_bytes"] // 2)
+    import argparse
+    parser = argparse.ArgumentParser()
+    campaign.configure_parser(parser)
+    args = parser.parse_args(["prepare", "--shapes", "s.csv", "--out", "o"])
+    assert args.max_pack_mib is None
+    assert parser.parse_args(["prepare", "--shapes", "s.csv", "--out", "o",
+                              "--max-pack-mib", "64"]).max_pack_mib == 64.0
+    assert parser.parse_args(["run", "pack"]).budget_s == 0.0              # 0: no limit
 
 
 def test_dry_run_catches_a_corrupt_pack(pack, tmp_path):

@@ -4,7 +4,8 @@ prepare (CPU machine, nvcc, no GPU): plan the deduplicated candidates for a shap
   (cudal2.search.tune.plan), build them all in parallel (build cache), copy each build-cache entry
   (.so, ptxas stats, source, gzipped PTX) into a pack folder with a manifest, and dry-run the pack:
   every .so loads in a killable worker and exports the ABI symbols, its meta matches the
-  manifest. The pack is small enough to carry (< 64 MiB, checked).
+  manifest. `max_pack_bytes` (`--max-pack-mib`) refuses a pack larger than the user's limit
+  (none by default).
 run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): for each shape
   (the tuned table's shapes first, then the shape list), SCREEN every packed (build, runtime
   options) candidate of the shape in one warm worker (smoke check + a few kernel-time samples,
@@ -47,7 +48,6 @@ from cudal2.search.costmodel import CostModel, held_out_rank_correlation
 from cudal2.search.tune import build_plan, plan, read_shapes
 
 SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
-MAX_PACK_BYTES = 64 << 20
 MANIFEST = "manifest.json"
 
 
@@ -99,7 +99,8 @@ def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
 
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
             jobs: int | None = None, acc: str = "f32", layout: str = "RR",
-            include_tuned: bool = True, kernels_root=None, log=print) -> dict:
+            include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
+            log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
     the run re-measures what dispatch serves today."""
@@ -194,16 +195,16 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     size = _dir_bytes(out)
     manifest["pack_bytes"] = size
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    if size > MAX_PACK_BYTES:
-        raise RuntimeError(f"pack {out} is {size / 2**20:.1f} MiB > {MAX_PACK_BYTES >> 20} MiB: "
-                           "lower --limit-per-shape or the shape count")
+    if max_pack_bytes is not None and size > max_pack_bytes:
+        raise RuntimeError(f"pack {out} is {size / 2**20:.1f} MiB > --max-pack-mib "
+                           f"{max_pack_bytes / 2**20:g}: lower --limit-per-shape or the shape count")
     problems = dry_run(out, log=log)
     if problems:
         raise RuntimeError(f"dry run of {out} failed:\n  " + "\n  ".join(problems))
     log(f"plan: {len(shapes)} shapes ({len(first)} from the tuned table), {len(cands)} builds, "
         f"{manifest['screenings']} (shape, build, options) screenings")
     log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
-        f"carry it to a GPU machine and run `cudal2 campaign run {out} --budget-s 480 --out reports/`")
+        f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
     return manifest
 
 
@@ -422,7 +423,7 @@ def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 
     return chosen[:cap]
 
 
-def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"), baselines=None,
+def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
         server_gaps_ms=None, finals_per_shape: int = 2, log=print) -> dict:
     """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
@@ -643,9 +644,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
     p.add_argument("--no-tuned", action="store_true",
                    help="do not add the tuned table's kernels and shapes to the pack")
+    p.add_argument("--max-pack-mib", type=float, default=None,
+                   help="refuse a pack larger than this many MiB (default: no limit)")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
     r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
-    r.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget for the whole run")
+    r.add_argument("--budget-s", type=float, default=0.0,
+                   help="wall-clock budget for the whole run in seconds; the run stops cleanly "
+                        "before it (0, the default: no limit, every planned shape is timed)")
     r.add_argument("--out", default="reports", help="reports root: <out>/<gpu>/<date>-campaign/")
     r.add_argument("--modes", nargs="+", default=["offline", "e2e", "server"],
                    choices=("offline", "server", "e2e", "wall"),
@@ -668,9 +673,10 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.action == "prepare":
             prepare(args.shapes, args.arch, args.out, families=args.families,
                     limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
-                    acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned)
+                    acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
+                    max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20))
         elif args.action == "run":
-            run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
+            run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
                 finals_per_shape=args.finals_per_shape)
