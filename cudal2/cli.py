@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("cudal2.runs.export", "copy measured winners from the results DB into generated_kernels/"),
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
     "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
+    "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates"),
 }
 
 

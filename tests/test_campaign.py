@@ -129,6 +129,15 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no such file"):
         campaign.run(out, tmp_path / "r3", budget_s=60, allow_no_gpu=True,
                      resume_db=tmp_path / "missing.db", log=lambda *a: None)
+    # --db: calls append to one DB (created by the first) and re-time nothing it holds
+    acc = tmp_path / "acc" / "results.db"
+    for i in (4, 5):
+        campaign.run(out, tmp_path / f"r{i}", allow_no_gpu=True, db_path=acc, log=lambda *a: None)
+        with ResultsDB(acc, readonly=True) as dba:
+            assert dba.count() == n1
+    with pytest.raises(ValueError, match="gzipped"):
+        campaign.run(out, tmp_path / "r6", allow_no_gpu=True, db_path=tmp_path / "x.db.gz",
+                     log=lambda *a: None)
 
 
 def test_finalists_top_few_and_near_ties():

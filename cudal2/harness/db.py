@@ -294,12 +294,16 @@ class ResultsDB:
 
     def baseline_choices(self) -> dict[str, dict]:
         """{autotune key: the latest entry recorded for it}."""
+        return dict(self.baseline_choice_log())
+
+    def baseline_choice_log(self) -> list[tuple[str, dict]]:
+        """Every (autotune key, entry) recorded, oldest first."""
         with self._lock:
             try:
                 rows = self._conn.execute("SELECT key, entry FROM baseline_choices ORDER BY id").fetchall()
             except sqlite3.OperationalError:       # a read-only DB of schema 1
-                return {}
-        return {r["key"]: json.loads(r["entry"]) for r in rows}
+                return []
+        return [(r["key"], json.loads(r["entry"])) for r in rows]
 
     def rows(self, *, limit: int | None = None, **filters) -> list[Evaluation]:
         """Evaluations matching column filters (source_sha, M, N, K, arch, acc, layout, status,

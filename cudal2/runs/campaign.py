@@ -425,10 +425,12 @@ def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 
 
 def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
-        server_gaps_ms=None, finals_per_shape: int = 2, log=print) -> dict:
+        server_gaps_ms=None, finals_per_shape: int = 2, db_path=None, log=print) -> dict:
     """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
     results.db of an earlier run of this pack: its rows are copied in and what it recorded is
-    not timed again (the harness's cache rule)."""
+    not timed again (the harness's cache rule). db_path: a results DB to append to (created if
+    absent; default <run folder>/results.db): calls on any machine accumulate into it, and what it
+    already holds is not timed again."""
 
     start = time.monotonic()
     pack, out = Path(pack).resolve(), Path(out)
@@ -450,9 +452,12 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, budget "
         f"{budget_s:.0f} s; output {run_dir}")
     base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
+    db_path = Path(db_path) if db_path else run_dir / "results.db"
+    if db_path.suffix == ".gz":
+        raise ValueError(f"--db {db_path}: a gzipped DB is read-only; gunzip it or `cudal2 db merge` it")
     if resume_db:
-        _copy_db(Path(resume_db), run_dir / "results.db")
-    db = ResultsDB(run_dir / "results.db")
+        _copy_db(Path(resume_db), db_path)
+    db = ResultsDB(db_path)
     known_lt = db.baseline_choices()
     # export + reports after the last timing: 8 s for 49 shapes in the third H100 session
     # (its 60 s reserve left ~50 s of the lease idle)
@@ -662,6 +667,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="screened candidates per shape that go to finals (plus near-ties, at most 3)")
     r.add_argument("--resume-db", default=None,
                    help="results.db of an earlier run of this pack: copied in, its recorded pairs skipped")
+    r.add_argument("--db", default=None,
+                   help="results DB to append to (created if absent; default <run folder>/results.db): "
+                        "runs accumulate into it and skip what it already holds")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
     d = sub.add_parser("check", help="dry-run an existing pack (loads every .so in a worker)")
@@ -679,7 +687,7 @@ def run_cli(args: argparse.Namespace) -> int:
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
-                finals_per_shape=args.finals_per_shape)
+                finals_per_shape=args.finals_per_shape, db_path=args.db)
         else:
             problems = dry_run(args.pack)
             for p in problems:

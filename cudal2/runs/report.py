@@ -296,7 +296,8 @@ def plot(rows: list[ShapeRow], out: Path, *, mode: str) -> list[Path]:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", default="results.db", help="results DB (SQLite)")
+    parser.add_argument("--db", nargs="+", default=["results.db"],
+                        help="results DB(s) (SQLite; results.db.gz read as is); rows of all are read")
     parser.add_argument("--compare", action="store_true", help="search vs RL vs baselines per shape and bucket")
     parser.add_argument("--mode", default="offline",
                         help="timings key: offline (kernel time), server_<gap>ms, e2e_<kind>, wall")
@@ -304,16 +305,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None, help="weighted shape CSV for a time-weighted speedup "
                                                         "(shapes/llm_trace.csv)")
     parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-report)")
+    parser.add_argument("--coverage", action="store_true",
+                        help="per FLOP bucket: grid and trace shapes measured by kernel time, with an "
+                             "exported winner, geomean vs the fastest baseline and cuBLASLt autotuned")
+    parser.add_argument("--grid", default="shapes.csv", help="--coverage: the shape grid (M,N,K)")
+    parser.add_argument("--trace", default="shapes/llm_trace.csv",
+                        help="--coverage: the LLM trace (M,N,K[,layout]); '' to leave out")
+    parser.add_argument("--kernels", default=None,
+                        help="--coverage: the generated_kernels root whose tuned rows count as exported"
+                             " (default: $CUDAL2_KERNELS)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    if not Path(args.db).exists():
-        print(f"cudal2 report: no results DB at {args.db}", file=sys.stderr)
+    missing = [p for p in args.db if not Path(p).exists()]
+    if missing:
+        print(f"cudal2 report: no results DB at {', '.join(missing)}", file=sys.stderr)
         return 2
-    evs = ResultsDB(args.db, readonly=True).rows()
+    evs = [ev for p in args.db for ev in ResultsDB(p, readonly=True).rows()]
+    if args.coverage:
+        return _coverage_cli(args, evs)
     rows = collect(evs, mode=args.mode, gpu=args.gpu)
     if not rows:
-        print(f"cudal2 report: no measured candidate rows in {args.db} (mode {args.mode}); "
+        print(f"cudal2 report: no measured candidate rows in {' '.join(args.db)} (mode {args.mode}); "
               "rows from machines without a GPU are not_measured and make no report", file=sys.stderr)
         return 1
     try:
@@ -333,4 +346,30 @@ def run_cli(args: argparse.Namespace) -> int:
     (out / "command.txt").write_text(cmd + "\n")
     print(f"report over {len(rows)} shapes written to {out}: " + ", ".join(
         str(p.name) for p in paths.values() if isinstance(p, Path)))
+    return 0
+
+
+def _coverage_cli(args: argparse.Namespace, evs: list) -> int:
+    from cudal2.core.store import KernelIndex
+    from cudal2.runs import coverage as cov_mod
+    try:
+        lists = {"grid": cov_mod.read_shape_list(args.grid)}
+        if args.trace:
+            lists["trace"] = cov_mod.read_shape_list(args.trace)
+        tuned = KernelIndex.load(args.kernels).tuned_rows()
+    except (OSError, ValueError) as exc:
+        print(f"cudal2 report --coverage: {exc}", file=sys.stderr)
+        return 2
+    cov = cov_mod.coverage(evs, lists, tuned)
+    gpus = sorted({str((e.env or {}).get("gpu", "")) for e in cov_mod.kernel_time_rows(evs)} - {""})
+    tag = (gpus[0] if len(gpus) == 1 else "mixed" if gpus else "no-gpu").replace(" ", "_")
+    out = Path(args.out) if args.out else Path("reports") / tag / (_dt.date.today().isoformat() + "-coverage")
+    cmd = "cudal2 report " + " ".join(sys.argv[2:])
+    paths = cov_mod.write_report(cov, out, sources=list(args.db), command=cmd)
+    (out / "command.txt").write_text(cmd + "\n")
+    for t in cov_mod.bucket_table(cov):
+        if t["bucket"] == "all":
+            print(f"{t['list']}: {t['measured']} of {t['shapes']} shapes measured by kernel time, "
+                  f"{t['exported']} with an exported winner")
+    print(f"coverage written to {out}: " + ", ".join(p.name for p in paths.values()))
     return 0
