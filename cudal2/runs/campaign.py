@@ -100,15 +100,29 @@ def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
             jobs: int | None = None, acc: str = "f32", layout: str = "RR",
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
+            order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
             log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
-    the run re-measures what dispatch serves today."""
+    the run re-measures what dispatch serves today. order "gain": the shapes `measured_dbs`
+    (results DBs) have not measured by kernel time, most promising first
+    (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
+    if order == "gain":
+        from cudal2.runs.coverage import order_by_gain
+        evs = [ev for p in measured_dbs for ev in ResultsDB(p, readonly=True).rows()]
+        ranked = order_by_gain(shapes, evs, CostModel.default(arch=arch), layout=layout)
+        log(f"order gain: {len(shapes) - len(ranked)} of {len(shapes)} shapes measured already "
+            f"({len(measured_dbs)} DBs); next: " + ", ".join(f"{s} {g:.3f}" for s, g in ranked[:5]))
+        shapes = [s for s, _ in ranked]
+    elif order != "file":
+        raise ValueError(f"--order {order!r}: file or gain")
+    if limit_shapes:
+        shapes = shapes[:limit_shapes]
     tuned = tuned_rows(arch, acc, layout, kernels_root) if include_tuned else []
     first = [Shape(*r.shape) for r in tuned]
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
@@ -649,6 +663,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
     p.add_argument("--no-tuned", action="store_true",
                    help="do not add the tuned table's kernels and shapes to the pack")
+    p.add_argument("--order", default="file", choices=("file", "gain"),
+                   help="file: the shape list's order; gain: only shapes the --db DBs have not "
+                        "measured by kernel time, by expected gain (docs/tuning.md)")
+    p.add_argument("--limit-shapes", type=int, default=None, help="keep the first N shapes after ordering")
+    p.add_argument("--db", nargs="+", default=[],
+                   help="--order gain: results DBs (results.db.gz too) whose measurements are skipped "
+                        "and rank the rest")
     p.add_argument("--max-pack-mib", type=float, default=None,
                    help="refuse a pack larger than this many MiB (default: no limit)")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
@@ -682,7 +703,8 @@ def run_cli(args: argparse.Namespace) -> int:
             prepare(args.shapes, args.arch, args.out, families=args.families,
                     limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
                     acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
-                    max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20))
+                    max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
+                    order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
