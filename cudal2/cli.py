@@ -35,6 +35,19 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+# (verb, flag) -> the module that serves the verb with that flag (the flag is dropped)
+FLAG_MODULES = {("bench", "--overhead"): "cudal2.runs.overhead",
+                ("report", "--coverage"): "cudal2.runs.coverage"}
+
+
+def module_for(verb: str, rest: list[str]) -> tuple[str, list[str]]:
+    """The module that serves `cudal2 VERB REST...` and the arguments its parser gets."""
+    for (v, flag), module in FLAG_MODULES.items():
+        if v == verb and flag in rest:
+            return module, [a for a in rest if a != flag]
+    return VERBS[verb][0], rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=knobs.log_level().upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -45,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"cudal2: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name = VERBS[verb][0]
-    if verb == "bench" and "--overhead" in rest:
-        module_name = "cudal2.runs.overhead"
-        rest = [a for a in rest if a != "--overhead"]
+    module_name, rest = module_for(verb, rest)
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", description=VERBS[verb][1])
     module.configure_parser(parser)

@@ -178,7 +178,7 @@ def test_fits_and_predicts_on_checked_in_measurements():
     dbs = _checked_in_measurement_dbs()
     if not dbs:
         pytest.skip("no checked-in GPU measurements under reports/<gpu>/ yet (awaiting a GPU run: "
-                    "scripts/gpu_session/, docs/gpu_session.md)")
+                    "tools/gpu_session/, docs/gpu_session.md)")
     from cudal2.harness.db import ResultsDB
     evaluations = [ev for p in dbs for ev in ResultsDB(p, readonly=True).rows() if ev.status == "ok" and not ev.estimated]
     if len(evaluations) < 10:

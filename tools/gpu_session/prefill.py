@@ -6,7 +6,7 @@ so a test that gains a kernel is prefilled too. Entries already built in another
 default ~/.cache/cudal2) are copied instead of recompiled: the key is content-addressed, so an
 entry with the same key is the same binary.
 
-    CUDAL2_CACHE=.gpu_cache python scripts/gpu_session/prefill.py --arch sm_90a
+    CUDAL2_CACHE=.gpu_cache python tools/gpu_session/prefill.py --arch sm_90a
 """
 from __future__ import annotations
 

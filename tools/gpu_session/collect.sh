@@ -7,7 +7,7 @@
 #   hostile  -> `cudal2 report` (verdicts are in its DB and report)
 #   rl       -> `cudal2 report` on the run's DB
 #
-#   scripts/gpu_session/collect.sh FILES_DIR [--reports reports] [--kernels generated_kernels] [--no-export]
+#   tools/gpu_session/collect.sh FILES_DIR [--reports reports] [--kernels generated_kernels] [--no-export]
 #                                  [--tag TAG]   (folders <date>-<stage>-TAG, e.g. TAG=s3-call2)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,7 +46,7 @@ for tgz in "$SRC"/*.tar.gz; do
   cp "$SRC/provenance.txt" "$dest/provenance.txt"
   [ -f "$SRC/session.log" ] && cp "$SRC/session.log" "$dest/session.log"
   ran=$(sed -n 's/^tree_hash: //p' "$SRC/provenance.txt")
-  here=$(bash scripts/gpu_session/tree_hash.sh .)
+  here=$(bash tools/gpu_session/tree_hash.sh .)
   { echo "collect.sh $SRC (local HEAD $(git rev-parse HEAD), $(date -u +%FT%TZ))"
     echo "tree_hash ran ${ran:-unrecorded}, local $here: $([ "$ran" = "$here" ] && echo same code || echo 'DIFFERENT code: find the commit whose tree_hash.sh matches')"
   } > "$dest/collected.txt"

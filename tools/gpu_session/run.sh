@@ -3,7 +3,7 @@
 # each under its own time budget, and pack each stage's outputs into $OUT/<stage>.tar.gz (the
 # tool returns at most 8 files from $OUT: provenance.txt, session.log and one tarball a stage).
 #
-#   scripts/gpu_session/run.sh [--allow-no-gpu] STAGE...
+#   tools/gpu_session/run.sh [--allow-no-gpu] STAGE...
 # stages:
 #   tests     python -m pytest -m gpu (junit XML + log)                                   issue 2, 3
 #   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)                 issue 2
@@ -143,7 +143,7 @@ commit=$(git rev-parse HEAD 2>/dev/null) && commit_from=git || {
   echo "command: $0 $*"
   echo "stages: ${STAGES[*]}"
   echo "git_commit: $commit ($commit_from; may be stale: the tree hash below names the code that ran)"
-  echo "tree_hash: $(bash scripts/gpu_session/tree_hash.sh . 2>/dev/null || echo unknown)"
+  echo "tree_hash: $(bash tools/gpu_session/tree_hash.sh . 2>/dev/null || echo unknown)"
   echo "hostname: $(hostname)  kernel: $(uname -r)  cpus: $(nproc)"
   echo "python: $($PY -c 'import sys; print(sys.version.split()[0], sys.executable)')"
   echo "torch: $($PY -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>&1 | tail -1)"
@@ -222,7 +222,7 @@ for s in "${STAGES[@]}"; do
       if [ "$gpu_ok" = 1 ]; then ovh=(--device cuda --shape 64 64 64 --shape 256 256 256 --shape 128 4096 4096)
       else ovh=(--device cpu); fi
       stage overhead "$(budget overhead "${BUDGET_OVERHEAD:-90}")" bash -c "
-        $PY scripts/gpu_session/overhead_table.py '$d/kernels' 64,64,64 256,256,256 128,4096,4096 &&
+        $PY tools/gpu_session/overhead_table.py '$d/kernels' 64,64,64 256,256,256 128,4096,4096 &&
         CUDAL2_KERNELS='$d/kernels' $PY -m cudal2.runs.overhead ${ovh[*]} --json '$d/overhead_kernel_path.json' &&
         $PY -m cudal2.runs.overhead --device all --json '$d/overhead_shipped_table.json'"
       rm -rf "$d/kernels"   # the fixture table states no measured speedup: it stays here

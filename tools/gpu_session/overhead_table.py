@@ -6,7 +6,7 @@ This table states no measured speedup: its rows carry the smallest value the ind
 tuned row and a report field that says so; run.sh deletes it after the stage, and the overhead
 JSON's `served_by` says which path was timed. The same fixture as tests/test_matmul.py's gpu_store.
 
-    python scripts/gpu_session/overhead_table.py DIR M,N,K [M,N,K ...]
+    python tools/gpu_session/overhead_table.py DIR M,N,K [M,N,K ...]
 """
 import sys
 from pathlib import Path
