@@ -64,6 +64,29 @@ def test_pack_size_limit_is_the_users_flag(pack, tmp_path, monkeypatch):
     assert parser.parse_args(["run", "pack"]).budget_s == 0.0              # 0: no limit
 
 
+def test_prepare_order_gain_packs_the_unmeasured_shapes(pack, tmp_path, monkeypatch):
+    """--order gain --db: a shape the DB measured by kernel time is left out of the pack."""
+    from cudal2.core.identity import source_sha
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.pipeline import record
+    from cudal2.harness.types import BASELINES, Evaluation, Shape
+    out, _, _, root = pack
+    monkeypatch.setenv("CUDAL2_CACHE", str(root / "cache"))       # the fixture's builds: cached
+    src = "int measured_kernel;"
+    t = {"offline": {"candidate": {"median_us": 5.0}, **{b: {"median_us": 4.0} for b in BASELINES}}}
+    ev = Evaluation(status="ok", source_sha=source_sha(src), shape=Shape(64, 64, 64), arch="sm_90a",
+                    acc="f32", layout="RR", timings=t, correctness={"ok": True},
+                    env={"gpu": "Fake GPU (synthetic)", "settings": {"timer": "kernel"}})
+    with ResultsDB(tmp_path / "done.db") as db:
+        record(db, ev, source=src)
+    lines = []
+    m = campaign.prepare(out / "shapes.csv", "sm_90a", tmp_path / "p", families=["mma"],
+                         limit_per_shape=2, jobs=2, include_tuned=False, log=lines.append,
+                         order="gain", measured_dbs=[tmp_path / "done.db"], limit_shapes=5)
+    assert m["shapes"] == [[256, 128, 512]]
+    assert any("order gain: 1 of 2 shapes measured already" in l for l in lines)
+
+
 def test_dry_run_catches_a_corrupt_pack(pack, tmp_path):
     out, _, _, _ = pack
     bad = tmp_path / "bad"
