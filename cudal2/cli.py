@@ -22,7 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "tune": ("cudal2.search.tune", "search the template families per shape (`--build-only` on CPU machines)"),
     "export": ("cudal2.runs.export", "copy measured winners from the results DB into generated_kernels/"),
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
-    "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
+    "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines; `--coverage`: shapes measured and exported per FLOP bucket)"),
     "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates"),
 }
 
