@@ -112,16 +112,6 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
                      resume_db=tmp_path / "missing.db", log=lambda *a: None)
 
 
-def test_finalists_top_few_and_near_ties():
-    f = campaign.finalists
-    assert f([(0, 10.0), (1, 12.0), (2, 30.0), (3, None)], top=2) == [0, 1]
-    assert f([(0, 10.0), (1, 12.0), (2, 10.2)], top=1) == [0, 2]          # within 3% joins
-    assert f([(0, 10.0), (1, 10.1), (2, 10.2), (3, 10.25)], top=1, cap=3) == [0, 1, 2]
-    # anything within noise of the reference (torch) also goes to finals
-    assert f([(0, 10.0), (1, 10.8)], top=1, reference_us=10.5) == [0, 1]
-    assert f([(0, None)]) == []
-
-
 def test_sweeps_and_throughput_table():
     assert campaign._sweep({"sweeps": [[[64, 64, 64], [{"swizzle": 8}, {"swizzle": 1}]]]},
                            (64, 64, 64)) == [{"swizzle": 8}, {"swizzle": 1}]

@@ -168,6 +168,19 @@ def _interval_dict(iv) -> dict:
     return {"median": iv.median, "lo": iv.lo, "hi": iv.hi, "n": iv.n}
 
 
+def kernel_bar(result: dict, margin: float, mode: str = "offline") -> tuple[bool, float | None, str]:
+    """(clears, lower end, baseline) of the export rule's kernel-time bar for one result (row
+    parts timings/speedups/stats): the lowest lower end of its speedup intervals against every
+    baseline timed in the session must be at least 1 + margin."""
+    timed = set(((result.get("speedups") or {}).get(mode) or {}))
+    ivs = (((result.get("stats") or {}).get(mode) or {}).get("speedup")) or {}
+    los = {b: ivs[b].get("lo") for b in timed if isinstance(ivs.get(b), dict)}
+    if not timed or len(los) < len(timed) or any(v is None for v in los.values()):
+        return False, None, ""
+    who = min(los, key=los.get)
+    return los[who] >= 1.0 + margin, float(los[who]), who
+
+
 def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, peak,
                notes: dict, backend=None, l2_bytes: int | None = None, e2e=None,
                kernel_config: "KT.KernelTimeConfig | None" = None,
@@ -244,7 +257,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
 
     def record(key: str, kt: "KT.KernelTimes", session: dict) -> None:
         for c, res in results.items():
-            if res["status"] != "ok":
+            if res["status"] != "ok" or c not in kt.per_round:
                 continue
             t = {"candidate": kt.stats_dict(c)}
             sp, spd = {}, {}
@@ -272,6 +285,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                 notes["timed_outputs"] = (notes.get("timed_outputs", "") + "; " + f).strip("; ")
         return bad
 
+    gated: set = set()           # candidates below the gate's bar: no server, no e2e
     try:
         cal = None
         if "offline" in request.modes or "server" in request.modes:
@@ -284,10 +298,22 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                                      verify=verify, prepare=prepare, calibration=cal)
             fail_timed(kt.failures)
             record("offline", kt, kt.session_dict())
-        if "server" in request.modes and any(r["status"] == "ok" for r in results.values()):
+        gate = getattr(request, "gate_margin", None)
+        if gate is not None and "offline" in request.modes:
+            # server mode and the end-to-end call only for a candidate past the export bar
+            for r in results.values():
+                if r["status"] != "ok":
+                    continue
+                ok, lo, who = kernel_bar(r, gate)
+                r["gate"] = {"margin": gate, "passed": ok, "lo": lo, "baseline": who,
+                             "skipped": [] if ok else [m for m in request.modes
+                                                       if m in ("server", "e2e")]}
+        gated = {c for c, r in results.items() if (r.get("gate") or {}).get("passed") is False}
+        if "server" in request.modes and any(r["status"] == "ok" and c not in gated
+                                             for c, r in results.items()):
             scfg = server_config or KT.ServerConfig(gaps_ms=tuple(request.server_gaps_ms))
             live = {n: f for n, f in callables.items()
-                    if n not in results or results[n]["status"] == "ok"}
+                    if n not in results or (results[n]["status"] == "ok" and n not in gated)}
             with _phase(phases, "server"):
                 by_gap = KT.time_after_gaps(live, scfg, backend, calibration=cal, n_sets=pool.n_sets,
                                             pairs=[p for p in pairs if p[1] in live], verify=verify)
@@ -323,7 +349,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                      detail=f"offline median {t:.3g} us is below the physical lower bound "
                             f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
             continue
-        if e2e is not None and "e2e" in request.modes:
+        if e2e is not None and "e2e" in request.modes and c not in gated:
             with _phase(phases, "e2e"):
                 out = e2e(c, t)
             for kind, whos in out["timings"].items():

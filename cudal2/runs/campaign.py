@@ -9,9 +9,9 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
   (the tuned table's shapes first, then the shape list), SCREEN every packed (build, runtime
   options) candidate of the shape in one warm worker (smoke check + a few kernel-time samples,
   early stop when clearly slower), then run the FINALS of the best few in a fresh worker
-  (correctness suite, kernel time against every baseline with the stopping rule, end-to-end
-  call, server mode) through cudal2.harness (build_result=..., baseline_libs=...: nothing is
-  recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
+  (correctness suite, kernel time against every baseline with the stopping rule; end-to-end
+  call and server mode for a kernel past the export margin) through the harness's tournament
+  (cudal2.harness.tournament; build_result=..., baseline_libs=...: nothing is recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
   (CSV, markdown, PNG), the throughput (screenings and finals per GPU-minute) and the cost
   model's held-out score next to the DB.
 """
@@ -38,7 +38,9 @@ from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
 from cudal2.harness import baselines as hb
 from cudal2.harness.audit import check_dependencies
 from cudal2.harness.db import ResultsDB
-from cudal2.harness.pipeline import ScreenCandidate, audit_verdict, evaluate_group, gpu_pool, screen
+from cudal2.harness import tournament
+from cudal2.harness.pipeline import audit_verdict, gpu_pool
+from cudal2.harness.tournament import Entrant
 from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
@@ -407,21 +409,6 @@ class Throughput:
         return out + ([phase] if phase else [])
 
 
-def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 3,
-              reference_us: float | None = None) -> list[int]:
-    """Indices of the screened candidates that go to finals: the `top` fastest, plus any within
-    `within` of the fastest or of the reference (torch) time, at most `cap`. `screened` holds
-    (index, median_us or None)."""
-    ok = sorted((t, i) for i, t in screened if t)
-    if not ok:
-        return []
-    best = ok[0][0]
-    bar = max(best, reference_us or 0.0) * (1.0 + within)
-    chosen = [i for _, i in ok[:top]]
-    chosen += [i for t, i in ok[top:] if t <= bar]
-    return chosen[:cap]
-
-
 def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
         server_gaps_ms=None, finals_per_shape: int = 2, log=print) -> dict:
@@ -475,6 +462,10 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         f"({sum(not a['ok'] for a in audits.values())} rejected)")
     screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
     final_pool = gpu_pool(max_tasks=1, spare=2) if has_gpu else WorkerPool(1)
+    backend = tournament.HarnessBackend(db=db, screen_pool=screen_pool, finals_pool=final_pool,
+                                        gpu=has_gpu, trusted=True, baseline_libs=base_libs,
+                                        lt_known=known_lt, audits=audits)
+    policy = tournament.FinalistPolicy(top=finals_per_shape)
     try:
         for shape, pairs in plan_:
             now = time.monotonic()
@@ -486,53 +477,29 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
             S = Shape(*shape)
             bucket = report.size_bucket(*shape)
             sources = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
-            # 1. screening (ranking only), skipped when there is one candidate
-            chosen = list(range(len(pairs)))
-            if len(pairs) > 1:
-                cands = [ScreenCandidate(sources[c["sha"]], builds[c["sha"]],
-                                         tuple(sorted(o.items())), origin="tune")
-                         for c, o in pairs]
-                prior = [ev for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")]
-                stored = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev for ev in prior}
-                rows = [stored.get((c["sha"], tuple(sorted(o.items())))) for c, o in pairs]
-                todo = [i for i, r in enumerate(rows) if r is None]
-                t0 = time.monotonic()
-                ref = {}
-                if todo:
-                    got, ref = screen(S, [cands[i] for i in todo], arch=m["arch"], acc=m.get("acc"),
-                                      db=db, pool=screen_pool, gpu=has_gpu, audits=audits)
-                    for i, r in zip(todo, got):
-                        rows[i] = r
-                thr.add("screen", bucket, len(todo), time.monotonic() - t0)
-                timed = [(i, ((r.timings or {}).get("screen", {}).get("candidate") or {}).get("median_us")
-                          if r.status == "ok" else None) for i, r in enumerate(rows)]
-                chosen = finalists(timed, top=finals_per_shape, reference_us=ref.get("torch_us")) \
-                    if has_gpu else [i for i, r in enumerate(rows) if r.status == "not_measured"][:finals_per_shape]
-                for r in rows:
+            # screen, finalists, one finals session (cudal2.harness.tournament)
+            prior = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev
+                     for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")}
+            entrants = [Entrant(EvalRequest(source=sources[c["sha"]], shape=S, arch=m["arch"],
+                                            acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
+                                            origin="tune", options=o, server_gaps_ms=gaps,
+                                            gate_margin=margin,
+                                            timeout_s=max(10.0, min(120.0, deadline - time.monotonic()))),
+                                builds[c["sha"]], layout=_meta(c).get("layout", m.get("layout", "RR")),
+                                screened=prior.get((c["sha"], tuple(sorted(o.items())))))
+                        for c, o in pairs]
+            before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
+            res = tournament.run(S, entrants, backend, policy)
+            if res.screened_fresh:
+                thr.add("screen", bucket, res.screened_fresh, res.screen_s)
+            for r in res.screened:
+                if r is not None:
                     statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
-            # 2. finals of the chosen few in one fresh worker (our own templates: trusted)
-            reqs = [EvalRequest(source=sources[pairs[i][0]["sha"]], shape=S, arch=m["arch"],
-                                acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
-                                origin="tune", options=pairs[i][1], server_gaps_ms=gaps,
-                                timeout_s=max(10.0, min(120.0, deadline - time.monotonic())))
-                    for i in chosen]
-            if reqs:
-                t0 = time.monotonic()
-                by_layout: dict[str, list[int]] = {}
-                for j, i in enumerate(chosen):
-                    meta = _meta(pairs[i][0])
-                    by_layout.setdefault(meta.get("layout", m.get("layout", "RR")), []).append(j)
-                evs = []
-                before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
-                for js in by_layout.values():
-                    group = evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
-                                           build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
-                                           baseline_libs=base_libs, gpu=has_gpu,
-                                           lt_known=known_lt, audits=audits)
-                    thr.add_phases(next((ev.env.get("phases_s") for ev in group
-                                         if ev.id not in before and (ev.env or {}).get("phases_s")), None))
-                    evs += group
-                thr.add("final", bucket, len(reqs), time.monotonic() - t0)
+            evs = list({id(res.rows[i]): res.rows[i] for i in res.finalists}.values())
+            if evs:
+                thr.add_phases(next((ev.env.get("phases_s") for ev in evs
+                                     if ev.id not in before and (ev.env or {}).get("phases_s")), None))
+                thr.add("final", bucket, len(evs), res.finals_s)
                 for ev in evs:
                     statuses[ev.status] = statuses.get(ev.status, 0) + 1
                 best = [ev for ev in evs if ev.status == "ok"]
@@ -542,7 +509,8 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                     iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
                     if iv:
                         note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
-                log(f"  {S} {bucket}: {len(pairs)} screened, {len(reqs)} in finals: "
+                log(f"  {S} {bucket}: {len(pairs)} screened, {len(evs)} in finals "
+                    f"({res.sessions} session{'s' if res.sessions != 1 else ''}): "
                     f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
             done_shapes += 1
             dt = time.monotonic() - t_shape
