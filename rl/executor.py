@@ -26,11 +26,9 @@ the run log prints fresh evaluations per GPU-minute (target >= 60), or "not meas
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build, build_many
@@ -38,11 +36,10 @@ from cudal2.core.identity import source_sha
 from cudal2.harness import evaluate, evaluate_many, provenance
 from cudal2.harness.baselines import BaselineError, build_baselines
 from cudal2.harness import tournament
+from cudal2.harness.cluster import connect_ray, ray_actors
 from cudal2.harness.pipeline import gpu_pool
 from cudal2.harness.tournament import Entrant, FinalistPolicy, HarnessBackend
 from cudal2.harness.types import Evaluation
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def visible_gpu_name() -> str:
@@ -333,32 +330,9 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None,
                  compile_workers: int | None = None):
         super().__init__()
-        import ray
-        self._ray = ray
-        self._owns = False
-        if not ray.is_initialized():
-            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-                p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}}
-            for k in ("CUDAL2_CACHE", "CUDAL2_ARCH", "CUDAL2_KERNELS"):
-                if os.environ.get(k):
-                    env["env_vars"][k] = os.environ[k]
-            kw = dict(runtime_env=env, ignore_reinit_error=True, logging_level="ERROR",
-                      log_to_driver=False)
-            if address:
-                ray.init(address=address, **kw)
-            else:
-                ray.init(num_cpus=num_cpus or 2, include_dashboard=False, **kw)
-            self._owns = True
-        res = ray.cluster_resources()
-        self.n_gpus = int(res.get("GPU", 0))
-        actor_cls = ray.remote(_EvalActor)
-        if self.n_gpus:
-            self._actors = [actor_cls.options(num_gpus=1, num_cpus=1).remote()
-                            for _ in range(self.n_gpus)]
-        else:
-            n = compile_workers or max(1, int(res.get("CPU", 1)))
-            self._actors = [actor_cls.options(num_cpus=1).remote() for _ in range(n)]
-        self._gpu = ray.get(self._actors[0].gpu_name.remote()) if self.n_gpus else ""
+        self._ray, self._owns = connect_ray(address, num_cpus=num_cpus)
+        self._actors, self.n_gpus = ray_actors(self._ray, _EvalActor, compile_workers=compile_workers)
+        self._gpu = self._ray.get(self._actors[0].gpu_name.remote()) if self.n_gpus else ""
 
     def gpu_name(self) -> str:
         return self._gpu

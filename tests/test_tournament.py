@@ -125,6 +125,7 @@ def test_server_and_e2e_only_for_a_candidate_past_the_export_bar():
     from cudal2.harness import bounds
     from cudal2.harness.measure import time_group
     from cudal2.harness.pipeline import answers, settings
+    from cudal2.timing import kerneltime as KT
     from tests.test_kerneltime import FakeGpu, _kernels
 
     gpu = FakeGpu()
@@ -136,7 +137,8 @@ def test_server_and_e2e_only_for_a_candidate_past_the_export_bar():
     out = time_group({"cand0": kernel("cand0"), "cand1": kernel("cand1")},
                      {"torch": lambda name, pool, verify: kernel(name)}, req, acc="f32",
                      device="cpu", peak=bounds.peak_for_name("H100"), notes={}, backend=gpu,
-                     l2_bytes=64 << 10,
+                     l2_bytes=64 << 10, kernel_config=KT.KernelTimeConfig(max_calls=4, max_rounds=8),
+                     server_config=KT.ServerConfig(gaps_ms=(1.0,), max_rounds=6),
                      e2e=lambda name, t: e2e_calls.append(name) or {"timings": {}, "speedups": {}})
     assert out["cand0"]["gate"]["passed"] and not out["cand1"]["gate"]["passed"]
     assert out["cand1"]["gate"]["skipped"] == ["server", "e2e"]
@@ -181,11 +183,14 @@ def test_no_second_tournament_in_the_source_tree():
 
 
 def test_the_three_callers_reach_tournament_run():
-    """campaign.run, GroupRunner.run and experiment.Harness.finals call tournament.run (read
-    from their code: a caller that stops using it fails here)."""
+    """campaign.run (through its per-GPU lanes), GroupRunner.run and experiment.Harness.finals
+    call tournament.run (read from their code: a caller that stops using it fails here)."""
     import inspect
     from cudal2.runs import campaign
     from cudal2_rl import executor, experiment
-    for fn in (campaign.run, executor.GroupRunner.run, experiment.Harness.finals):
+    for fn in (campaign._LocalLane.run, executor.GroupRunner.run, experiment.Harness.finals):
         src = inspect.getsource(fn)
         assert "tournament.run(" in src, f"{fn.__qualname__} does not call tournament.run"
+    run_src = inspect.getsource(campaign.run)
+    assert "lane.run(" in run_src and "_LocalLane(" in run_src and "_RayLane(" in run_src
+    assert "_LocalLane(" in inspect.getsource(campaign._CampaignActor.run)    # Ray actors too

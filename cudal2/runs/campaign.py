@@ -26,7 +26,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +41,8 @@ from cudal2.harness import baselines as hb
 from cudal2.harness.audit import check_dependencies
 from cudal2.harness.db import ResultsDB
 from cudal2.harness import tournament
-from cudal2.harness.pipeline import audit_verdict, gpu_pool
+from cudal2.harness.cluster import connect_ray, ray_actors, visible_devices
+from cudal2.harness.pipeline import audit_verdict, gpu_pool, record
 from cudal2.harness.tournament import Entrant
 from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 from cudal2.harness.worker import WorkerPool, probe_library
@@ -409,23 +412,111 @@ class Throughput:
         return out + ([phase] if phase else [])
 
 
+class _LocalLane:
+    """Tournaments on one GPU of this machine: a screening pool and a finals pool pinned to
+    `device` (CUDA_VISIBLE_DEVICES; None: unpinned), rows into the shared DB (its writes are
+    serialised; pipeline.record is the writer)."""
+
+    def __init__(self, device, *, has_gpu: bool, db, base_libs, known_lt, audits):
+        self.name = f"GPU {device}" if device is not None else "GPU"
+        self.screen_pool = (gpu_pool(device, max_tasks=1000, spare=0) if has_gpu
+                            else WorkerPool(1, device=device))
+        self.final_pool = (gpu_pool(device, max_tasks=1, spare=2) if has_gpu
+                           else WorkerPool(1, device=device))
+        self.backend = tournament.HarnessBackend(db=db, screen_pool=self.screen_pool,
+                                                 finals_pool=self.final_pool, gpu=has_gpu,
+                                                 trusted=True, baseline_libs=base_libs,
+                                                 lt_known=known_lt, audits=audits)
+
+    def run(self, shape, entrants, policy):
+        return tournament.run(shape, entrants, self.backend, policy)
+
+    def close(self):
+        self.screen_pool.close()
+        self.final_pool.close()
+
+
+class _CampaignActor:
+    """A Ray actor: tournaments on its GPU (Ray pins one per actor), rows returned, never
+    stored (the driver records them). The pack must be on a filesystem the actor sees."""
+
+    def __init__(self, pack: str, allow_no_gpu: bool):
+        import torch
+        self.has_gpu = torch.cuda.is_available()
+        self.gpu = torch.cuda.get_device_name(0) if self.has_gpu else ""
+        m = load_manifest(pack)
+        self.base_libs = packed_baselines(pack, m, log=lambda *a: None) if self.has_gpu else None
+        self.lane = None
+        self.known_lt: dict = {}
+
+    def gpu_name(self) -> str:
+        return self.gpu
+
+    def run(self, shape, entrants, policy, audits):
+        if self.lane is None:
+            self.lane = _LocalLane(None, has_gpu=self.has_gpu, db=None, base_libs=self.base_libs,
+                                   known_lt=self.known_lt, audits=audits)
+        return self.lane.run(shape, entrants, policy)
+
+
+class _RayLane:
+    """The driver's side of a _CampaignActor: runs a shape's tournament there and records the
+    rows it made here (the one writer)."""
+
+    def __init__(self, ray, actor, db, audits):
+        self.ray, self.actor, self.db, self.audits = ray, actor, db, audits
+        self.name = f"ray actor {actor._actor_id.hex()[:8]}"
+
+    def run(self, shape, entrants, policy):
+        res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits))
+        src = {e.key: e.request.source for e in entrants}
+        for row in list(res.screened) + list(res.rows):
+            if row is not None and row.id is None:
+                record(self.db, row, src.get((row.source_sha, tuple(sorted((row.options or {}).items())))))
+        return res
+
+    def close(self):
+        try:
+            self.ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
 def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
-        server_gaps_ms=None, finals_per_shape: int = 2, log=print) -> dict:
+        server_gaps_ms=None, finals_per_shape: int = 2, devices=None, executor: str = "local",
+        address: str | None = None, ray_cpus: int | None = None, log=print) -> dict:
     """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
     results.db of an earlier run of this pack: its rows are copied in and what it recorded is
-    not timed again (the harness's cache rule)."""
+    not timed again (the harness's cache rule). Shapes spread over lanes, each running whole
+    tournaments: executor "local" has one lane per GPU in `devices` (default: every visible
+    GPU; CUDA_VISIBLE_DEVICES names), "ray" one per actor of the cluster at `address` ("auto";
+    None: a local cluster of `ray_cpus` CPUs); rows reach the DB only here, in this process."""
 
     start = time.monotonic()
     pack, out = Path(pack).resolve(), Path(out)
     m = load_manifest(pack)
     baselines = tuple(baselines or BASELINES)
     import torch
-    has_gpu = torch.cuda.is_available()
+    ray_mod, ray_lanes, ray_owned = None, None, False
+    if executor == "ray":
+        ray_mod, ray_owned = connect_ray(address, num_cpus=ray_cpus)
+        ray_lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(pack), allow_no_gpu)
+        has_gpu = n_gpus > 0
+        gpu = ray_mod.get(ray_lanes[0].gpu_name.remote()) if has_gpu else "no-gpu"
+    elif executor == "local":
+        has_gpu = torch.cuda.is_available()
+        gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+    else:
+        raise ValueError(f"unknown executor {executor!r}; use 'local' or 'ray'")
     if not has_gpu and not allow_no_gpu:
+        if ray_owned:
+            ray_mod.shutdown()
         raise RuntimeError("campaign run needs a CUDA GPU (torch.cuda.is_available() is False); "
                            "--allow-no-gpu runs the plumbing only (rows are not_measured)")
-    gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+    # local: one lane per visible GPU (a worker pool pinned to it); one unpinned lane otherwise
+    devices = list(devices) if devices else (visible_devices() if has_gpu else [])
+    devices = devices if len(devices) > 1 else [None]
     tag = gpu.replace(" ", "_").replace("/", "_")
     run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -435,7 +526,7 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         f"{sum(len(c) for _, c in plan_)} screenings planned; finals: modes {list(modes)} "
         f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, budget "
         f"{budget_s:.0f} s; output {run_dir}")
-    base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
+    base_libs = packed_baselines(pack, m, log=log) if has_gpu and executor == "local" else None
     if resume_db:
         _copy_db(Path(resume_db), run_dir / "results.db")
     db = ResultsDB(run_dir / "results.db")
@@ -449,8 +540,6 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     done_shapes, avg = 0, None
     builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
     # every build audited once, up front and in parallel (CPU work the GPU would wait for)
-    from concurrent.futures import ThreadPoolExecutor
-
     t0 = time.monotonic()
     probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
     srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
@@ -460,19 +549,35 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         audits = {sha: f.result() for sha, f in futs.items()}
     log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
         f"({sum(not a['ok'] for a in audits.values())} rejected)")
-    screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
-    final_pool = gpu_pool(max_tasks=1, spare=2) if has_gpu else WorkerPool(1)
-    backend = tournament.HarnessBackend(db=db, screen_pool=screen_pool, finals_pool=final_pool,
-                                        gpu=has_gpu, trusted=True, baseline_libs=base_libs,
-                                        lt_known=known_lt, audits=audits)
     policy = tournament.FinalistPolicy(top=finals_per_shape)
-    try:
-        for shape, pairs in plan_:
-            now = time.monotonic()
-            if now + (avg or 0.0) > deadline:
-                log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
-                    f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
-                break
+    if ray_lanes is not None:
+        lanes = [_RayLane(ray_mod, a, db, audits) for a in ray_lanes]
+    else:
+        lanes = [_LocalLane(d, has_gpu=has_gpu, db=db, base_libs=base_libs, known_lt=known_lt,
+                            audits=audits) for d in devices]
+    if len(lanes) > 1:
+        log(f"  {len(lanes)} lanes: " + ", ".join(ln.name for ln in lanes))
+    todo = iter(plan_)
+    lock = threading.Lock()
+    stop = []
+
+    def drive(lane):
+        """One lane (a GPU) takes the next shape until the plan or the budget runs out."""
+        nonlocal done_shapes, avg
+        while True:
+            with lock:
+                now = time.monotonic()
+                if stop:
+                    return
+                if now + (avg or 0.0) > deadline:
+                    stop.append(True)
+                    log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
+                        f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
+                    return
+                nxt = next(todo, None)
+            if nxt is None:
+                return
+            shape, pairs = nxt
             t_shape = time.monotonic()
             S = Shape(*shape)
             bucket = report.size_bucket(*shape)
@@ -489,39 +594,50 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
                                 screened=prior.get((c["sha"], tuple(sorted(o.items())))))
                         for c, o in pairs]
             before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
-            res = tournament.run(S, entrants, backend, policy)
-            if res.screened_fresh:
-                thr.add("screen", bucket, res.screened_fresh, res.screen_s)
-            for r in res.screened:
-                if r is not None:
-                    statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
-            evs = list({id(res.rows[i]): res.rows[i] for i in res.finalists}.values())
-            if evs:
-                thr.add_phases(next((ev.env.get("phases_s") for ev in evs
-                                     if ev.id not in before and (ev.env or {}).get("phases_s")), None))
-                thr.add("final", bucket, len(evs), res.finals_s)
-                for ev in evs:
-                    statuses[ev.status] = statuses.get(ev.status, 0) + 1
-                best = [ev for ev in evs if ev.status == "ok"]
-                note = ""
-                if best:
-                    b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
-                    iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
-                    if iv:
-                        note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
-                log(f"  {S} {bucket}: {len(pairs)} screened, {len(evs)} in finals "
-                    f"({res.sessions} session{'s' if res.sessions != 1 else ''}): "
-                    f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
-            done_shapes += 1
-            dt = time.monotonic() - t_shape
-            avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+            res = lane.run(S, entrants, policy)
+            with lock:
+                if res.screened_fresh:
+                    thr.add("screen", bucket, res.screened_fresh, res.screen_s)
+                for r in res.screened:
+                    if r is not None:
+                        statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
+                evs = list({id(res.rows[i]): res.rows[i] for i in res.finalists}.values())
+                if evs:
+                    thr.add_phases(next((ev.env.get("phases_s") for ev in evs
+                                         if ev.id not in before and (ev.env or {}).get("phases_s")), None))
+                    thr.add("final", bucket, len(evs), res.finals_s)
+                    for ev in evs:
+                        statuses[ev.status] = statuses.get(ev.status, 0) + 1
+                    best = [ev for ev in evs if ev.status == "ok"]
+                    note = ""
+                    if best:
+                        b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
+                        iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
+                        if iv:
+                            note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
+                    log(f"  {S} {bucket}{' on ' + lane.name if len(lanes) > 1 else ''}: {len(pairs)} "
+                        f"screened, {len(evs)} in finals ({res.sessions} session{'s' if res.sessions != 1 else ''}): "
+                        f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
+                lane_shapes[lane.name] = lane_shapes.get(lane.name, 0) + 1
+                done_shapes += 1
+                dt = time.monotonic() - t_shape
+                avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+
+    lane_shapes: dict[str, int] = {}
+    try:
+        with ThreadPoolExecutor(len(lanes)) as ex:
+            for f in [ex.submit(drive, ln) for ln in lanes]:
+                f.result()
     finally:
-        screen_pool.close()
-        final_pool.close()
+        for ln in lanes:
+            ln.close()
+        if ray_owned:
+            ray_mod.shutdown()
     rows = db.rows()
     summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
                "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
-               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases}
+               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases,
+               "lanes": lane_shapes}
     log("throughput (wall time of each stage on the GPU machine):")
     for line in thr.lines():
         log(line)
@@ -627,6 +743,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="results.db of an earlier run of this pack: copied in, its recorded pairs skipped")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
+    r.add_argument("--devices", nargs="+", default=None,
+                   help="GPUs to spread shapes over, as CUDA_VISIBLE_DEVICES names them (default: every visible GPU)")
+    r.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local: this machine's GPUs; ray: one actor per GPU of a Ray cluster")
+    r.add_argument("--address", default=None,
+                   help="Ray cluster address with --executor ray ('auto': the running cluster; default: start a local one)")
     d = sub.add_parser("check", help="dry-run an existing pack (loads every .so in a worker)")
     d.add_argument("pack")
 
@@ -641,7 +763,8 @@ def run_cli(args: argparse.Namespace) -> int:
             run(args.pack, args.out, budget_s=args.budget_s, modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
-                finals_per_shape=args.finals_per_shape)
+                finals_per_shape=args.finals_per_shape, devices=args.devices,
+                executor=args.executor, address=args.address)
         else:
             problems = dry_run(args.pack)
             for p in problems:
