@@ -36,6 +36,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from cudal2.core.abi import load_library
+from cudal2.core.vocab import WIN_MARGIN
 from cudal2.harness import bounds, check
 from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
 from cudal2.harness.e2e import KINDS, E2EConfig, HostBackend, measure_e2e
@@ -168,6 +169,21 @@ def _interval_dict(iv) -> dict:
     return {"median": iv.median, "lo": iv.lo, "hi": iv.hi, "n": iv.n}
 
 
+def baseline_agreement(kt, base_names, margin: float = WIN_MARGIN) -> dict | None:
+    """How far the session's baselines sit apart: the fastest and the slowest by median, the
+    paired per-round ratio slowest / fastest with its interval, and `disagree` when even its
+    lower end is more than `margin` (the export rule's) above 1: which baseline a kernel is
+    compared against then moves a verdict by more than the bar. None with fewer than two."""
+    timed = [b for b in base_names if any(v is not None for v in kt.per_round.get(b, ()))]
+    if len(timed) < 2:
+        return None
+    med = {b: kt.time(b).median for b in timed}
+    fast, slow = min(timed, key=med.get), max(timed, key=med.get)
+    iv = kt.ratio(slow, fast)
+    return {"fastest": fast, "slowest": slow, "spread": iv.median - 1.0, "lo": iv.lo - 1.0,
+            "hi": iv.hi - 1.0, "margin": margin, "disagree": iv.lo > 1.0 + margin}
+
+
 def kernel_bar(result: dict, margin: float, mode: str = "offline") -> tuple[bool, float | None, str]:
     """(clears, lower end, baseline) of the export rule's kernel-time bar for one result (row
     parts timings/speedups/stats): the lowest lower end of its speedup intervals against every
@@ -256,6 +272,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                for c in candidates}
 
     def record(key: str, kt: "KT.KernelTimes", session: dict) -> None:
+        agree = baseline_agreement(kt, base_names)
         for c, res in results.items():
             if res["status"] != "ok" or c not in kt.per_round:
                 continue
@@ -271,6 +288,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
             res["timings"][key] = t
             res["speedups"][key] = sp
             res["stats"][key] = {"speedup": spd, "session": dict(session, group=len(candidates))}
+            if agree is not None:
+                res["stats"][key]["baselines"] = agree
             res["bounds"]["fraction_of_peak"][key] = bounds.fraction_of_peak(
                 t["candidate"]["median_us"], M, N, K, peak)
 

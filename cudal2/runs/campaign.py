@@ -637,7 +637,11 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
                "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
                "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases,
-               "lanes": lane_shapes}
+               "lanes": lane_shapes, "noise": noise_summary(rows)}
+    nz = summary["noise"]
+    log(f"noise: {nz['discarded_throttled']} of {nz['rounds']} finals rounds discarded as throttled, "
+        f"SM clock {nz['sm_clock_mhz']} MHz, power {nz['power_w']} W, "
+        f"{len(nz['baselines_disagree'])} shape(s) whose baselines disagree beyond their intervals")
     log("throughput (wall time of each stage on the GPU machine):")
     for line in thr.lines():
         log(line)
@@ -687,6 +691,35 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     log(f"campaign done in {time.monotonic() - start:.0f} s: {done_shapes} shapes {statuses}, "
         f"{summary['exported']} exported, {summary['removed']} removed; DB, CSV and reports in {run_dir}")
     return summary
+
+
+def noise_summary(rows) -> dict:
+    """What noise the finals saw (kernel time): rounds discarded as throttled, the SM clock and
+    power ranges, and the shapes whose baselines sat apart beyond their intervals by more than
+    the export margin (measure.baseline_agreement)."""
+    out = {"rounds": 0, "discarded_throttled": 0, "sm_clock_mhz": None, "power_w": None,
+           "baselines_disagree": []}
+    clocks, watts, seen = [], [], set()
+    for ev in rows:
+        st = (ev.stats or {}).get("offline") or {}
+        sess = st.get("session") or {}
+        if ev.stage != "final" or not sess or ev.id in seen:
+            continue
+        seen.add(ev.id)
+        out["rounds"] += int(sess.get("rounds") or 0)
+        out["discarded_throttled"] += int(sess.get("discarded_throttled") or 0)
+        for k, acc in (("sm_clock_mhz", clocks), ("power_w", watts)):
+            r = sess.get(k) or {}
+            acc += [v for v in (r.get("min"), r.get("max")) if v]
+        if (st.get("baselines") or {}).get("disagree"):
+            name = str(ev.shape)
+            if name not in out["baselines_disagree"]:
+                out["baselines_disagree"].append(name)
+    if clocks:
+        out["sm_clock_mhz"] = [min(clocks), max(clocks)]
+    if watts:
+        out["power_w"] = [min(watts), max(watts)]
+    return out
 
 
 def write_evaluations_csv(rows, path: Path) -> Path:
