@@ -8,7 +8,8 @@ code.
 - `LocalExecutor`: builds on every core (`jobs`, default CUDAL2_BUILD_JOBS, else all cores),
   one GPU measurement at a time. `evaluate_groups` is what the reward calls: without a GPU it
   builds and audits (rows `not_measured`, priced later from their builds); with one it runs a
-  GRPO group the fast way (`GroupRunner`): the group's kernels are built in parallel, screened
+  GRPO group the fast way (`GroupRunner`, through the harness's tournament,
+  cudal2.harness.tournament): the group's kernels are built in parallel, screened
   (`pipeline.screen`, trusted=False: smoke check + a few kernel-time samples, one fresh worker
   each), and only the fastest screened kernel of each shape goes to finals (full correctness
   suite + one interleaved kernel-time session against the reward's baseline, in a fresh worker).

@@ -132,9 +132,6 @@ class Result:
     reference: dict = field(default_factory=dict)
     entrants_group: list = field(default_factory=list)
 
-    def final(self, i: int) -> Evaluation | None:
-        return self.rows[i] if i in self.finalists else None
-
     def winner(self, group: str | None = None) -> tuple[int, Evaluation] | None:
         """(index, final row) of the group's finalist (every group when None) that kept its
         place, else the last one that ran, else None."""

@@ -440,7 +440,7 @@ class _CampaignActor:
     """A Ray actor: tournaments on its GPU (Ray pins one per actor), rows returned, never
     stored (the driver records them). The pack must be on a filesystem the actor sees."""
 
-    def __init__(self, pack: str, allow_no_gpu: bool):
+    def __init__(self, pack: str):
         import torch
         self.has_gpu = torch.cuda.is_available()
         self.gpu = torch.cuda.get_device_name(0) if self.has_gpu else ""
@@ -452,7 +452,9 @@ class _CampaignActor:
     def gpu_name(self) -> str:
         return self.gpu
 
-    def run(self, shape, entrants, policy, audits):
+    def run(self, shape, entrants, policy, audits=None):
+        """One shape's tournament; `audits` (the driver's verdicts by sha) come with the first
+        call only."""
         if self.lane is None:
             self.lane = _LocalLane(None, has_gpu=self.has_gpu, db=None, base_libs=self.base_libs,
                                    known_lt=self.known_lt, audits=audits)
@@ -469,6 +471,7 @@ class _RayLane:
 
     def run(self, shape, entrants, policy):
         res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits))
+        self.audits = None                  # the actor keeps them
         src = {e.key: e.request.source for e in entrants}
         for row in list(res.screened) + list(res.rows):
             if row is not None and row.id is None:
@@ -501,7 +504,9 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
     ray_mod, ray_lanes, ray_owned = None, None, False
     if executor == "ray":
         ray_mod, ray_owned = connect_ray(address, num_cpus=ray_cpus)
-        ray_lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(pack), allow_no_gpu)
+        # one actor per GPU; a cluster without GPUs (plumbing only) gets ray_cpus of them (2)
+        ray_lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(pack),
+                                       compile_workers=ray_cpus or 2)
         has_gpu = n_gpus > 0
         gpu = ray_mod.get(ray_lanes[0].gpu_name.remote()) if has_gpu else "no-gpu"
     elif executor == "local":
@@ -515,8 +520,11 @@ def run(pack, out, *, budget_s: float = 480.0, modes=("offline", "e2e", "server"
         raise RuntimeError("campaign run needs a CUDA GPU (torch.cuda.is_available() is False); "
                            "--allow-no-gpu runs the plumbing only (rows are not_measured)")
     # local: one lane per visible GPU (a worker pool pinned to it); one unpinned lane otherwise
-    devices = list(devices) if devices else (visible_devices() if has_gpu else [])
-    devices = devices if len(devices) > 1 else [None]
+    if devices:
+        devices = [str(d) for d in devices]          # as asked: pinned, even a single one
+    else:
+        found = visible_devices() if has_gpu else []
+        devices = found if len(found) > 1 else [None]
     tag = gpu.replace(" ", "_").replace("/", "_")
     run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
     run_dir.mkdir(parents=True, exist_ok=True)
