@@ -106,6 +106,14 @@ def test_prescreened_entrants_groups_and_a_kernel_two_groups_found():
     assert be.screened == []                                 # already screened: not again
     assert be.sessions == [(S, [0, 1]), (S, [2])]            # kernel 1 runs once for two groups
     assert res.winner("rl")[0] == 1 and res.winner("tune")[1] is res.winner("exhaustive")[1]
+    # the kernel two groups share (their fastest) fails: each group sends its own next fastest
+    be2 = FakeBackend({0: 8.0, 1: 5.0, 2: 9.0}, {1: "wrong"})
+    rows2 = {i: _row(_req(i), "ok", "screen", us) for i, us in ((0, 8.0), (1, 5.0), (2, 9.0))}
+    ents2 = [TN.Entrant(_req(1), group="a", screened=rows2[1]), TN.Entrant(_req(1), group="b", screened=rows2[1]),
+             TN.Entrant(_req(0), group="a", screened=rows2[0]), TN.Entrant(_req(2), group="b", screened=rows2[2])]
+    res2 = TN.run(S, ents2, be2, TN.FinalistPolicy(per_group=True))
+    assert be2.sessions == [(S, [1]), (S, [0, 2])]
+    assert res2.winner("a")[0] == 2 and res2.winner("b")[0] == 3
 
 
 def test_a_lone_entrant_goes_straight_to_finals():

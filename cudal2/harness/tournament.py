@@ -40,8 +40,8 @@ KEEPS_PLACE = (T.OK, T.NOT_MEASURED)
 class FinalistPolicy:
     """Who goes to finals. top: the fastest few screened; within: plus any whose screening time
     is within this fraction of the fastest or of the reference time (noise could reorder them);
-    cap: at most this many per shape (per_group: per group); per_group: each group's fastest
-    instead (the experiment: every arm's best meets the others); replacements: sessions of
+    cap: at most this many per shape; per_group: each group's fastest instead, top, within and
+    cap aside (the experiment: every arm's best meets the others); replacements: sessions of
     replacement finalists allowed per shape after failures."""
     top: int = 2
     within: float = 0.03
@@ -188,14 +188,17 @@ def run(shape: Shape, entrants: list[Entrant], backend: Backend,
         for i, row in zip(session, rows):
             if row.status in KEEPS_PLACE:
                 continue
-            grp = entrants[i].group if policy.per_group else None
-            for j in list(reserve):
-                if (grp is None or entrants[j].group == grp) and entrants[j].key not in first:
-                    reserve.remove(j)
-                    first[entrants[j].key] = j
-                    nxt.append(j)
-                    res.replaced.append((i, j))
-                    break
+            # per group: every group this kernel stood for sends its next fastest
+            groups = ({entrants[k].group for k in chosen if entrants[k].key == entrants[i].key}
+                      if policy.per_group else {None})
+            for grp in sorted(groups, key=str):
+                for j in list(reserve):
+                    if (grp is None or entrants[j].group == grp) and entrants[j].key not in first:
+                        reserve.remove(j)
+                        first[entrants[j].key] = j
+                        nxt.append(j)
+                        res.replaced.append((i, j))
+                        break
         session = nxt
     res.finals_s = time.monotonic() - t0
     # entrants that share a finalist's kernel and options get its row
