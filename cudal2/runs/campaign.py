@@ -441,9 +441,12 @@ class _CampaignActor:
     stored (the driver records them). The pack must be on a filesystem the actor sees."""
 
     def __init__(self, pack: str):
-        import torch
-        self.has_gpu = torch.cuda.is_available()
-        self.gpu = torch.cuda.get_device_name(0) if self.has_gpu else ""
+        import ray
+        self.has_gpu, self.gpu = False, ""
+        if ray.get_gpu_ids():          # torch only where Ray gave this actor a GPU
+            import torch
+            self.has_gpu = torch.cuda.is_available()
+            self.gpu = torch.cuda.get_device_name(0) if self.has_gpu else ""
         m = load_manifest(pack)
         self.base_libs = packed_baselines(pack, m, log=lambda *a: None) if self.has_gpu else None
         self.lane = None
