@@ -8,7 +8,8 @@ code.
 - `LocalExecutor`: builds on every core (`jobs`, default CUDAL2_BUILD_JOBS, else all cores),
   one GPU measurement at a time. `evaluate_groups` is what the reward calls: without a GPU it
   builds and audits (rows `not_measured`, priced later from their builds); with one it runs a
-  GRPO group the fast way (`GroupRunner`): the group's kernels are built in parallel, screened
+  GRPO group the fast way (`GroupRunner`, through the harness's tournament,
+  cudal2.harness.tournament): the group's kernels are built in parallel, screened
   (`pipeline.screen`, trusted=False: smoke check + a few kernel-time samples, one fresh worker
   each), and only the fastest screened kernel of each shape goes to finals (full correctness
   suite + one interleaved kernel-time session against the reward's baseline, in a fresh worker).
@@ -26,21 +27,20 @@ the run log prints fresh evaluations per GPU-minute (target >= 60), or "not meas
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build, build_many
 from cudal2.core.identity import source_sha
 from cudal2.harness import evaluate, evaluate_many, provenance
 from cudal2.harness.baselines import BaselineError, build_baselines
-from cudal2.harness.pipeline import ScreenCandidate, evaluate_group, gpu_pool, screen
+from cudal2.harness import tournament
+from cudal2.harness.cluster import connect_ray, ray_actors
+from cudal2.harness.pipeline import gpu_pool
+from cudal2.harness.tournament import Entrant, FinalistPolicy, HarnessBackend
 from cudal2.harness.types import Evaluation
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def visible_gpu_name() -> str:
@@ -112,18 +112,20 @@ class Executor:
 
 class GroupRunner:
     """A batch of requests (any shapes) the fast way on a GPU: builds in parallel, then per
-    shape (in order, while later shapes still build) screen every audited kernel and send the
-    fastest to finals; if its finals fail, the next fastest (at most `finals_per_group + 1`
-    finals per shape). Rows come back in input order: the finalist's final row; a non-finalist's
-    screen row (stage 'screen'), whose `stats['rl']` holds its screened speedup relative to the
-    finalist (`screened`: {baseline: speedup}, `finalist`: its sha); failures as screening found
-    them.
+    shape (in order, while later shapes still build) the harness's tournament
+    (cudal2.harness.tournament.run): screen every audited kernel, the fastest goes to finals
+    (RL's policy: one finalist), and if its finals fail the next fastest takes its place (at
+    most `finals_per_group` replacements). Rows come back in input order: the finalist's final
+    row; a non-finalist's screen row (stage 'screen'), whose `stats['rl']` holds its screened
+    speedup relative to the finalist (`screened`: {baseline: speedup}, `finalist`: its sha);
+    failures as screening found them.
 
-    The three steps are methods (`build`, `screen`, `final`) so tests can fake the harness."""
+    `build`, `screen` and `finals` are the harness steps (tests fake them)."""
 
     def __init__(self, executor, *, finals_per_group: int = 1):
         self.ex = executor
         self.finals_per_group = max(1, finals_per_group)
+        self.policy = FinalistPolicy(top=1, within=0.0, cap=1, replacements=self.finals_per_group)
         self.events: list[tuple[str, object]] = []     # ("build"/"screen"/"final", key) in order
 
     # -- the harness (overridden by tests) -------------------------------------------------
@@ -131,24 +133,25 @@ class GroupRunner:
         return build(BuildSpec(request.source, arch=request.arch, name=request.origin or "rl"),
                      timeout=request.build_timeout_s)
 
-    def screen(self, shape, requests, builds):
-        r0 = requests[0]
-        rows, ref = screen(shape, [ScreenCandidate(r.source, b, r.options, r.origin or "rl")
-                                   for r, b in zip(requests, builds)],
-                           arch=r0.arch, acc=r0.acc or "f32", db=None, pool=self.ex._gpu_pool(),
-                           gpu=True, operands=r0.operands, trusted=False, audits=self.ex.audits,
-                           reference_us=self.ex.torch_us.get(shape), timeout_s=r0.timeout_s)
+    def _backend(self, r0):
+        # policy code: screened one fresh worker each, finals never served from a cache here
+        # (the reward stores its rows)
+        return HarnessBackend(db=None, cache=False, screen_pool=self.ex._gpu_pool(),
+                              finals_pool=self.ex._gpu_pool(), gpu=True, trusted=False,
+                              baseline_libs=self.ex._baseline_libs(r0.arch), lt_known=self.ex.lt_known,
+                              audits=self.ex.audits, screen_timeout_s=r0.timeout_s)
+
+    def screen(self, shape, entrants):
+        rows, ref = self._backend(entrants[0].request).screen(shape, entrants)
         if ref.get("torch_us"):
             self.ex.torch_us[shape] = min(ref["torch_us"], self.ex.torch_us.get(shape) or ref["torch_us"])
-        return rows
+        return rows, {"torch_us": self.ex.torch_us.get(shape)}
 
-    def final(self, request, build_result):
+    def finals(self, shape, entrants):
         try:
-            return evaluate_group([request], pool=self.ex._gpu_pool(), build_results=[build_result],
-                                  gpu=True, baseline_libs=self.ex._baseline_libs(request.arch),
-                                  lt_known=self.ex.lt_known, audits=self.ex.audits)[0]
-        except Exception as e:  # noqa: BLE001
-            return _error_row(request, e)
+            return self._backend(entrants[0].request).finals(shape, entrants)
+        except Exception as e:  # noqa: BLE001 - the harness's failure: a row, never a crash
+            return [_error_row(en.request, e) for en in entrants]
 
     # -- the pipeline ---------------------------------------------------------------------------
     def run(self, requests) -> list:
@@ -158,6 +161,20 @@ class GroupRunner:
         for i, r in enumerate(requests):
             order.setdefault(r.shape, []).append(i)
         lock = threading.Lock()
+        runner = self
+
+        class Steps:              # the tournament's backend: this runner's steps, logged
+            def screen(self, shape, entrants):
+                rows = runner.screen(shape, entrants)
+                with lock:
+                    runner.events.append(("screen", shape))
+                return rows
+
+            def finals(self, shape, entrants):
+                rows = runner.finals(shape, entrants)
+                with lock:
+                    runner.events += [("final", requests.index(e.request)) for e in entrants]
+                return rows
 
         def build(i):
             br = self.build(requests[i])
@@ -170,33 +187,18 @@ class GroupRunner:
                 builds = [futures[i].result() for i in idxs]   # later shapes keep building
                 self.ex.builds += len(idxs)
                 t0 = time.perf_counter()
-                rows = self.screen(shape, [requests[i] for i in idxs], builds)
-                with lock:
-                    self.events.append(("screen", shape))
-                screen_us = {k: self._screen_us(row) for k, row in enumerate(rows)
-                             if row is not None and row.status == "ok"}
-                ranked = sorted((t, k) for k, t in screen_us.items() if t)
-                finalist = None
-                for _t, k in ranked[:self.finals_per_group + 1]:
-                    i = idxs[k]
-                    fin = self.final(requests[i], builds[k])
-                    with lock:
-                        self.events.append(("final", i))
-                    rows[k] = fin
-                    if fin.status == "ok":
-                        finalist = (k, fin)
-                        break
+                res = tournament.run(shape, [Entrant(requests[i], b) for i, b in zip(idxs, builds)],
+                                     Steps(), self.policy)
+                rows = res.rows
                 self.ex.gpu_seconds += time.perf_counter() - t0
                 self.ex.fresh += sum(1 for r in rows if r is not None and r.status != "error")
-                self._anchor(rows, finalist, screen_us)
+                won = res.winner()
+                finalist = won if won is not None and won[1].status == "ok" else None
+                self._anchor(rows, finalist, {k: tournament.screen_us(r) for k, r in enumerate(res.screened)
+                                              if tournament.screen_us(r)})
                 for k, i in enumerate(idxs):
                     out[i] = rows[k]
         return out
-
-    @staticmethod
-    def _screen_us(row):
-        t = ((row.timings or {}).get("screen") or {}).get("candidate") or {}
-        return t.get("median_us")
 
     @staticmethod
     def _anchor(rows, finalist, screen_us) -> None:
@@ -329,32 +331,9 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None = None, *, num_cpus: int | None = None,
                  compile_workers: int | None = None):
         super().__init__()
-        import ray
-        self._ray = ray
-        self._owns = False
-        if not ray.is_initialized():
-            env = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-                p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}}
-            for k in ("CUDAL2_CACHE", "CUDAL2_ARCH", "CUDAL2_KERNELS"):
-                if os.environ.get(k):
-                    env["env_vars"][k] = os.environ[k]
-            kw = dict(runtime_env=env, ignore_reinit_error=True, logging_level="ERROR",
-                      log_to_driver=False)
-            if address:
-                ray.init(address=address, **kw)
-            else:
-                ray.init(num_cpus=num_cpus or 2, include_dashboard=False, **kw)
-            self._owns = True
-        res = ray.cluster_resources()
-        self.n_gpus = int(res.get("GPU", 0))
-        actor_cls = ray.remote(_EvalActor)
-        if self.n_gpus:
-            self._actors = [actor_cls.options(num_gpus=1, num_cpus=1).remote()
-                            for _ in range(self.n_gpus)]
-        else:
-            n = compile_workers or max(1, int(res.get("CPU", 1)))
-            self._actors = [actor_cls.options(num_cpus=1).remote() for _ in range(n)]
-        self._gpu = ray.get(self._actors[0].gpu_name.remote()) if self.n_gpus else ""
+        self._ray, self._owns = connect_ray(address, num_cpus=num_cpus)
+        self._actors, self.n_gpus = ray_actors(self._ray, _EvalActor, compile_workers=compile_workers)
+        self._gpu = self._ray.get(self._actors[0].gpu_name.remote()) if self.n_gpus else ""
 
     def gpu_name(self) -> str:
         return self._gpu

@@ -25,9 +25,9 @@ evaluation, only a sample (reported).
 
 Every candidate goes through the harness (cudal2.harness.pipeline: build, audit and, on a GPU,
 screening; one results DB, written only by pipeline.record). On a GPU each arm's winner per shape
-(fastest screened) and the exhaustive winner then meet in ONE fresh finals session
-(pipeline.evaluate_group: full correctness suite, kernel time, interleaved rounds, every
-baseline) and the speedup vs cuBLASLt autotuned is that session's median of paired per-round
+(fastest screened) and the exhaustive winner then meet in ONE fresh finals session (the harness's
+tournament, cudal2.harness.tournament, one finalist per arm, a failing one replaced by the arm's
+next fastest: full correctness suite, kernel time, interleaved rounds, every baseline) and the speedup vs cuBLASLt autotuned is that session's median of paired per-round
 ratios with its bootstrap interval. Without a GPU nothing is run: rows are `not_measured`, priced
 from each build (rl.estimate, the RL reward's estimator; baselines from the cost model), and
 every output says ESTIMATED; there are no finals.
@@ -54,8 +54,10 @@ from cudal2.core.identity import source_sha
 from cudal2.harness import provenance
 from cudal2.harness.baselines import BaselineError, build_baselines
 from cudal2.harness.db import ResultsDB
+from cudal2.harness import tournament
 from cudal2.harness.pipeline import (ScreenCandidate, cached, evaluate as pipeline_evaluate,
-                                     evaluate_group, evaluate_many, gpu_pool, record, screen)
+                                     evaluate_many, gpu_pool, screen)
+from cudal2.harness.tournament import Entrant, FinalistPolicy, HarnessBackend
 from cudal2.harness.types import BASELINES, EvalRequest, Evaluation, Shape
 from cudal2.runs.report import BUCKETS, size_bucket
 from cudal2.search.costmodel import CostModel, gpu_for
@@ -271,6 +273,7 @@ class Harness:
         self.baseline, self.gpu, self.jobs, self.timeout_s, self.log = baseline, gpu, jobs, timeout_s, log
         self.start_rows = db.count()           # rows with an id above this were made here
         self.sources: dict[str, str] = {}
+        self.builds: dict[str, object] = {}                # sha -> BuildResult (GPU path)
         self.rows: dict[tuple, Evaluation] = {}            # (sha, shape) -> row made or found here
         self.arm_rows: dict[tuple, list] = {}              # (arm, shape) -> [(sha, verdict, row)]
         self.reference_evaluations = 0
@@ -362,6 +365,7 @@ class Harness:
                 return [pipeline_evaluate(reqs[0], db=self.db, gpu=False, estimator=self.estimate)]
             return evaluate_many(reqs, db=self.db, jobs=self.jobs, gpu=False, estimator=self.estimate)
         builds = build_many([BuildSpec(s, arch=self.arch, name=origin) for s in sources], jobs=self.jobs)
+        self.builds.update(zip(map(source_sha, sources), builds))     # finals reuse them
         rows, ref = screen(shape, [ScreenCandidate(s, b, (), origin) for s, b in zip(sources, builds)],
                            arch=self.arch, acc=self.acc, db=self.db, pool=self._pool(trusted),
                            gpu=True, trusted=trusted, timeout_s=self.timeout_s,
@@ -379,29 +383,41 @@ class Harness:
         t, sha, r = min(cands, key=lambda c: (c[0], c[1]))
         return r, sha
 
-    def finals(self, shape: Shape, winners: dict[str, str], lt_known: dict) -> dict[str, Evaluation]:
-        """GPU: every arm's winner (arm -> sha) in ONE fresh interleaved finals session against
-        every baseline; rows recorded (never served from the cache: db=None inside, then the
-        one writer)."""
-        shas = list(dict.fromkeys(winners.values()))
-        reqs = [EvalRequest(source=self.sources[s], shape=shape, arch=self.arch, acc=self.acc,
-                            modes=(MODE,), baselines=BASELINES, origin="exp-finals",
-                            timeout_s=self.timeout_s) for s in shas]
+    def finals(self, shape: Shape, arms, lt_known: dict) -> dict[str, Evaluation]:
+        """GPU: the harness's tournament (cudal2.harness.tournament) over every arm's screened
+        kernels: each arm's fastest (arms: the arms' names, or a dict keyed by them) meets the
+        others in ONE fresh interleaved finals session against every baseline; an arm whose
+        finalist fails sends its next fastest. Rows recorded through the one writer, never
+        served from the cache. Returns {arm: its finalist's final row}."""
+        entrants = []
+        for arm in arms:
+            seen = set()
+            for sha, _v, row in self.arm_rows.get((arm, _key(shape)), []):
+                if row is None or sha in seen:
+                    continue
+                seen.add(sha)
+                entrants.append(Entrant(EvalRequest(source=self.sources[sha], shape=shape, arch=self.arch,
+                                                    acc=self.acc, modes=(MODE,), baselines=BASELINES,
+                                                    origin="exp-finals", timeout_s=self.timeout_s),
+                                        self.builds.get(sha), group=arm, screened=row))
         try:
             libs = build_baselines(self.arch)
         except BaselineError as exc:          # measure still times torch and says why
             self.log(f"  baselines: {exc}")
             libs = None
-        try:
-            rows = evaluate_group(reqs, db=None, pool=None, gpu=True, baseline_libs=libs, lt_known=lt_known)
-        except ValueError as exc:     # winners of different B layouts cannot share one session
-            self.finals_notes.append(f"{shape}: winners measured in separate finals ({exc})")
-            rows = [evaluate_group([r], db=None, pool=None, gpu=True, baseline_libs=libs,
-                                   lt_known=lt_known)[0] for r in reqs]
-        by_sha = {}
-        for sha, req, ev in zip(shas, reqs, rows):
-            by_sha[sha] = record(self.db, ev, req.source)
-        return {arm: by_sha[sha] for arm, sha in winners.items()}
+        backend = HarnessBackend(db=self.db, cache=False, gpu=True, baseline_libs=libs,
+                                 lt_known=lt_known, trusted=False)
+        res = tournament.run(shape, entrants, backend, FinalistPolicy(per_group=True),
+                             reference_us=self.torch_us.get(_key(shape)))
+        if res.sessions > 1:
+            self.finals_notes.append(f"{shape}: {len(res.replaced)} failing finalist(s) replaced "
+                                     f"by their arm's next fastest")
+        out = {}
+        for arm in arms:
+            won = res.winner(arm)
+            if won is not None:
+                out[arm] = won[1]
+        return out
 
 
 # ---- the arms -----------------------------------------------------------------------------------

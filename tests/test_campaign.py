@@ -163,16 +163,6 @@ def test_run_without_gpu_is_plumbing_only(pack, tmp_path, monkeypatch):
                      log=lambda *a: None)
 
 
-def test_finalists_top_few_and_near_ties():
-    f = campaign.finalists
-    assert f([(0, 10.0), (1, 12.0), (2, 30.0), (3, None)], top=2) == [0, 1]
-    assert f([(0, 10.0), (1, 12.0), (2, 10.2)], top=1) == [0, 2]          # within 3% joins
-    assert f([(0, 10.0), (1, 10.1), (2, 10.2), (3, 10.25)], top=1, cap=3) == [0, 1, 2]
-    # anything within noise of the reference (torch) also goes to finals
-    assert f([(0, 10.0), (1, 10.8)], top=1, reference_us=10.5) == [0, 1]
-    assert f([(0, None)]) == []
-
-
 def test_sweeps_and_throughput_table():
     assert campaign._sweep({"sweeps": [[[64, 64, 64], [{"swizzle": 8}, {"swizzle": 1}]]]},
                            (64, 64, 64)) == [{"swizzle": 8}, {"swizzle": 1}]
@@ -284,3 +274,48 @@ def test_run_without_a_toolchain(pack, tmp_path, monkeypatch):
     summary = campaign.run(out, tmp_path / "rep", budget_s=60, allow_no_gpu=True,
                            kernels_root=tmp_path / "gk", log=lambda *a: None)
     assert {k.split()[-1] for k in summary["statuses"]} == {"not_measured"}
+
+
+def test_run_spreads_shapes_over_every_gpu_lane(pack, tmp_path, monkeypatch):
+    """Two fake GPUs (devices=["0", "1"], no GPU here): one lane each, its worker pools pinned
+    with CUDA_VISIBLE_DEVICES, the shapes shared between them, every row stored by this
+    process's one writer."""
+    import threading
+    import time as _t
+    out, _, _, _ = pack
+    seen = []
+    real = campaign._LocalLane.run
+
+    def slow_run(self, shape, entrants, policy):   # a GPU's time: the other lane takes the next shape
+        seen.append((self.name, self.screen_pool._env.get("CUDA_VISIBLE_DEVICES"),
+                     self.final_pool._env.get("CUDA_VISIBLE_DEVICES"), threading.get_ident()))
+        _t.sleep(0.5)
+        return real(self, shape, entrants, policy)
+    monkeypatch.setattr(campaign._LocalLane, "run", slow_run)
+    summary = campaign.run(out, tmp_path / "rep", budget_s=120, allow_no_gpu=True,
+                           devices=["0", "1"], log=lambda *a: None)
+    assert summary["shapes_done"] == 2 and summary["lanes"] == {"GPU 0": 1, "GPU 1": 1}
+    assert sorted((n, s, f) for n, s, f, _ in seen) == [("GPU 0", "0", "0"), ("GPU 1", "1", "1")]
+    assert len({t for *_, t in seen}) == 2
+    from cudal2.harness.db import ResultsDB
+    (d,) = list((tmp_path / "rep" / "no-gpu").iterdir())
+    with ResultsDB(d / "results.db") as db:
+        assert {e.shape for e in db.rows()} == {campaign.Shape(64, 64, 64), campaign.Shape(256, 128, 512)}
+
+
+def test_run_on_a_local_ray_cluster(pack, tmp_path):
+    """--executor ray on a local two-CPU cluster: one actor per CPU (no GPU here) runs whole
+    tournaments, the driver records their rows (the one writer)."""
+    pytest.importorskip("ray")
+    out, _, _, _ = pack
+    summary = campaign.run(out, tmp_path / "rep", budget_s=120, allow_no_gpu=True, executor="ray",
+                           address=None, ray_cpus=2, log=lambda *a: None)
+    assert summary["shapes_done"] == 2 and sum(summary["lanes"].values()) == 2
+    assert all(k.startswith("ray actor") for k in summary["lanes"])
+    assert {k.split()[-1] for k in summary["statuses"]} == {"not_measured"}
+    from cudal2.harness.db import ResultsDB
+    (d,) = list((tmp_path / "rep" / "no-gpu").iterdir())
+    with ResultsDB(d / "results.db") as db:
+        rows = db.rows()
+    assert {e.stage for e in rows} == {"screen", "final"}
+    assert {e.shape for e in rows} == {campaign.Shape(64, 64, 64), campaign.Shape(256, 128, 512)}

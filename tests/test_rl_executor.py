@@ -118,8 +118,9 @@ def test_group_runner_screens_a_group_and_sends_only_its_fastest_to_finals():
             return "FakeGPU"
 
     A, B = Shape(256, 256, 256), Shape(512, 512, 512)
-    srcs = [f"// kernel {i}\n" for i in range(6)]
-    # shape A: k0 20us, k1 10us (fastest, but fails its finals), k2 wrong at smoke, k3 12us
+    srcs = [f"int kernel{i};\n" for i in range(6)]     # distinct kernels (comments do not count)
+    # shape A: k0 20us, k1 10us (fastest, but fails its finals), k2 wrong at smoke, k3 12us;
+    # shape B: k4 5us, k5 a build error (two entrants: screened, k4 to finals)
     reqs = [EvalRequest(source=s, shape=A if i < 4 else B, origin="rl") for i, s in enumerate(srcs)]
     screen_plan = {0: ("ok", 20.0), 1: ("ok", 10.0), 2: ("wrong", None), 3: ("ok", 12.0),
                    4: ("ok", 5.0), 5: ("build_error", None)}
@@ -132,16 +133,19 @@ def test_group_runner_screens_a_group_and_sends_only_its_fastest_to_finals():
                 time.sleep(0.3)          # still building while shape A is measured
             return f"build-{i}"
 
-        def screen(self, shape, requests, builds):
+        def screen(self, shape, entrants):
             rows = []
-            for r in requests:
-                st, us = screen_plan[srcs.index(r.source)]
-                rows.append(_row(r, st, "screen", us))
-            return rows
+            for e in entrants:
+                st, us = screen_plan[srcs.index(e.request.source)]
+                rows.append(_row(e.request, st, "screen", us))
+            return rows, {}
 
-        def final(self, request, build_result):
-            st, s = finals_plan[srcs.index(request.source)]
-            return _row(request, st, "final", speedup=s)
+        def finals(self, shape, entrants):
+            out = []
+            for e in entrants:
+                st, s = finals_plan[srcs.index(e.request.source)]
+                out.append(_row(e.request, st, "final", speedup=s))
+            return out
 
     ex = Ex()
     runner = Fake(ex)

@@ -297,7 +297,8 @@ def test_gpu_path_screens_then_one_finals_session(tmp_path, monkeypatch):
                 for i, r in enumerate(reqs)]
 
     monkeypatch.setattr(X, "screen", fake_screen)
-    monkeypatch.setattr(X, "evaluate_group", fake_group)
+    import cudal2.harness.tournament as TN
+    monkeypatch.setattr(TN, "evaluate_group", fake_group)
     monkeypatch.setattr(X, "build_many", lambda specs, jobs=None: [None] * len(specs))
     monkeypatch.setattr(X, "build_baselines", lambda arch: {})
     monkeypatch.setattr(X, "gpu_pool", lambda **kw: Pool())

@@ -36,6 +36,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from cudal2.core.abi import load_library
+from cudal2.core.vocab import WIN_MARGIN
 from cudal2.harness import bounds, check
 from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
 from cudal2.harness.e2e import KINDS, E2EConfig, HostBackend, measure_e2e
@@ -168,6 +169,34 @@ def _interval_dict(iv) -> dict:
     return {"median": iv.median, "lo": iv.lo, "hi": iv.hi, "n": iv.n}
 
 
+def baseline_agreement(kt, base_names, margin: float = WIN_MARGIN) -> dict | None:
+    """How far the session's baselines sit apart: the fastest and the slowest by median, the
+    paired per-round ratio slowest / fastest with its interval, and `disagree` when even its
+    lower end is more than `margin` (the export rule's) above 1: which baseline a kernel is
+    compared against then moves a verdict by more than the bar. None with fewer than two."""
+    timed = [b for b in base_names if any(v is not None for v in kt.per_round.get(b, ()))]
+    if len(timed) < 2:
+        return None
+    med = {b: kt.time(b).median for b in timed}
+    fast, slow = min(timed, key=med.get), max(timed, key=med.get)
+    iv = kt.ratio(slow, fast)
+    return {"fastest": fast, "slowest": slow, "spread": iv.median - 1.0, "lo": iv.lo - 1.0,
+            "hi": iv.hi - 1.0, "margin": margin, "disagree": iv.lo > 1.0 + margin}
+
+
+def kernel_bar(result: dict, margin: float, mode: str = "offline") -> tuple[bool, float | None, str]:
+    """(clears, lower end, baseline) of the export rule's kernel-time bar for one result (row
+    parts timings/speedups/stats): the lowest lower end of its speedup intervals against every
+    baseline timed in the session must be at least 1 + margin."""
+    timed = set(((result.get("speedups") or {}).get(mode) or {}))
+    ivs = (((result.get("stats") or {}).get(mode) or {}).get("speedup")) or {}
+    los = {b: ivs[b].get("lo") for b in timed if isinstance(ivs.get(b), dict)}
+    if not timed or len(los) < len(timed) or any(v is None for v in los.values()):
+        return False, None, ""
+    who = min(los, key=los.get)
+    return los[who] >= 1.0 + margin, float(los[who]), who
+
+
 def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, peak,
                notes: dict, backend=None, l2_bytes: int | None = None, e2e=None,
                kernel_config: "KT.KernelTimeConfig | None" = None,
@@ -243,8 +272,9 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                for c in candidates}
 
     def record(key: str, kt: "KT.KernelTimes", session: dict) -> None:
+        agree = baseline_agreement(kt, base_names)
         for c, res in results.items():
-            if res["status"] != "ok":
+            if res["status"] != "ok" or c not in kt.per_round:
                 continue
             t = {"candidate": kt.stats_dict(c)}
             sp, spd = {}, {}
@@ -258,6 +288,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
             res["timings"][key] = t
             res["speedups"][key] = sp
             res["stats"][key] = {"speedup": spd, "session": dict(session, group=len(candidates))}
+            if agree is not None:
+                res["stats"][key]["baselines"] = agree
             res["bounds"]["fraction_of_peak"][key] = bounds.fraction_of_peak(
                 t["candidate"]["median_us"], M, N, K, peak)
 
@@ -272,6 +304,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                 notes["timed_outputs"] = (notes.get("timed_outputs", "") + "; " + f).strip("; ")
         return bad
 
+    gated: set = set()           # candidates below the gate's bar: no server, no e2e
     try:
         cal = None
         if "offline" in request.modes or "server" in request.modes:
@@ -284,10 +317,22 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                                      verify=verify, prepare=prepare, calibration=cal)
             fail_timed(kt.failures)
             record("offline", kt, kt.session_dict())
-        if "server" in request.modes and any(r["status"] == "ok" for r in results.values()):
+        gate = getattr(request, "gate_margin", None)
+        if gate is not None and "offline" in request.modes:
+            # server mode and the end-to-end call only for a candidate past the export bar
+            for r in results.values():
+                if r["status"] != "ok":
+                    continue
+                ok, lo, who = kernel_bar(r, gate)
+                r["gate"] = {"margin": gate, "passed": ok, "lo": lo, "baseline": who,
+                             "skipped": [] if ok else [m for m in request.modes
+                                                       if m in ("server", "e2e")]}
+        gated = {c for c, r in results.items() if (r.get("gate") or {}).get("passed") is False}
+        if "server" in request.modes and any(r["status"] == "ok" and c not in gated
+                                             for c, r in results.items()):
             scfg = server_config or KT.ServerConfig(gaps_ms=tuple(request.server_gaps_ms))
             live = {n: f for n, f in callables.items()
-                    if n not in results or results[n]["status"] == "ok"}
+                    if n not in results or (results[n]["status"] == "ok" and n not in gated)}
             with _phase(phases, "server"):
                 by_gap = KT.time_after_gaps(live, scfg, backend, calibration=cal, n_sets=pool.n_sets,
                                             pairs=[p for p in pairs if p[1] in live], verify=verify)
@@ -323,7 +368,7 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                      detail=f"offline median {t:.3g} us is below the physical lower bound "
                             f"{lower:.3g} us on {peak.name} ({bounds.DEFAULT_MARGIN:.0%} margin)")
             continue
-        if e2e is not None and "e2e" in request.modes:
+        if e2e is not None and "e2e" in request.modes and c not in gated:
             with _phase(phases, "e2e"):
                 out = e2e(c, t)
             for kind, whos in out["timings"].items():

@@ -48,7 +48,8 @@ def settings(request: EvalRequest) -> dict:
     return {"timer": request.timer, "operands": request.operands,
             "server_gaps_ms": list(request.server_gaps_ms) if "server" in request.modes else [],
             "baselines": sorted(set(request.baselines) | set(request.extra_baselines)),
-            "modes": list(request.modes), "mode_keys": mode_keys(request), "seeds": request.seeds}
+            "modes": list(request.modes), "mode_keys": mode_keys(request), "seeds": request.seeds,
+            "gate_margin": request.gate_margin}
 
 
 def answers(row: Evaluation, request: EvalRequest) -> bool:
@@ -75,6 +76,11 @@ def answers(row: Evaluation, request: EvalRequest) -> bool:
         return False
     have = set(row.timings or {})
     need = {k for k in want["mode_keys"] if not k.startswith("e2e_graph")}  # capture may fail
+    gate = (row.env or {}).get("gate") or {}
+    if (gate.get("passed") is False and request.gate_margin is not None
+            and gate.get("margin", float("inf")) <= request.gate_margin):
+        # below a bar no lower than this request's: its server and e2e keys were never wanted
+        need = {k for k in need if not k.startswith(("server_", "e2e_"))}
     return need <= have
 
 
@@ -235,6 +241,8 @@ def _apply(ev: Evaluation, m: dict, gpu_model: str | None) -> Evaluation:
     ev.env["gpu"] = gpu_model or ev.env.get("gpu")    # the name the cache is keyed by
     if m.get("bounds"):
         ev.correctness = {**ev.correctness, "bounds": m["bounds"]}
+    if m.get("gate"):
+        ev.env["gate"] = m["gate"]
     if m.get("baseline_notes"):
         ev.env["baseline_notes"] = m["baseline_notes"]
     ev.acc = m.get("acc") or ev.acc

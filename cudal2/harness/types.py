@@ -92,6 +92,9 @@ class EvalRequest:
     server_gaps_ms: tuple[float, ...] = DEFAULT_SERVER_GAPS_MS   # server mode's idle gaps
     extra_baselines: tuple[str, ...] = ()  # EXTRA_BASELINES timed besides `baselines`
     options: tuple[tuple[str, int], ...] = ()   # ABI 2 runtime options (a dict is accepted)
+    # server mode and the end-to-end call only for a candidate whose kernel-time speedup interval
+    # clears 1 + gate_margin against every baseline (the export rule's bar); None: for every one
+    gate_margin: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.source, str):
@@ -129,6 +132,8 @@ class EvalRequest:
             raise ValueError(f"EvalRequest.timeout_s must be > 0, got {self.timeout_s!r}")
         if not self.build_timeout_s > 0:
             raise ValueError(f"EvalRequest.build_timeout_s must be > 0, got {self.build_timeout_s!r}")
+        if self.gate_margin is not None and not self.gate_margin >= 0:
+            raise ValueError(f"EvalRequest.gate_margin must be >= 0 or None, got {self.gate_margin!r}")
 
 
 def _now() -> str:

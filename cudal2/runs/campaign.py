@@ -10,9 +10,9 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
   (the tuned table's shapes first, then the shape list), SCREEN every packed (build, runtime
   options) candidate of the shape in one warm worker (smoke check + a few kernel-time samples,
   early stop when clearly slower), then run the FINALS of the best few in a fresh worker
-  (correctness suite, kernel time against every baseline with the stopping rule, end-to-end
-  call, server mode) through cudal2.harness (build_result=..., baseline_libs=...: nothing is
-  recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
+  (correctness suite, kernel time against every baseline with the stopping rule; end-to-end
+  call and server mode for a kernel past the export margin) through the harness's tournament
+  (cudal2.harness.tournament; build_result=..., baseline_libs=...: nothing is recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
   (CSV, markdown, PNG), the throughput (screenings and finals per GPU-minute) and the cost
   model's held-out score next to the DB.
 """
@@ -27,7 +27,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +41,10 @@ from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
 from cudal2.harness import baselines as hb
 from cudal2.harness.audit import check_dependencies
 from cudal2.harness.db import ResultsDB
-from cudal2.harness.pipeline import ScreenCandidate, audit_verdict, evaluate_group, gpu_pool, screen
+from cudal2.harness import tournament
+from cudal2.harness.cluster import connect_ray, ray_actors, visible_devices
+from cudal2.harness.pipeline import audit_verdict, gpu_pool, record
+from cudal2.harness.tournament import Entrant
 from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
@@ -422,40 +427,125 @@ class Throughput:
         return out + ([phase] if phase else [])
 
 
-def finalists(screened: list, *, top: int = 2, within: float = 0.03, cap: int = 3,
-              reference_us: float | None = None) -> list[int]:
-    """Indices of the screened candidates that go to finals: the `top` fastest, plus any within
-    `within` of the fastest or of the reference (torch) time, at most `cap`. `screened` holds
-    (index, median_us or None)."""
-    ok = sorted((t, i) for i, t in screened if t)
-    if not ok:
-        return []
-    best = ok[0][0]
-    bar = max(best, reference_us or 0.0) * (1.0 + within)
-    chosen = [i for _, i in ok[:top]]
-    chosen += [i for t, i in ok[top:] if t <= bar]
-    return chosen[:cap]
+class _LocalLane:
+    """Tournaments on one GPU of this machine: a screening pool and a finals pool pinned to
+    `device` (CUDA_VISIBLE_DEVICES; None: unpinned), rows into the shared DB (its writes are
+    serialised; pipeline.record is the writer)."""
+
+    def __init__(self, device, *, has_gpu: bool, db, base_libs, known_lt, audits):
+        self.name = f"GPU {device}" if device is not None else "GPU"
+        self.screen_pool = (gpu_pool(device, max_tasks=1000, spare=0) if has_gpu
+                            else WorkerPool(1, device=device))
+        self.final_pool = (gpu_pool(device, max_tasks=1, spare=2) if has_gpu
+                           else WorkerPool(1, device=device))
+        self.backend = tournament.HarnessBackend(db=db, screen_pool=self.screen_pool,
+                                                 finals_pool=self.final_pool, gpu=has_gpu,
+                                                 trusted=True, baseline_libs=base_libs,
+                                                 lt_known=known_lt, audits=audits)
+
+    def run(self, shape, entrants, policy):
+        return tournament.run(shape, entrants, self.backend, policy)
+
+    def close(self):
+        self.screen_pool.close()
+        self.final_pool.close()
+
+
+class _CampaignActor:
+    """A Ray actor: tournaments on its GPU (Ray pins one per actor), rows returned, never
+    stored (the driver records them). The pack must be on a filesystem the actor sees."""
+
+    def __init__(self, pack: str):
+        import ray
+        self.has_gpu, self.gpu = False, ""
+        if ray.get_gpu_ids():          # torch only where Ray gave this actor a GPU
+            import torch
+            self.has_gpu = torch.cuda.is_available()
+            self.gpu = torch.cuda.get_device_name(0) if self.has_gpu else ""
+        m = load_manifest(pack)
+        self.base_libs = packed_baselines(pack, m, log=lambda *a: None) if self.has_gpu else None
+        self.lane = None
+        self.known_lt: dict = {}
+
+    def gpu_name(self) -> str:
+        return self.gpu
+
+    def run(self, shape, entrants, policy, audits=None):
+        """One shape's tournament; `audits` (the driver's verdicts by sha) come with the first
+        call only."""
+        if self.lane is None:
+            self.lane = _LocalLane(None, has_gpu=self.has_gpu, db=None, base_libs=self.base_libs,
+                                   known_lt=self.known_lt, audits=audits)
+        return self.lane.run(shape, entrants, policy)
+
+
+class _RayLane:
+    """The driver's side of a _CampaignActor: runs a shape's tournament there and records the
+    rows it made here (the one writer)."""
+
+    def __init__(self, ray, actor, db, audits):
+        self.ray, self.actor, self.db, self.audits = ray, actor, db, audits
+        self.name = f"ray actor {actor._actor_id.hex()[:8]}"
+
+    def run(self, shape, entrants, policy):
+        res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits))
+        self.audits = None                  # the actor keeps them
+        src = {e.key: e.request.source for e in entrants}
+        for row in list(res.screened) + list(res.rows):
+            if row is not None and row.id is None:
+                record(self.db, row, src.get((row.source_sha, tuple(sorted((row.options or {}).items())))))
+        return res
+
+    def close(self):
+        try:
+            self.ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
-        server_gaps_ms=None, finals_per_shape: int = 2, db_path=None, log=print) -> dict:
+        server_gaps_ms=None, finals_per_shape: int = 2, db_path=None, devices=None,
+        executor: str = "local", address: str | None = None, ray_cpus: int | None = None,
+        log=print) -> dict:
     """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
     results.db of an earlier run of this pack: its rows are copied in and what it recorded is
     not timed again (the harness's cache rule). db_path: a results DB to append to (created if
     absent; default <run folder>/results.db): calls on any machine accumulate into it, and what it
-    already holds is not timed again."""
+    already holds is not timed again. Shapes spread over lanes, each running whole
+    tournaments: executor "local" has one lane per GPU in `devices` (default: every visible
+    GPU; CUDA_VISIBLE_DEVICES names), "ray" one per actor of the cluster at `address` ("auto";
+    None: a local cluster of `ray_cpus` CPUs); rows reach the DB only here, in this process."""
 
     start = time.monotonic()
     pack, out = Path(pack).resolve(), Path(out)
     m = load_manifest(pack)
     baselines = tuple(baselines or BASELINES)
     import torch
-    has_gpu = torch.cuda.is_available()
+    ray_mod, ray_lanes, ray_owned = None, None, False
+    if executor == "ray":
+        ray_mod, ray_owned = connect_ray(address, num_cpus=ray_cpus)
+        # one actor per GPU; a cluster without GPUs (plumbing only) gets ray_cpus of them (2)
+        ray_lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(pack),
+                                       compile_workers=ray_cpus or 2)
+        has_gpu = n_gpus > 0
+        gpu = ray_mod.get(ray_lanes[0].gpu_name.remote()) if has_gpu else "no-gpu"
+    elif executor == "local":
+        has_gpu = torch.cuda.is_available()
+        gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+    else:
+        raise ValueError(f"unknown executor {executor!r}; use 'local' or 'ray'")
     if not has_gpu and not allow_no_gpu:
+        if ray_owned:
+            ray_mod.shutdown()
         raise RuntimeError("campaign run needs a CUDA GPU (torch.cuda.is_available() is False); "
                            "--allow-no-gpu runs the plumbing only (rows are not_measured)")
-    gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+    # local: one lane per visible GPU (a worker pool pinned to it); one unpinned lane otherwise
+    if devices:
+        devices = [str(d) for d in devices]          # as asked: pinned, even a single one
+    else:
+        found = visible_devices() if has_gpu else []
+        devices = found if len(found) > 1 else [None]
     tag = gpu.replace(" ", "_").replace("/", "_")
     run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -465,7 +555,7 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         f"{sum(len(c) for _, c in plan_)} screenings planned; finals: modes {list(modes)} "
         f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, budget "
         f"{budget_s:.0f} s; output {run_dir}")
-    base_libs = packed_baselines(pack, m, log=log) if has_gpu else None
+    base_libs = packed_baselines(pack, m, log=log) if has_gpu and executor == "local" else None
     db_path = Path(db_path) if db_path else run_dir / "results.db"
     if db_path.suffix == ".gz":
         raise ValueError(f"--db {db_path}: a gzipped DB is read-only; gunzip it or `cudal2 db merge` it")
@@ -482,8 +572,6 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     done_shapes, avg = 0, None
     builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
     # every build audited once, up front and in parallel (CPU work the GPU would wait for)
-    from concurrent.futures import ThreadPoolExecutor
-
     t0 = time.monotonic()
     probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
     srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
@@ -493,87 +581,99 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         audits = {sha: f.result() for sha, f in futs.items()}
     log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
         f"({sum(not a['ok'] for a in audits.values())} rejected)")
-    screen_pool = gpu_pool(max_tasks=1000, spare=0) if has_gpu else WorkerPool(1)
-    final_pool = gpu_pool(max_tasks=1, spare=2) if has_gpu else WorkerPool(1)
-    try:
-        for shape, pairs in plan_:
-            now = time.monotonic()
-            if now + (avg or 0.0) > deadline:
-                log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
-                    f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
-                break
+    policy = tournament.FinalistPolicy(top=finals_per_shape)
+    if ray_lanes is not None:
+        lanes = [_RayLane(ray_mod, a, db, audits) for a in ray_lanes]
+    else:
+        lanes = [_LocalLane(d, has_gpu=has_gpu, db=db, base_libs=base_libs, known_lt=known_lt,
+                            audits=audits) for d in devices]
+    if len(lanes) > 1:
+        log(f"  {len(lanes)} lanes: " + ", ".join(ln.name for ln in lanes))
+    todo = iter(plan_)
+    lock = threading.Lock()
+    stop = []
+
+    def drive(lane):
+        """One lane (a GPU) takes the next shape until the plan or the budget runs out."""
+        nonlocal done_shapes, avg
+        while True:
+            with lock:
+                now = time.monotonic()
+                if stop:
+                    return
+                if now + (avg or 0.0) > deadline:
+                    stop.append(True)
+                    log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
+                        f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
+                    return
+                nxt = next(todo, None)
+            if nxt is None:
+                return
+            shape, pairs = nxt
             t_shape = time.monotonic()
             S = Shape(*shape)
             bucket = report.size_bucket(*shape)
             sources = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
-            # 1. screening (ranking only), skipped when there is one candidate
-            chosen = list(range(len(pairs)))
-            if len(pairs) > 1:
-                cands = [ScreenCandidate(sources[c["sha"]], builds[c["sha"]],
-                                         tuple(sorted(o.items())), origin="tune")
-                         for c, o in pairs]
-                prior = [ev for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")]
-                stored = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev for ev in prior}
-                rows = [stored.get((c["sha"], tuple(sorted(o.items())))) for c, o in pairs]
-                todo = [i for i, r in enumerate(rows) if r is None]
-                t0 = time.monotonic()
-                ref = {}
-                if todo:
-                    got, ref = screen(S, [cands[i] for i in todo], arch=m["arch"], acc=m.get("acc"),
-                                      db=db, pool=screen_pool, gpu=has_gpu, audits=audits)
-                    for i, r in zip(todo, got):
-                        rows[i] = r
-                thr.add("screen", bucket, len(todo), time.monotonic() - t0)
-                timed = [(i, ((r.timings or {}).get("screen", {}).get("candidate") or {}).get("median_us")
-                          if r.status == "ok" else None) for i, r in enumerate(rows)]
-                chosen = finalists(timed, top=finals_per_shape, reference_us=ref.get("torch_us")) \
-                    if has_gpu else [i for i, r in enumerate(rows) if r.status == "not_measured"][:finals_per_shape]
-                for r in rows:
-                    statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
-            # 2. finals of the chosen few in one fresh worker (our own templates: trusted)
-            reqs = [EvalRequest(source=sources[pairs[i][0]["sha"]], shape=S, arch=m["arch"],
-                                acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
-                                origin="tune", options=pairs[i][1], server_gaps_ms=gaps,
-                                timeout_s=max(10.0, min(120.0, deadline - time.monotonic())))
-                    for i in chosen]
-            if reqs:
-                t0 = time.monotonic()
-                by_layout: dict[str, list[int]] = {}
-                for j, i in enumerate(chosen):
-                    meta = _meta(pairs[i][0])
-                    by_layout.setdefault(meta.get("layout", m.get("layout", "RR")), []).append(j)
-                evs = []
-                before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
-                for js in by_layout.values():
-                    group = evaluate_group([reqs[j] for j in js], db=db, pool=final_pool,
-                                           build_results=[builds[pairs[chosen[j]][0]["sha"]] for j in js],
-                                           baseline_libs=base_libs, gpu=has_gpu,
-                                           lt_known=known_lt, audits=audits)
-                    thr.add_phases(next((ev.env.get("phases_s") for ev in group
+            # screen, finalists, one finals session (cudal2.harness.tournament)
+            prior = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev
+                     for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")}
+            entrants = [Entrant(EvalRequest(source=sources[c["sha"]], shape=S, arch=m["arch"],
+                                            acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
+                                            origin="tune", options=o, server_gaps_ms=gaps,
+                                            gate_margin=margin,
+                                            timeout_s=max(10.0, min(120.0, deadline - time.monotonic()))),
+                                builds[c["sha"]], layout=_meta(c).get("layout", m.get("layout", "RR")),
+                                screened=prior.get((c["sha"], tuple(sorted(o.items())))))
+                        for c, o in pairs]
+            before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
+            res = lane.run(S, entrants, policy)
+            with lock:
+                if res.screened_fresh:
+                    thr.add("screen", bucket, res.screened_fresh, res.screen_s)
+                for r in res.screened:
+                    if r is not None:
+                        statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
+                evs = list({id(res.rows[i]): res.rows[i] for i in res.finalists}.values())
+                if evs:
+                    thr.add_phases(next((ev.env.get("phases_s") for ev in evs
                                          if ev.id not in before and (ev.env or {}).get("phases_s")), None))
-                    evs += group
-                thr.add("final", bucket, len(reqs), time.monotonic() - t0)
-                for ev in evs:
-                    statuses[ev.status] = statuses.get(ev.status, 0) + 1
-                best = [ev for ev in evs if ev.status == "ok"]
-                note = ""
-                if best:
-                    b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
-                    iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
-                    if iv:
-                        note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
-                log(f"  {S} {bucket}: {len(pairs)} screened, {len(reqs)} in finals: "
-                    f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
-            done_shapes += 1
-            dt = time.monotonic() - t_shape
-            avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+                    thr.add("final", bucket, len(evs), res.finals_s)
+                    for ev in evs:
+                        statuses[ev.status] = statuses.get(ev.status, 0) + 1
+                    best = [ev for ev in evs if ev.status == "ok"]
+                    note = ""
+                    if best:
+                        b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
+                        iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
+                        if iv:
+                            note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
+                    log(f"  {S} {bucket}{' on ' + lane.name if len(lanes) > 1 else ''}: {len(pairs)} "
+                        f"screened, {len(evs)} in finals ({res.sessions} session{'s' if res.sessions != 1 else ''}): "
+                        f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
+                lane_shapes[lane.name] = lane_shapes.get(lane.name, 0) + 1
+                done_shapes += 1
+                dt = time.monotonic() - t_shape
+                avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+
+    lane_shapes: dict[str, int] = {}
+    try:
+        with ThreadPoolExecutor(len(lanes)) as ex:
+            for f in [ex.submit(drive, ln) for ln in lanes]:
+                f.result()
     finally:
-        screen_pool.close()
-        final_pool.close()
+        for ln in lanes:
+            ln.close()
+        if ray_owned:
+            ray_mod.shutdown()
     rows = db.rows()
     summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
                "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
-               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases}
+               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases,
+               "lanes": lane_shapes, "noise": noise_summary(rows)}
+    nz = summary["noise"]
+    log(f"noise: {nz['discarded_throttled']} of {nz['rounds']} finals rounds discarded as throttled, "
+        f"SM clock {nz['sm_clock_mhz']} MHz, power {nz['power_w']} W, "
+        f"{len(nz['baselines_disagree'])} shape(s) whose baselines disagree beyond their intervals")
     log("throughput (wall time of each stage on the GPU machine):")
     for line in thr.lines():
         log(line)
@@ -623,6 +723,35 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     log(f"campaign done in {time.monotonic() - start:.0f} s: {done_shapes} shapes {statuses}, "
         f"{summary['exported']} exported, {summary['removed']} removed; DB, CSV and reports in {run_dir}")
     return summary
+
+
+def noise_summary(rows) -> dict:
+    """What noise the finals saw (kernel time): rounds discarded as throttled, the SM clock and
+    power ranges, and the shapes whose baselines sat apart beyond their intervals by more than
+    the export margin (measure.baseline_agreement)."""
+    out = {"rounds": 0, "discarded_throttled": 0, "sm_clock_mhz": None, "power_w": None,
+           "baselines_disagree": []}
+    clocks, watts, seen = [], [], set()
+    for ev in rows:
+        st = (ev.stats or {}).get("offline") or {}
+        sess = st.get("session") or {}
+        if ev.stage != "final" or not sess or ev.id in seen:
+            continue
+        seen.add(ev.id)
+        out["rounds"] += int(sess.get("rounds") or 0)
+        out["discarded_throttled"] += int(sess.get("discarded_throttled") or 0)
+        for k, acc in (("sm_clock_mhz", clocks), ("power_w", watts)):
+            r = sess.get(k) or {}
+            acc += [v for v in (r.get("min"), r.get("max")) if v]
+        if (st.get("baselines") or {}).get("disagree"):
+            name = str(ev.shape)
+            if name not in out["baselines_disagree"]:
+                out["baselines_disagree"].append(name)
+    if clocks:
+        out["sm_clock_mhz"] = [min(clocks), max(clocks)]
+    if watts:
+        out["power_w"] = [min(watts), max(watts)]
+    return out
 
 
 def write_evaluations_csv(rows, path: Path) -> Path:
@@ -693,6 +822,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "runs accumulate into it and skip what it already holds")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
+    r.add_argument("--devices", nargs="+", default=None,
+                   help="GPUs to spread shapes over, as CUDA_VISIBLE_DEVICES names them (default: every visible GPU)")
+    r.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local: this machine's GPUs; ray: one actor per GPU of a Ray cluster")
+    r.add_argument("--address", default=None,
+                   help="Ray cluster address with --executor ray ('auto': the running cluster; default: start a local one)")
     d = sub.add_parser("check", help="dry-run an existing pack (loads every .so in a worker)")
     d.add_argument("pack")
 
@@ -709,7 +844,8 @@ def run_cli(args: argparse.Namespace) -> int:
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
-                finals_per_shape=args.finals_per_shape, db_path=args.db)
+                finals_per_shape=args.finals_per_shape, db_path=args.db, devices=args.devices,
+                executor=args.executor, address=args.address)
         else:
             problems = dry_run(args.pack)
             for p in problems:

@@ -17,8 +17,10 @@ again. N is sized so one sample holds about `sample_us` of GPU work; every calla
 uses the same N and the same operand sets (nvbench's blocking kernel, ThunderKittens' rotated
 buffers).
 
-Rounds interleave all callables in a fresh random order; a round whose SM clock read fell more
-than 3% below the run's median clock is discarded (throttled); speedups are medians of paired
+Rounds interleave all callables in a fresh random order; a round is discarded as throttled when
+an SM clock read during it fell more than 3% below the run's median clock, or when the GPU
+reported a slowdown other than its steady power cap (SEVERE_THROTTLE); each round's SM clock,
+power draw and throttle reasons are kept in the session; speedups are medians of paired
 per-round ratios with bootstrap intervals (cudal2.timing.stats), and sampling stops when every
 interval's half-width is within `target` of its median, or at the round/time budget.
 
@@ -109,6 +111,21 @@ class KernelBackend(Protocol):
     def done(self, event) -> bool: ...                  # has the GPU passed this event?
     def elapsed_us(self, start, stop) -> float: ...     # resolve two events (may synchronise)
     def sm_clock_mhz(self) -> float | None: ...         # live SM clock, None if unknown
+    # optional: power_state() -> {"power_w": float | None, "throttle": [reason, ...]} or None
+
+
+# NVML's clocks-event reasons by bit, in the names a session records
+THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap",
+                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                 0x80: "hw_power_brake", 0x100: "display_clocks"}
+# a round that saw one of these is discarded: the GPU slowed down for heat or an external
+# signal. sw_power_cap is not among them: a large GEMM runs at its power cap every round
+# (paired ratios cancel a steady cap; the clock rule catches a deep dip)
+SEVERE_THROTTLE = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
 
 
 @dataclass
@@ -134,13 +151,20 @@ class KernelTimes:
     stopped: str = ""                                   # tight | budget | max_rounds | early_stop
     failures: list[str] = field(default_factory=list)   # "who@round r: why"
     seconds: float = 0.0
+    power: list = field(default_factory=list)           # per round: {power_w, throttle} or None
 
     @property
     def rounds(self) -> int:
         return len(self.clocks)
 
     def kept(self) -> list[bool]:
-        return S.kept_rounds(self.clocks, self.config.clock_tolerance)
+        by_clock = S.kept_rounds(self.clocks, self.config.clock_tolerance)
+        return [k and not self.throttled(r) for r, k in enumerate(by_clock)]
+
+    def throttled(self, r: int) -> bool:
+        """Did the GPU report a severe slowdown (SEVERE_THROTTLE) during round r?"""
+        p = self.power[r] if r < len(self.power) else None
+        return bool(p and set(p.get("throttle") or ()) & set(SEVERE_THROTTLE))
 
     def _kept_values(self, name: str) -> list[float | None]:
         return [v if k else None for v, k in zip(self.per_round[name], self.kept())]
@@ -183,6 +207,7 @@ class KernelTimes:
     def session_dict(self) -> dict:
         kept = self.kept()
         clocks = [c for c in self.clocks if c]
+        watts = [p["power_w"] for p in self.power if p and p.get("power_w")]
         return {"rounds": self.rounds, "kept": sum(kept), "discarded_throttled": len(kept) - sum(kept),
                 "calls_per_sample": self.calls_per_sample, "operand_sets": self.n_sets,
                 "spin_us": {k: round(v, 1) for k, v in self.spin_us.items()},
@@ -190,6 +215,12 @@ class KernelTimes:
                 "seconds": round(self.seconds, 3),
                 "sm_clock_mhz": {"median": S.median(clocks), "min": min(clocks),
                                  "max": max(clocks)} if clocks else None,
+                "power_w": {"median": S.median(watts), "min": min(watts),
+                            "max": max(watts)} if watts else None,
+                "per_round": {"sm_clock_mhz": list(self.clocks),
+                              "power_w": [(p or {}).get("power_w") for p in self.power],
+                              "throttle": [(p or {}).get("throttle") or [] for p in self.power],
+                              "kept": kept},
                 "config": self.config.to_dict()}
 
 
@@ -264,6 +295,7 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
     spin = dict(cal.spin_us)
     N = cal.calls
     out = KernelTimes(names, {n: [] for n in names}, [], N, spin, config, n_sets=n_sets)
+    power_state = getattr(backend, "power_state", None)
     offset = 0
     t0 = backend.now()
     while True:
@@ -296,6 +328,8 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
             if clock:
                 round_clock = clock if round_clock is None else min(round_clock, clock)
             pending.append((name, s, e, last_set))
+        # power and throttle reasons once a round, read while its last sample still runs
+        out.power.append(power_state() if power_state is not None else None)
         backend.synchronize()
         r = out.rounds
         for name, s, e, last_set in pending:
@@ -485,6 +519,28 @@ class CudaKernelBackend:
             return float(pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM))
         except Exception:  # noqa: BLE001 - not reported: no clock filtering
             return None
+
+    def power_state(self) -> dict | None:
+        """Power draw (W) and the clocks-event (throttle) reasons now, from NVML; None
+        without NVML (nothing recorded, nothing discarded for it)."""
+        if self._nvml is None:
+            try:          # torch's own reading (it needs NVML or amdsmi underneath)
+                return {"power_w": self.torch.cuda.power_draw() / 1000.0, "throttle": []}
+            except Exception:  # noqa: BLE001 - no power reading here
+                return None
+        import pynvml
+        out: dict = {"power_w": None, "throttle": []}
+        try:
+            out["power_w"] = pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1000.0
+        except Exception:  # noqa: BLE001 - a GPU that does not report power
+            pass
+        read = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        try:
+            out["throttle"] = throttle_names(int(read(self._nvml))) if read else []
+        except Exception:  # noqa: BLE001 - not supported: no reasons
+            pass
+        return out
 
 
 def visible_gpu_index() -> int:
