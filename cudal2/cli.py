@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "tune": ("cudal2.search.tune", "search the template families per shape (`--build-only` on CPU machines)"),
     "export": ("cudal2.runs.export", "copy measured winners from the results DB into generated_kernels/"),
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
+    "shapes": ("cudal2.runs.shapes", "a model's linear layers as a shapes CSV, from its Hugging Face config (offline)"),
     "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines)"),
 }
 
