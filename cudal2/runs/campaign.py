@@ -44,7 +44,7 @@ from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
-from cudal2.search.tune import build_plan, plan, read_shapes
+from cudal2.search.tune import build_plan, plan, read_shapes, shapes_layout
 
 SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
 MAX_PACK_BYTES = 64 << 20
@@ -98,16 +98,18 @@ def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
 
 
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
-            jobs: int | None = None, acc: str = "f32", layout: str = "RR",
+            jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
-    the run re-measures what dispatch serves today."""
+    the run re-measures what dispatch serves today. layout: the shapes file's layout column
+    (a `cudal2 shapes --model` file says RC), else `layout`, else RR."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
+    layout = shapes_layout(shapes_file, layout)
     tuned = tuned_rows(arch, acc, layout, kernels_root) if include_tuned else []
     first = [Shape(*r.shape) for r in tuned]
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
@@ -639,8 +641,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="candidates per shape, best first by the cost model (0 = all)")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--acc", default="f32", choices=("f32", "f16"))
-    p.add_argument("--layout", default="RR", choices=("RR", "RC"),
-                   help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
+    p.add_argument("--layout", default=None, choices=("RR", "RC"),
+                   help="B layout (RC for nn.Linear weights); default: the shapes file's layout "
+                        "column (shapes/llm_trace.csv, `cudal2 shapes` files: RC), else RR")
     p.add_argument("--no-tuned", action="store_true",
                    help="do not add the tuned table's kernels and shapes to the pack")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
