@@ -17,10 +17,10 @@ from cudal2.runtime.race import choose_winner
 from cudal2.core.store import KernelIndex
 
 
-def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True):
+def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket=""):
     sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
     return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha,
-                      tuned=tuned)
+                      tuned=tuned, m_bucket=m_bucket)
 
 
 def table(*entries):
@@ -48,6 +48,31 @@ def test_exact_with_known_meta_is_resolved_and_unknown_is_marked():
     assert plan((128, 128, 128), "RR", "sm_90a", "f32", t).unresolved == (e,)
     d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, metas={e.sha256: tile_meta(64, 64, 32)})
     assert d.kind == "exact" and d.unresolved == ()
+
+
+def test_bucket_serves_the_m_of_its_bucket_before_the_nearest_race():
+    """A kernel exported at M=64 (bucket 33-64) serves M 33..64 of its N and K, if it accepts
+    them; outside the bucket, or for another N/K, the nearest-shape race decides."""
+    at64 = entry(64, 4096, 4096, layout="RC", m_bucket="33-64")
+    at48 = entry(48, 4096, 4096, layout="RC", m_bucket="33-64")
+    old = entry(16, 4096, 4096, layout="RC")             # an old row: no bucket, exact only
+    t = table(at64, old)
+    d = plan((40, 4096, 4096), "RC", "sm_90a", "f32", t)
+    assert d.kind == "bucket" and d.candidates == (at64,) and d.unresolved == (at64,)
+    assert plan((64, 4096, 4096), "RC", "sm_90a", "f32", t).kind == "exact"
+    for shape in ((32, 4096, 4096), (65, 4096, 4096), (40, 4096, 2048), (12, 4096, 4096)):
+        assert plan(shape, "RC", "sm_90a", "f32", t, metas={at64.sha256: ANY, old.sha256: ANY}
+                    ).kind == "nearest", shape
+    # two rows of one bucket: the nearer M first, unless its tile does not divide the shape
+    t2 = table(at64, at48)
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas={at64.sha256: ANY, at48.sha256: ANY}
+                ).candidates == (at48,)
+    metas = {at64.sha256: ANY, at48.sha256: tile_meta(16, 128, 32)}
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas=metas).candidates == (at64,)
+    metas = {at64.sha256: tile_meta(64, 128, 32), at48.sha256: tile_meta(16, 128, 32)}
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas=metas).kind == "fallback"
+    d = plan((48, 4096, 4096), "RC", "sm_90a", "f32", table(at64), metas={at64.sha256: tile_meta(16, 128, 32)})
+    assert d.kind == "bucket" and d.unresolved == ()
 
 
 def test_nearest_by_log_distance_among_accepting_kernels():
@@ -287,6 +312,16 @@ def store(tmp_path, monkeypatch):
     resolve.state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
     yield idx, add, built
     resolve.reset()
+
+
+def test_decide_bucket_serves_without_a_race(store, monkeypatch):
+    idx, add, built = store
+    row = add(64, 256, 128, ANY, layout="RC")
+    idx.replace_row(__import__("dataclasses").replace(row, m_bucket="33-64"))
+    idx.write()
+    monkeypatch.setattr(race, "race", lambda *a, **k: pytest.fail("a bucket kernel never races"))
+    served = resolve.decide(0, 40, 256, 128, "RC", None, None)
+    assert served is not resolve.TORCH and built == ["sm_90a/f32_RC/64_256_128.cu"]
 
 
 def test_decide_exact_loads_one_kernel(store):

@@ -207,3 +207,19 @@ def test_export_cli_from_a_test_db(tmp_path, capsys):
     assert main(["export", "--db", str(db_path), "--report", "x", "--out", str(root2), "--dry-run"]) == 0
     assert not (root2 / "index.csv").exists()
     assert main(["export", "--db", str(tmp_path / "nope.db"), "--report", "x"]) == 2
+
+
+def test_export_keeps_each_rows_m_bucket_and_old_rows_read_without_one(tmp_path):
+    """A row exported at M carries M's token bucket (powers of two: 33-64 for 64, 3-4 for 4)."""
+    root = tmp_path / "gk"
+    rows = [ev("a", (64, 4096, 4096), 9.0, BASE), ev("b", (4, 4096, 4096), 9.0, BASE),
+            ev("c", (1, 4096, 4096), 9.0, BASE)]
+    export(rows, {v: SRC[k] for k, v in SHA.items()}.get, root=root, report="synthetic")
+    idx = KernelIndex.load(root)
+    assert [(r.M, r.m_bucket, r.bucket) for r in idx.rows] == [
+        (1, "1-1", (1, 1)), (4, "3-4", (3, 4)), (64, "33-64", (33, 64))]
+    assert "m_bucket" in (root / "index.csv").read_text().splitlines()[0]
+    # a bucket that does not hold the row's M is refused, named
+    from cudal2.core.store import KernelIndexError, with_fields
+    with pytest.raises(KernelIndexError, match="m_bucket '1-64' must be empty or '33-64'"):
+        with_fields(idx.get("sm_90a", "f32", "RR", 64, 4096, 4096), m_bucket="1-64")

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator
 
 from cudal2.core import knobs
 from cudal2.core.identity import content_sha
-from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, OPTION_NAME, normalise_options
+from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, OPTION_NAME, m_bucket, normalise_options
 
 INDEX_NAME = "index.csv"
 SPEEDUP_COLUMNS = (
@@ -41,10 +41,10 @@ SPEEDUP_COLUMNS = (
 )
 COLUMNS = (
     "arch", "acc", "layout", "M", "N", "K", "file", "sha256", "family", "tuned", "mode",
-    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo",
+    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo", "m_bucket",
 )
 # Columns added after the first release: an index without them still reads (empty values).
-OPTIONAL_COLUMNS = ("options", "speedup_lo")
+OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket")
 # Architectures the store may hold (directory names); same spelling as cudal2.core.toolchain.ARCHES.
 MODES = ("", "offline", "server", "wall")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -96,6 +96,7 @@ class IndexRow:
     report: str = ""
     options: str = ""           # runtime options the kernel is called with: 'name=value;...'
     speedup_lo: float | None = None  # lower end of the speedup interval vs the best baseline
+    m_bucket: str = ""          # 'lo-hi': the token counts M this row's kernel serves (vocab.m_bucket); '' = M only
 
     @property
     def key(self) -> tuple[str, str, str, int, int, int]:
@@ -115,6 +116,14 @@ class IndexRow:
             if v is not None:
                 out[col[len("speedup_"):]] = v
         return out
+
+    @property
+    def bucket(self) -> tuple[int, int] | None:
+        """(lo, hi) of the M values the row serves, or None (its own M only)."""
+        if not self.m_bucket:
+            return None
+        lo, _, hi = self.m_bucket.partition("-")
+        return int(lo), int(hi)
 
     @property
     def options_dict(self) -> dict[str, int]:
@@ -175,6 +184,10 @@ class IndexRow:
                 raise bad(f"options {self.options!r} must be 'name=value;...' sorted by name")
         except KernelIndexError as exc:
             raise bad(str(exc)) from None
+        want = "-".join(map(str, m_bucket(self.M)))
+        if self.m_bucket not in ("", want):
+            # one bucket rule (vocab.m_bucket): a row serves the bucket its own M is in
+            raise bad(f"m_bucket {self.m_bucket!r} must be empty or {want!r}, the bucket of M={self.M}")
         if self.tuned:
             # The library must never make a user slower: a tuned row carries the run that shows
             # it beating every baseline it was timed against.
@@ -222,6 +235,7 @@ class IndexRow:
             **{c: as_float(c) for c in SPEEDUP_COLUMNS},
             report=(rec.get("report") or "").strip(),
             options=(rec.get("options") or "").strip(), speedup_lo=as_float("speedup_lo"),
+            m_bucket=(rec.get("m_bucket") or "").strip(),
         )
         row.validate(where)
         return row
@@ -339,7 +353,7 @@ class KernelIndex:
     def add(self, source: str, *, arch: str, acc: str, layout: str, M: int, N: int, K: int,
             family: str = "", tuned: bool = False, mode: str = "", report: str = "",
             speedups: dict[str, float] | None = None, options=None,
-            speedup_lo: float | None = None) -> IndexRow:
+            speedup_lo: float | None = None, m_bucket: str = "") -> IndexRow:
         """Stage `source` as the kernel for one shape (replacing that shape's row, if any).
 
         Identical sources under one <arch>/<acc>_<layout>/ directory share one file. Nothing
@@ -367,7 +381,8 @@ class KernelIndex:
         row = IndexRow(arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, file=file, sha256=sha,
                        family=family, tuned=bool(tuned), mode=mode, report=report, **sp,
                        options=format_options(options),
-                       speedup_lo=None if speedup_lo is None else float(speedup_lo))
+                       speedup_lo=None if speedup_lo is None else float(speedup_lo),
+                       m_bucket=m_bucket)
         row.validate(f"add {arch} {acc} {layout} {M}x{N}x{K}")
         self._rows[key] = row
         self._pending[file] = source

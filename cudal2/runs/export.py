@@ -12,7 +12,8 @@ The only way a kernel enters the dispatch table. The export rule (docs/measureme
 The row with the highest such lower bound wins. Sources are written through
 cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
 median speedup against every baseline, the interval's lower end, the options and the report the
-numbers came from. A tuned row whose kernel was measured again in these rows and now fails the
+numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket): dispatch
+serves the kernel at the other M of that bucket it accepts. A tuned row whose kernel was measured again in these rows and now fails the
 rule leaves the table. Everything refused is listed with its reason.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Callable, Iterable
 from cudal2.core import knobs
 from cudal2.core.identity import source_sha
 from cudal2.core.store import SPEEDUP_COLUMNS, KernelIndex, format_options
-from cudal2.core.vocab import WIN_MARGIN
+from cudal2.core.vocab import WIN_MARGIN, m_bucket
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
 
@@ -179,7 +180,8 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
         idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family, tuned=True,
                 mode=mode, report=report, speedups={k: round(v, 4) for k, v in d.speedups.items()
                                                      if f"speedup_{k}" in SPEEDUP_COLUMNS},
-                options=d.options, speedup_lo=round(d.speedup_lo, 4))
+                options=d.options, speedup_lo=round(d.speedup_lo, 4),
+                m_bucket="-".join(map(str, m_bucket(M))))
         changed = True
     path = idx.write(prune=True) if changed and not dry_run else None
     return ExportResult(decisions, path)

@@ -31,9 +31,25 @@ def log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
     return math.sqrt(sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b)))
 
 
+def bucket_match(shape: tuple[int, int, int], same: Iterable[TableEntry],
+                 metas: Mapping[str, Mapping]) -> TableEntry | None:
+    """The tuned row whose M bucket (index column m_bucket) holds M, for the same N and K, whose
+    kernel accepts the shape (or whose meta is not known yet): nearest M in log space first,
+    then the larger M (its tiles were measured over at least as many rows), then the file."""
+    M, N, K = shape
+    rows = [e for e in same if e.N == N and e.K == K and e.M != M and e.bucket
+            and e.bucket[0] <= M <= e.bucket[1]]
+    rows.sort(key=lambda e: (abs(math.log(e.M / M)), -e.M, e.file))
+    for e in rows:
+        meta = metas.get(e.sha256)
+        if meta is None or meta_accepts(meta, M, N, K):
+            return e
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str                                  # "exact" | "nearest" | "fallback"
+    kind: str                                  # "exact" | "bucket" | "nearest" | "fallback"
     candidates: tuple[TableEntry, ...]         # exact: one; nearest: best first; fallback: ()
     reason: str
     unresolved: tuple[TableEntry, ...] = ()    # nearest candidates whose meta is not known yet
@@ -47,6 +63,8 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
 
     exact:   a tuned kernel for this very (arch, acc, layout, M, N, K) (and, if its meta is known,
              accepting the shape);
+    bucket:  a tuned kernel for (N, K) exported at another M of M's token bucket (bucket_match);
+             it serves as an exact one does;
     nearest: the `k` tuned kernels of the same (arch, acc, layout) nearest in log-space
              distance (log_distance) that accept the shape (meta any_shape, or M, N, K divisible by
              its tile); they race cuBLAS before serving;
@@ -77,6 +95,10 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
             meta = metas.get(e.sha256)
             if meta is None or meta_accepts(meta, M, N, K):
                 return Decision("exact", (e,), f"tuned kernel {e.file}", (e,) if meta is None else ())
+    b = bucket_match((M, N, K), same, metas)
+    if b is not None:
+        return Decision("bucket", (b,), f"tuned kernel {b.file} (M={b.M}, bucket {b.m_bucket})",
+                        (b,) if b.sha256 not in metas else ())
     ranked = sorted(((log_distance((M, N, K), e.shape), e.shape, e.file, e) for e in same
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
     cands, unresolved, dists = [], [], []

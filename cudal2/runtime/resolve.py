@@ -150,7 +150,7 @@ def decide(dev, M, N, K, layout, a, b):
     while True:
         d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas, exclude=state.broken,
                  unknown_meta="candidate" if probes < MAX_PROBES else "reject")
-        if d.kind == "exact" and d.candidates[0].sha256 not in state.metas:
+        if d.kind in ("exact", "bucket") and d.candidates[0].sha256 not in state.metas:
             pending = d.candidates
         elif d.kind == "nearest" and d.unresolved:
             pending = d.unresolved
@@ -167,7 +167,7 @@ def decide(dev, M, N, K, layout, a, b):
               d.kind, d.reason)
     if d.kind == "fallback":
         return TORCH
-    if d.kind == "exact":
+    if d.kind in ("exact", "bucket"):   # measured at its shape, or at its bucket's M: no race
         e = d.candidates[0]
         return launcher(load(e), M, N, K, e.options_dict)
     return _nearest(dev, M, N, K, layout, a, b, d)
