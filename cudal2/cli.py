@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if verb == "bench" and "--overhead" in rest:
         module_name = "cudal2.runs.overhead"
         rest = [a for a in rest if a != "--overhead"]
+    if verb == "bench" and any(a == "--model" or a.startswith("--model=") for a in rest):
+        module_name = "cudal2.runs.modelbench"   # a model's forward-pass GEMMs as CUDA graphs
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cudal2 {verb}", description=VERBS[verb][1])
     module.configure_parser(parser)
