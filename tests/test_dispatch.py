@@ -17,14 +17,15 @@ from cudal2.runtime.race import choose_winner
 from cudal2.core.store import KernelIndex
 
 
-def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket=""):
+def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket="",
+          gpu=""):
     sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
     return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha,
-                      tuned=tuned, m_bucket=m_bucket)
+                      tuned=tuned, m_bucket=m_bucket, gpu=gpu)
 
 
 def table(*entries):
-    return {(e.arch, e.acc, e.layout, e.M, e.N, e.K): e for e in entries}
+    return {e.key: e for e in entries}
 
 
 ANY = {"any_shape": True, "tile": [128, 128, 32]}
@@ -73,6 +74,29 @@ def test_bucket_serves_the_m_of_its_bucket_before_the_nearest_race():
     assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas=metas).kind == "fallback"
     d = plan((48, 4096, 4096), "RC", "sm_90a", "f32", table(at64), metas={at64.sha256: tile_meta(16, 128, 32)})
     assert d.kind == "bucket" and d.unresolved == ()
+
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+def test_each_gpu_is_served_its_own_row_then_an_any_gpu_row_never_another_gpus():
+    """Rows for one shape tuned on an H100 and an H200 (both sm_90a) coexist; each GPU gets its
+    own, a GPU with no row of its own gets the any-GPU row ('' = rows of old indexes), and never
+    another GPU's row, not even as a nearest candidate."""
+    h100, h200 = entry(128, 128, 128, gpu=H100, sha="1" * 64), entry(128, 128, 128, gpu=H200, sha="2" * 64)
+    anygpu = entry(128, 128, 128, sha="3" * 64)
+    t = table(h100, h200, anygpu)
+    assert len(t) == 3
+    for gpu, want in ((H100, h100), (" NVIDIA  H200", h200), ("NVIDIA GH200 480GB", anygpu), (None, anygpu)):
+        d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu=gpu)
+        assert d.kind == "exact" and d.candidates == (want,), gpu
+    # without an any-GPU row: another GPU's rows never serve, exact or nearest
+    t = table(h100, h200, entry(256, 256, 256, gpu=H200))
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu="NVIDIA GH200 480GB")
+    assert d.kind == "fallback" and "on NVIDIA GH200 480GB" in d.reason and H100 in d.reason
+    d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, gpu=H100, metas={h100.sha256: ANY})
+    assert d.kind == "nearest" and d.candidates == (h100,)
+    assert planmod.for_gpu(t.values(), H200) == [h200, entry(256, 256, 256, gpu=H200)]
 
 
 def test_nearest_by_log_distance_among_accepting_kernels():
@@ -292,10 +316,11 @@ def store(tmp_path, monkeypatch):
     idx = KernelIndex(root)
     metas = {}
 
-    def add(M, N, K, meta, layout="RR", arch="sm_90a"):
-        src = f"// kernel {M} {N} {K} {layout} {arch}\n"
+    def add(M, N, K, meta, layout="RR", arch="sm_90a", gpu=""):
+        src = f"// kernel {M} {N} {K} {layout} {arch} {gpu}\n"
         row = idx.add(src, arch=arch, acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
-                      tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5})
+                      tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5},
+                      gpu=gpu)
         metas[src] = dict(meta, arch=arch, acc="f32", layout=layout, workspace_bytes=0)
         return row
 
@@ -322,6 +347,21 @@ def test_decide_bucket_serves_without_a_race(store, monkeypatch):
     monkeypatch.setattr(race, "race", lambda *a, **k: pytest.fail("a bucket kernel never races"))
     served = resolve.decide(0, 40, 256, 128, "RC", None, None)
     assert served is not resolve.TORCH and built == ["sm_90a/f32_RC/64_256_128.cu"]
+
+
+def test_decide_serves_the_visible_gpus_own_row(store):
+    """The dispatcher asks the device's name once (faked here): each GPU loads its own row of the
+    shape, a GPU without one the any-GPU row."""
+    idx, add, built = store
+    own = {g: add(128, 128, 128, ANY, gpu=g).file for g in (H100, H200)}
+    anygpu = add(128, 128, 128, ANY).file
+    idx.write()
+    assert len(set(own.values()) | {anygpu}) == 3
+    for gpu, want in ((H100, own[H100]), (H200, own[H200]), ("FakeGPU", anygpu)):
+        resolve.state.gpu[0] = gpu
+        built.clear()
+        assert resolve.decide(0, 128, 128, 128, "RR", None, None) is not resolve.TORCH
+        assert built == [want]
 
 
 def test_decide_exact_loads_one_kernel(store):

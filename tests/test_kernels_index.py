@@ -152,6 +152,7 @@ def test_options_column_roundtrips_and_old_indexes_read(tmp_path):
     (tmp_path / "index.csv").write_text("\n".join(old) + "\n")
     assert [x.options for x in KernelIndex.load(tmp_path).rows] == ["", ""]
     assert [(x.m_bucket, x.bucket) for x in KernelIndex.load(tmp_path).rows] == [("", None)] * 2
+    assert [x.gpu for x in KernelIndex.load(tmp_path).rows] == ["", ""]     # any GPU of the arch
 
 
 @pytest.mark.parametrize("options,message", [

@@ -41,3 +41,12 @@ def m_bucket(m: int) -> tuple[int, int]:
         raise ValueError(f"M must be a positive integer, got {m!r}")
     hi = 1 << (m - 1).bit_length()
     return (hi // 2 + 1 if hi > 1 else 1, hi)
+
+
+# The GPU model a kernel-table row was measured on: the name the results DB records (NVML's, which
+# torch.cuda.get_device_name also reports, e.g. "NVIDIA H100 80GB HBM3"), whitespace collapsed.
+# Two GPUs of one arch (H100, H200: both sm_90a) differ in clocks, bandwidth and L2, so a row's
+# GPU is part of its key; '' = any GPU of the arch (rows written before the column existed).
+def gpu_key(name) -> str:
+    """The one spelling of a GPU model that the kernel table and dispatch compare ('' = any)."""
+    return " ".join(str(name or "").split())

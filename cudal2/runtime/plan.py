@@ -8,7 +8,7 @@ from typing import Iterable, Mapping
 
 from cudal2.core.abi import meta_accepts  # the ABI's shape rule (also what the planner follows)
 from cudal2.core.store import IndexRow
-from cudal2.core.vocab import LAYOUTS
+from cudal2.core.vocab import LAYOUTS, gpu_key
 
 # How many nearest tuned kernels race cuBLAS for an untabled shape, and how many kernels we are
 # willing to build/load to find them (meta is only known once a kernel is loaded).
@@ -18,12 +18,23 @@ INT_MAX = 2**31 - 1  # the kernel ABI's sizes and leading dimensions are C ints
 
 # A table entry is the index row itself (arch, acc, layout, shape, file, sha256, family, tuned).
 TableEntry = IndexRow
-Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K) -> entry
+Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K, gpu) -> entry
 
 
 def table_from_index(index) -> dict[tuple, TableEntry]:
     """The serving table: tuned rows of a KernelIndex only (untuned seeds never serve)."""
     return {r.key: r for r in index.rows if r.tuned}
+
+
+def for_gpu(entries: Iterable[TableEntry], gpu: str | None) -> list[TableEntry]:
+    """The rows that may serve on GPU model `gpu` (its name, as torch.cuda.get_device_name and
+    the results DB spell it): its own rows, then the any-GPU rows (gpu '') of the shapes it has
+    no row of its own for; another GPU's rows never (an H100 and an H200 are one arch, not one
+    speed). An unnamed GPU gets the any-GPU rows only."""
+    gpu = gpu_key(gpu)
+    own = [e for e in entries if gpu and e.gpu == gpu]
+    shadowed = {e.key[:6] for e in own}
+    return own + [e for e in entries if not e.gpu and e.key[:6] not in shadowed]
 
 
 def log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
@@ -58,8 +69,11 @@ class Decision:
 
 def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, table: Table, *,
          metas: Mapping[str, Mapping] | None = None, exclude: Iterable[str] = (),
-         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate") -> Decision:
-    """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`.
+         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate",
+         gpu: str | None = None) -> Decision:
+    """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`,
+    on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows
+    first, any-GPU rows where it has none, never another GPU's).
 
     exact:   a tuned kernel for this very (arch, acc, layout, M, N, K) (and, if its meta is known,
              accepting the shape);
@@ -84,8 +98,13 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
         return Decision("fallback", (), f"layout {layout!r} is not one of {LAYOUTS}")
     if not arch:
         return Decision("fallback", (), "no known arch for this GPU")
-    same = [e for e in table.values() if e.tuned and e.arch == arch and e.acc == acc
-            and e.layout == layout and e.sha256 not in exclude]
+    tuned = [e for e in table.values() if e.tuned and e.arch == arch and e.acc == acc
+             and e.layout == layout and e.sha256 not in exclude]
+    same = for_gpu(tuned, gpu)
+    if tuned and not same:
+        return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout} on "
+                        f"{gpu_key(gpu) or 'an unnamed GPU'} (tuned on: "
+                        f"{', '.join(sorted({e.gpu for e in tuned}))})")
     if not same:
         others = sorted({f"{e.arch}/{e.acc}_{e.layout}" for e in table.values() if e.tuned})
         return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout}"
