@@ -123,6 +123,7 @@ def _good_row(root, **over):
     ({"sha256": "xyz"}, "64 lowercase hex"),
     ({"sha256": "0" * 64}, "hashes to"),
     ({"file": "sm_90a/f32_RR/missing.cu"}, "does not exist"),
+    ({"gpu": "NVIDIA  H100"}, "gpu 'NVIDIA  H100' must be a GPU name with single spaces"),
 ])
 def test_validation_names_file_line_and_problem(tmp_path, over, message):
     _write_index(tmp_path, [_good_row(tmp_path), _good_row(tmp_path, **{"M": "128", **over})])
