@@ -231,6 +231,16 @@ def test_two_exports_of_one_shape_keep_the_faster_and_record_the_loser(tmp_path)
     export([ev("c", (64, 64, 64), 8.0, BASE)], by_sha.get, root=tie, report="reports/C")
     export(model_b, by_sha.get, root=tie, report="reports/B")
     assert KernelIndex.load(tie).source(KernelIndex.load(tie).rows[0]) == SRC["c"]
+    # a row exported before the kernel timer (no interval) loses to one with, and is recorded
+    idx = KernelIndex(tmp_path / "old")
+    idx.add(SRC["d"], arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64, tuned=True,
+            mode="offline", report="old-timer run", speedups={"torch": 3.0}, gpu=GPU)
+    idx.write()
+    export(model_b, by_sha.get, root=tmp_path / "old", report="reports/B")
+    idx = KernelIndex.load(tmp_path / "old")
+    assert idx.source(idx.rows[0]) == SRC["b"]
+    assert [(r["lost_source_sha"], r["lost_speedup_lo"], r["lost_report"]) for r in idx.settled()] == [
+        (SHA["d"], "", "old-timer run")]
 
 
 def test_export_twice_is_idempotent(tmp_path):

@@ -10,16 +10,17 @@ The only way a kernel enters the dispatch table. The export rule (docs/measureme
      upper end of every end-to-end speedup interval measured is at least 1.0.
 
 The row with the highest such lower bound wins. A row of the table is (arch, acc, layout, shape,
-GPU model): each GPU's measurements export into that GPU's own row (`gpu`, the name the results
-DB records, vocab.gpu_key), so tables of an H100 and an H200 (both sm_90a) coexist. When the
-table already holds another kernel for that row (another model's campaign, another DB), the same
-rule settles it: the higher lower bound stays, a tie keeps the table's row, and the loser (its
-kernel, options, figure, report and DB) is recorded in generated_kernels/settled.csv. Sources are
-written through cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
-median speedup against every baseline, the interval's lower end, the options and the report the
-numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket): dispatch
-serves the kernel at the other M of that bucket it accepts. A tuned row whose kernel was measured again in these rows and now fails the
-rule leaves the table. Everything refused is listed with its reason.
+GPU model): each GPU's measurements export into that GPU's own row (`gpu`, the name the results DB
+records, vocab.gpu_key), so tables of an H100 and an H200 (both sm_90a) coexist. When the table
+already holds another kernel for that row (another model's campaign, another DB), the same rule
+settles it: the higher lower bound stays, a tie keeps the table's row, and the loser (its kernel,
+options, figure, report and DB) is recorded in generated_kernels/settled.csv. Sources are written
+through cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with
+tuned=1, the median speedup against every baseline, the interval's lower end, the options and the
+report the numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket):
+dispatch serves the kernel at the other M of that bucket it accepts. A tuned row whose kernel was
+measured again in these rows and now fails the rule leaves the table. Everything refused is listed
+with its reason.
 """
 from __future__ import annotations
 
@@ -212,7 +213,8 @@ def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report:
     `d`. The higher lower bound of the kernel-time speedup interval vs the fastest baseline
     (speedup_lo: the export rule's own figure, a ratio to cuBLAS timed in the same session, so
     two sessions on one GPU model compare) stays; a tie, or a new figure no higher, keeps the
-    table's row (so export is idempotent and the order of exports does not matter); a row with
+    table's row (so export is idempotent and the order of two exports does not change which
+    kernel stays); a row with
     no interval (exported before the kernel timer) loses to one with. `fresh`: these rows
     measured `old`'s kernel again, so select() already ranked it by its new figure and `d` won.
     The same kernel and options is no contest (its new figures replace the old). The loser is
