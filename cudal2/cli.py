@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "tune": ("cudal2.search.tune", "search the template families per shape (`--build-only` on CPU machines)"),
     "export": ("cudal2.runs.export", "copy measured winners from the results DB into generated_kernels/"),
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
+    "shapes": ("cudal2.runs.shapes", "a model's linear layers as a shapes CSV, from its Hugging Face config (offline)"),
     "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines; `--coverage`: shapes measured and exported per FLOP bucket)"),
     "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates"),
 }
@@ -38,6 +39,8 @@ def _usage() -> str:
 # (verb, flag) -> the module that serves the verb with that flag (the flag is dropped)
 FLAG_MODULES = {("bench", "--overhead"): "cudal2.runs.overhead",
                 ("report", "--coverage"): "cudal2.runs.coverage"}
+# Options whose presence picks the module and which that module's parser takes itself.
+OPTION_MODULES = {("bench", "--model"): "cudal2.runs.modelbench"}   # a model's passes as CUDA graphs
 
 
 def module_for(verb: str, rest: list[str]) -> tuple[str, list[str]]:
@@ -45,6 +48,9 @@ def module_for(verb: str, rest: list[str]) -> tuple[str, list[str]]:
     for (v, flag), module in FLAG_MODULES.items():
         if v == verb and flag in rest:
             return module, [a for a in rest if a != flag]
+    for (v, opt), module in OPTION_MODULES.items():
+        if v == verb and any(a == opt or a.startswith(opt + "=") for a in rest):
+            return module, rest
     return VERBS[verb][0], rest
 
 

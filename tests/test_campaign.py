@@ -319,3 +319,34 @@ def test_run_on_a_local_ray_cluster(pack, tmp_path):
         rows = db.rows()
     assert {e.stage for e in rows} == {"screen", "final"}
     assert {e.shape for e in rows} == {campaign.Shape(64, 64, 64), campaign.Shape(256, 128, 512)}
+
+
+def test_a_model_shapes_file_packs_rc_builds(pack, tmp_path):
+    """`cudal2 shapes --model` rows say RC: prepare plans RC builds for them without --layout
+    (the build cache of the module's pack is reused: the baselines are not built again)."""
+    from cudal2.runs import shapes as S
+    from cudal2.search.tune import shapes_layout
+    _, _, _, root = pack
+    model = S.Model("tiny", hidden=64, heads=2, kv_heads=1, head_dim=32, layers=2,
+                    intermediate=64, vocab=128)
+    csv_path = S.write_rows(S.model_rows(model, [64]), tmp_path / "tiny.csv")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUDAL2_CACHE", str(root / "cache"))
+    try:
+        m = campaign.prepare(csv_path, "sm_90a", tmp_path / "pack", families=["mma"],
+                             limit_per_shape=1, jobs=2, include_tuned=False, log=lambda *a: None)
+    finally:
+        mp.undo()
+    # qkv and lm_head are 64x128x64, o and down 64x64x64 (gate_up: 64x128x64 too)
+    assert m["layout"] == "RC" and m["shapes"] == [[64, 128, 64], [64, 64, 64]]
+    assert m["candidates"]
+    for c in m["candidates"]:       # the packed source is built for B column-major
+        src = (tmp_path / "pack" / c["dir"] / "kernel.cu").read_text()
+        assert dict(c["params"])["LAYOUT"] == "RC" and "#define LAYOUT_RC 1" in src
+    with pytest.raises(ValueError, match="layout RC"):
+        shapes_layout(csv_path, "RR")
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("M,N,K,layout\n64,64,64,RC\n64,64,64,RR\n")
+    with pytest.raises(ValueError, match="one layout per file"):
+        shapes_layout(mixed)
+    assert shapes_layout(tmp_path / "tiny.csv") == "RC"

@@ -17,14 +17,15 @@ from cudal2.runtime.race import choose_winner
 from cudal2.core.store import KernelIndex
 
 
-def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True):
+def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket="",
+          gpu=""):
     sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
     return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha,
-                      tuned=tuned)
+                      tuned=tuned, m_bucket=m_bucket, gpu=gpu)
 
 
 def table(*entries):
-    return {(e.arch, e.acc, e.layout, e.M, e.N, e.K): e for e in entries}
+    return {e.key: e for e in entries}
 
 
 ANY = {"any_shape": True, "tile": [128, 128, 32]}
@@ -48,6 +49,54 @@ def test_exact_with_known_meta_is_resolved_and_unknown_is_marked():
     assert plan((128, 128, 128), "RR", "sm_90a", "f32", t).unresolved == (e,)
     d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, metas={e.sha256: tile_meta(64, 64, 32)})
     assert d.kind == "exact" and d.unresolved == ()
+
+
+def test_bucket_serves_the_m_of_its_bucket_before_the_nearest_race():
+    """A kernel exported at M=64 (bucket 33-64) serves M 33..64 of its N and K, if it accepts
+    them; outside the bucket, or for another N/K, the nearest-shape race decides."""
+    at64 = entry(64, 4096, 4096, layout="RC", m_bucket="33-64")
+    at48 = entry(48, 4096, 4096, layout="RC", m_bucket="33-64")
+    old = entry(16, 4096, 4096, layout="RC")             # an old row: no bucket, exact only
+    t = table(at64, old)
+    d = plan((40, 4096, 4096), "RC", "sm_90a", "f32", t)
+    assert d.kind == "bucket" and d.candidates == (at64,) and d.unresolved == (at64,)
+    assert plan((64, 4096, 4096), "RC", "sm_90a", "f32", t).kind == "exact"
+    for shape in ((32, 4096, 4096), (65, 4096, 4096), (40, 4096, 2048), (12, 4096, 4096)):
+        assert plan(shape, "RC", "sm_90a", "f32", t, metas={at64.sha256: ANY, old.sha256: ANY}
+                    ).kind == "nearest", shape
+    # two rows of one bucket: the nearer M first, unless its tile does not divide the shape
+    t2 = table(at64, at48)
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas={at64.sha256: ANY, at48.sha256: ANY}
+                ).candidates == (at48,)
+    metas = {at64.sha256: ANY, at48.sha256: tile_meta(16, 128, 32)}
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas=metas).candidates == (at64,)
+    metas = {at64.sha256: tile_meta(64, 128, 32), at48.sha256: tile_meta(16, 128, 32)}
+    assert plan((40, 4096, 4096), "RC", "sm_90a", "f32", t2, metas=metas).kind == "fallback"
+    d = plan((48, 4096, 4096), "RC", "sm_90a", "f32", table(at64), metas={at64.sha256: tile_meta(16, 128, 32)})
+    assert d.kind == "bucket" and d.unresolved == ()
+
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+def test_each_gpu_is_served_its_own_row_then_an_any_gpu_row_never_another_gpus():
+    """Rows for one shape tuned on an H100 and an H200 (both sm_90a) coexist; each GPU gets its
+    own, a GPU with no row of its own gets the any-GPU row ('' = rows of old indexes), and never
+    another GPU's row, not even as a nearest candidate."""
+    h100, h200 = entry(128, 128, 128, gpu=H100, sha="1" * 64), entry(128, 128, 128, gpu=H200, sha="2" * 64)
+    anygpu = entry(128, 128, 128, sha="3" * 64)
+    t = table(h100, h200, anygpu)
+    assert len(t) == 3
+    for gpu, want in ((H100, h100), (" NVIDIA  H200", h200), ("NVIDIA GH200 480GB", anygpu), (None, anygpu)):
+        d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu=gpu)
+        assert d.kind == "exact" and d.candidates == (want,), gpu
+    # without an any-GPU row: another GPU's rows never serve, exact or nearest
+    t = table(h100, h200, entry(256, 256, 256, gpu=H200))
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu="NVIDIA GH200 480GB")
+    assert d.kind == "fallback" and "on NVIDIA GH200 480GB" in d.reason and H100 in d.reason
+    d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, gpu=H100, metas={h100.sha256: ANY})
+    assert d.kind == "nearest" and d.candidates == (h100,)
+    assert planmod.for_gpu(t.values(), H200) == [h200, entry(256, 256, 256, gpu=H200)]
 
 
 def test_nearest_by_log_distance_among_accepting_kernels():
@@ -267,10 +316,11 @@ def store(tmp_path, monkeypatch):
     idx = KernelIndex(root)
     metas = {}
 
-    def add(M, N, K, meta, layout="RR", arch="sm_90a"):
-        src = f"// kernel {M} {N} {K} {layout} {arch}\n"
+    def add(M, N, K, meta, layout="RR", arch="sm_90a", gpu=""):
+        src = f"// kernel {M} {N} {K} {layout} {arch} {gpu}\n"
         row = idx.add(src, arch=arch, acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
-                      tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5})
+                      tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5},
+                      gpu=gpu)
         metas[src] = dict(meta, arch=arch, acc="f32", layout=layout, workspace_bytes=0)
         return row
 
@@ -287,6 +337,31 @@ def store(tmp_path, monkeypatch):
     resolve.state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
     yield idx, add, built
     resolve.reset()
+
+
+def test_decide_bucket_serves_without_a_race(store, monkeypatch):
+    idx, add, built = store
+    row = add(64, 256, 128, ANY, layout="RC")
+    idx.replace_row(__import__("dataclasses").replace(row, m_bucket="33-64"))
+    idx.write()
+    monkeypatch.setattr(race, "race", lambda *a, **k: pytest.fail("a bucket kernel never races"))
+    served = resolve.decide(0, 40, 256, 128, "RC", None, None)
+    assert served is not resolve.TORCH and built == ["sm_90a/f32_RC/64_256_128.cu"]
+
+
+def test_decide_serves_the_visible_gpus_own_row(store):
+    """The dispatcher asks the device's name once (faked here): each GPU loads its own row of the
+    shape, a GPU without one the any-GPU row."""
+    idx, add, built = store
+    own = {g: add(128, 128, 128, ANY, gpu=g).file for g in (H100, H200)}
+    anygpu = add(128, 128, 128, ANY).file
+    idx.write()
+    assert len(set(own.values()) | {anygpu}) == 3
+    for gpu, want in ((H100, own[H100]), (H200, own[H200]), ("FakeGPU", anygpu)):
+        resolve.state.gpu[0] = gpu
+        built.clear()
+        assert resolve.decide(0, 128, 128, 128, "RR", None, None) is not resolve.TORCH
+        assert built == [want]
 
 
 def test_decide_exact_loads_one_kernel(store):

@@ -15,8 +15,11 @@ SRC = {name: f"// kernel {name}\nstatic const char* kName = \"{name}\";\nextern 
 SHA = {name: sha256_text(s) for name, s in SRC.items()}
 
 
+GPU = "NVIDIA H100 80GB HBM3 (synthetic)"    # the GPU name rows record and export keys rows by
+
+
 def ev(name, shape, cand_us, base_us, *, status="ok", estimated=False, acc="f32", layout="RR",
-       correct=True, gpu="NVIDIA H100 80GB HBM3 (synthetic)", mode="offline", width=0.005,
+       correct=True, gpu=GPU, mode="offline", width=0.005,
        e2e=1.05, e2e_width=0.02, stage="final", options=None, intervals=True):
     """A final-stage row: kernel-time medians, paired-ratio speedups with intervals of relative
     half-width `width`, and an end-to-end speedup `e2e` (None: not measured)."""
@@ -98,7 +101,7 @@ def test_export_writes_sources_once_and_tuned_rows(tmp_path):
     assert len(rows) == 2 and all(r.tuned and r.mode == "offline" for r in rows)
     assert rows[0].file == rows[1].file     # identical sources stored once
     assert len(list(root.glob("sm_90a/f32_RR/*.cu"))) == 1
-    r = idx.get("sm_90a", "f32", "RR", 64, 64, 64)
+    r = idx.get("sm_90a", "f32", "RR", 64, 64, 64, GPU)
     assert r.speedup_cublaslt_autotuned == pytest.approx(1.1111, abs=1e-4)
     assert r.speedup_torch == pytest.approx(12 / 9, abs=1e-4)
     assert r.speedup_lo == pytest.approx(10 / 9 * 0.995, abs=1e-4)
@@ -112,19 +115,19 @@ def test_export_options_travel_and_failing_tuned_rows_leave(tmp_path):
     export([ev("a", (64, 64, 64), 5.0, BASE, options={"swizzle": 8, "raster": 1}),
             ev("b", (128, 64, 64), 5.0, BASE)], by_sha.get, root=root, report="run1")
     idx = KernelIndex.load(root)
-    r = idx.get("sm_90a", "f32", "RR", 64, 64, 64)
+    r = idx.get("sm_90a", "f32", "RR", 64, 64, 64, GPU)
     assert r.options == "raster=1;swizzle=8" and r.options_dict == {"raster": 1, "swizzle": 8}
     # run2 measures the same kernel and options again: now it ties cuBLAS -> it leaves the table
     res = export([ev("a", (64, 64, 64), 10.0, BASE, options={"swizzle": 8, "raster": 1})],
                  by_sha.get, root=root, report="run2")
     assert not res.exported and res.removed and "removed" in res.refused[0].reason
     idx = KernelIndex.load(root)
-    assert idx.get("sm_90a", "f32", "RR", 64, 64, 64) is None
-    assert idx.get("sm_90a", "f32", "RR", 128, 64, 64) is not None      # untouched
+    assert idx.get("sm_90a", "f32", "RR", 64, 64, 64, GPU) is None
+    assert idx.get("sm_90a", "f32", "RR", 128, 64, 64, GPU) is not None      # untouched
     # a refused row for a kernel the table does not serve removes nothing when the tuned row
     # has kernel-time evidence (an interval) behind it
     res = export([ev("c", (128, 64, 64), 10.0, BASE)], by_sha.get, root=root, report="run3")
-    assert not res.removed and KernelIndex.load(root).get("sm_90a", "f32", "RR", 128, 64, 64)
+    assert not res.removed and KernelIndex.load(root).get("sm_90a", "f32", "RR", 128, 64, 64, GPU)
     # ... but a row exported before the kernel timer (no interval) goes when finals of its shape
     # find nothing that clears the rule
     idx = KernelIndex.load(root)
@@ -133,7 +136,7 @@ def test_export_options_travel_and_failing_tuned_rows_leave(tmp_path):
     idx.write()
     res = export([ev("c", (256, 64, 64), 10.0, BASE)], by_sha.get, root=root, report="run4")
     assert res.removed and "no kernel-time interval" in res.refused[0].reason
-    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 256, 64, 64) is None
+    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 256, 64, 64, GPU) is None
 
 
 def test_a_failing_remeasure_removes_only_the_options_that_failed(tmp_path):
@@ -146,7 +149,7 @@ def test_a_failing_remeasure_removes_only_the_options_that_failed(tmp_path):
     res = export([ev("a", (64, 64, 64), 10.0, BASE, options={"swizzle": 1})], by_sha.get,
                  root=root, report="run2")
     assert not res.exported and not res.removed
-    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 64, 64, 64).options == "swizzle=8"
+    assert KernelIndex.load(root).get("sm_90a", "f32", "RR", 64, 64, 64, GPU).options == "swizzle=8"
 
 
 def test_options_travel_from_the_results_db_through_the_cli(tmp_path, capsys):
@@ -158,7 +161,7 @@ def test_options_travel_from_the_results_db_through_the_cli(tmp_path, capsys):
         db.add(ev("a", (64, 64, 64), 4.0, BASE, options={"swizzle": 8, "raster": 2}), source=SRC["a"])
     assert main(["export", "--db", str(tmp_path / "r.db"), "--report", "r", "--out",
                  str(tmp_path / "gk")]) == 0
-    row = KernelIndex.load(tmp_path / "gk").get("sm_90a", "f32", "RR", 64, 64, 64)
+    row = KernelIndex.load(tmp_path / "gk").get("sm_90a", "f32", "RR", 64, 64, 64, GPU)
     assert row.options_dict == {"raster": 2, "swizzle": 8} and "1 exported" in capsys.readouterr().out
 
 
@@ -177,12 +180,82 @@ def test_sources_from_dir(tmp_path):
     assert find(SHA["a"]) == SRC["a"] and find(SHA["b"]) is None
 
 
-def test_several_gpus_need_a_choice():
-    rows = [ev("a", (64, 64, 64), 9.0, BASE), ev("b", (64, 64, 64), 8.0, BASE, gpu="NVIDIA H200")]
-    (d,) = select(rows)
-    assert not d.exported and "--gpu" in d.reason
+def test_each_gpus_rows_export_into_its_own_row(tmp_path):
+    """An H100 and an H200 are both sm_90a: each GPU's measurements of one shape export into a
+    row keyed by that GPU's name, and the two rows coexist; --gpu still picks one GPU's rows."""
+    rows = [ev("a", (64, 64, 64), 9.0, BASE), ev("b", (64, 64, 64), 8.0, BASE, gpu="NVIDIA  H200 ")]
+    assert {(d.gpu, d.source_sha) for d in select(rows)} == {(GPU, SHA["a"]), ("NVIDIA H200", SHA["b"])}
     (d,) = select(rows, gpu="H200")
     assert d.exported and d.source_sha == SHA["b"]
+    root = tmp_path / "gk"
+    export(rows, {v: SRC[k] for k, v in SHA.items()}.get, root=root, report="two GPUs")
+    idx = KernelIndex.load(root)
+    assert [(r.gpu, idx.source(r)) for r in idx.rows] == [(GPU, SRC["a"]), ("NVIDIA H200", SRC["b"])]
+    assert idx.get("sm_90a", "f32", "RR", 64, 64, 64) is None          # no any-GPU row was made
+
+
+def _texts(root):
+    return {p.name: p.read_text() for p in sorted(root.glob("*.csv"))}
+
+
+def test_two_exports_of_one_shape_keep_the_faster_and_record_the_loser(tmp_path):
+    """Two models' campaigns (two DBs) measured one shape on one GPU: whatever the order of the
+    exports, the row keeps the higher lower bound (b: 10/8*0.995 over a: 10/9*0.995) and
+    settled.csv keeps the loser's kernel, figure, report (and DB where known)."""
+    by_sha = {v: SRC[k] for k, v in SHA.items()}
+    model_a = [ev("a", (64, 64, 64), 9.0, BASE), ev("a", (128, 64, 64), 9.0, BASE)]
+    model_b = [ev("b", (64, 64, 64), 8.0, BASE)]
+    ab, ba = tmp_path / "ab", tmp_path / "ba"
+    export(model_a, by_sha.get, root=ab, report="reports/A", db="a.db")
+    res = export(model_b, by_sha.get, root=ab, report="reports/B", db="b.db")
+    assert [d.key[3] for d in res.exported] == [64] and "replaces the table's" in res.exported[0].reason
+    export(model_b, by_sha.get, root=ba, report="reports/B", db="b.db")
+    res = export(model_a, by_sha.get, root=ba, report="reports/A", db="a.db")
+    assert [d.key[3] for d in res.exported] == [128] and not res.refused
+    (kept,) = res.kept
+    assert kept.key[3] == 64 and "is no slower than this" in kept.reason
+    for root, lost_db in ((ab, ""), (ba, "a.db")):
+        idx = KernelIndex.load(root)
+        row = idx.get("sm_90a", "f32", "RR", 64, 64, 64, GPU)
+        assert idx.source(row) == SRC["b"] and row.report == "reports/B"
+        assert row.speedup_lo == pytest.approx(10 / 8 * 0.995, abs=1e-4)
+        (rec,) = idx.settled()
+        assert (rec["M"], rec["gpu"], rec["rule"]) == ("64", GPU, "speedup_lo")
+        assert (rec["kept_source_sha"], rec["kept_report"]) == (SHA["b"], "reports/B")
+        assert (rec["lost_source_sha"], rec["lost_report"], rec["lost_db"]) == (SHA["a"], "reports/A", lost_db)
+        assert float(rec["lost_speedup_lo"]) == pytest.approx(10 / 9 * 0.995, abs=1e-4)
+        assert "cublaslt_autotuned=1.1111" in rec["lost_speedups"]
+    assert (ab / "index.csv").read_text() == (ba / "index.csv").read_text()
+    # a tie keeps the table's row: the first export's kernel stays
+    tie = tmp_path / "tie"
+    export([ev("c", (64, 64, 64), 8.0, BASE)], by_sha.get, root=tie, report="reports/C")
+    export(model_b, by_sha.get, root=tie, report="reports/B")
+    assert KernelIndex.load(tie).source(KernelIndex.load(tie).rows[0]) == SRC["c"]
+    # a row exported before the kernel timer (no interval) loses to one with, and is recorded
+    idx = KernelIndex(tmp_path / "old")
+    idx.add(SRC["d"], arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64, tuned=True,
+            mode="offline", report="old-timer run", speedups={"torch": 3.0}, gpu=GPU)
+    idx.write()
+    export(model_b, by_sha.get, root=tmp_path / "old", report="reports/B")
+    idx = KernelIndex.load(tmp_path / "old")
+    assert idx.source(idx.rows[0]) == SRC["b"]
+    assert [(r["lost_source_sha"], r["lost_speedup_lo"], r["lost_report"]) for r in idx.settled()] == [
+        (SHA["d"], "", "old-timer run")]
+
+
+def test_export_twice_is_idempotent(tmp_path):
+    """The same rows exported again change no byte of index.csv, settled.csv or the kernels."""
+    by_sha = {v: SRC[k] for k, v in SHA.items()}
+    root = tmp_path / "gk"
+    export([ev("a", (64, 64, 64), 9.0, BASE)], by_sha.get, root=root, report="reports/A", db="a.db")
+    export([ev("b", (64, 64, 64), 8.0, BASE)] + _db_rows(), by_sha.get, root=root,
+           report="reports/B", db="b.db")
+    before = _texts(root), sorted(p.name for p in root.rglob("*.cu"))
+    assert set(before[0]) == {"index.csv", "settled.csv"}
+    for _ in range(2):
+        export([ev("b", (64, 64, 64), 8.0, BASE)] + _db_rows(), by_sha.get, root=root,
+               report="reports/B", db="b.db")
+        assert (_texts(root), sorted(p.name for p in root.rglob("*.cu"))) == before
 
 
 def test_export_cli_from_a_test_db(tmp_path, capsys):
@@ -207,3 +280,19 @@ def test_export_cli_from_a_test_db(tmp_path, capsys):
     assert main(["export", "--db", str(db_path), "--report", "x", "--out", str(root2), "--dry-run"]) == 0
     assert not (root2 / "index.csv").exists()
     assert main(["export", "--db", str(tmp_path / "nope.db"), "--report", "x"]) == 2
+
+
+def test_export_keeps_each_rows_m_bucket_and_old_rows_read_without_one(tmp_path):
+    """A row exported at M carries M's token bucket (powers of two: 33-64 for 64, 3-4 for 4)."""
+    root = tmp_path / "gk"
+    rows = [ev("a", (64, 4096, 4096), 9.0, BASE), ev("b", (4, 4096, 4096), 9.0, BASE),
+            ev("c", (1, 4096, 4096), 9.0, BASE)]
+    export(rows, {v: SRC[k] for k, v in SHA.items()}.get, root=root, report="synthetic")
+    idx = KernelIndex.load(root)
+    assert [(r.M, r.m_bucket, r.bucket) for r in idx.rows] == [
+        (1, "1-1", (1, 1)), (4, "3-4", (3, 4)), (64, "33-64", (33, 64))]
+    assert "m_bucket" in (root / "index.csv").read_text().splitlines()[0]
+    # a bucket that does not hold the row's M is refused, named
+    from cudal2.core.store import KernelIndexError, with_fields
+    with pytest.raises(KernelIndexError, match="m_bucket '1-64' must be empty or '33-64'"):
+        with_fields(idx.get("sm_90a", "f32", "RR", 64, 4096, 4096, GPU), m_bucket="1-64")

@@ -123,6 +123,7 @@ def _good_row(root, **over):
     ({"sha256": "xyz"}, "64 lowercase hex"),
     ({"sha256": "0" * 64}, "hashes to"),
     ({"file": "sm_90a/f32_RR/missing.cu"}, "does not exist"),
+    ({"gpu": "NVIDIA  H100"}, "gpu 'NVIDIA  H100' must be a GPU name with single spaces"),
 ])
 def test_validation_names_file_line_and_problem(tmp_path, over, message):
     _write_index(tmp_path, [_good_row(tmp_path), _good_row(tmp_path, **{"M": "128", **over})])
@@ -151,6 +152,8 @@ def test_options_column_roundtrips_and_old_indexes_read(tmp_path):
         for row in back.rows]
     (tmp_path / "index.csv").write_text("\n".join(old) + "\n")
     assert [x.options for x in KernelIndex.load(tmp_path).rows] == ["", ""]
+    assert [(x.m_bucket, x.bucket) for x in KernelIndex.load(tmp_path).rows] == [("", None)] * 2
+    assert [x.gpu for x in KernelIndex.load(tmp_path).rows] == ["", ""]     # any GPU of the arch
 
 
 @pytest.mark.parametrize("options,message", [

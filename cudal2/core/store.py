@@ -5,11 +5,15 @@ Layout (docs/internals.md)::
     generated_kernels/index.csv
     generated_kernels/<arch>/<acc>_<layout>/<M>_<N>_<K>.cu
 
-index.csv is the manifest: it names, per (arch, acc, layout, M, N, K), the file that serves the
-shape, the file's sha256, whether a recorded run showed it beating every baseline (``tuned``),
+index.csv is the manifest: it names, per (arch, acc, layout, M, N, K, gpu), the file that serves
+the shape on that GPU model ('' = any GPU of the arch), the file's sha256, whether a recorded run showed it beating every baseline (``tuned``),
 its speedups and the report they came from. Identical sources are stored once and referenced by
 several rows. Only ``tuned == 1`` rows ever serve in dispatch; untuned seeds exist so the
 pipeline (build, check, time) has something real to work on.
+
+settled.csv keeps what lost when two measured kernels claimed one row (export's rule,
+docs/dispatch.md): the losing kernel's source identity, options, figure, report and DB, next to
+the kept one's, so nothing recorded is lost when the table keeps one kernel per row.
 
 Reading validates every row and names the file and line of the first problem; writing is atomic
 (temp file + rename), so a reader never sees half an index.
@@ -29,7 +33,7 @@ from typing import Iterable, Iterator
 
 from cudal2.core import knobs
 from cudal2.core.identity import content_sha
-from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, OPTION_NAME, normalise_options
+from cudal2.core.vocab import ACCS, ARCHES, LAYOUTS, OPTION_NAME, gpu_key, m_bucket, normalise_options
 
 INDEX_NAME = "index.csv"
 SPEEDUP_COLUMNS = (
@@ -41,10 +45,17 @@ SPEEDUP_COLUMNS = (
 )
 COLUMNS = (
     "arch", "acc", "layout", "M", "N", "K", "file", "sha256", "family", "tuned", "mode",
-    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo",
+    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo", "m_bucket", "gpu",
 )
 # Columns added after the first release: an index without them still reads (empty values).
-OPTIONAL_COLUMNS = ("options", "speedup_lo")
+OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket", "gpu")
+SETTLED_NAME = "settled.csv"
+# One record per (row key, kept kernel, lost kernel): the rule that settled it and both figures.
+SETTLED_COLUMNS = (
+    "arch", "acc", "layout", "M", "N", "K", "gpu", "rule",
+    "kept_source_sha", "kept_options", "kept_speedup_lo", "kept_report",
+    "lost_source_sha", "lost_options", "lost_speedup_lo", "lost_speedups", "lost_report", "lost_db",
+)
 # Architectures the store may hold (directory names); same spelling as cudal2.core.toolchain.ARCHES.
 MODES = ("", "offline", "server", "wall")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -96,11 +107,13 @@ class IndexRow:
     report: str = ""
     options: str = ""           # runtime options the kernel is called with: 'name=value;...'
     speedup_lo: float | None = None  # lower end of the speedup interval vs the best baseline
+    m_bucket: str = ""          # 'lo-hi': the token counts M this row's kernel serves (vocab.m_bucket); '' = M only
+    gpu: str = ""               # the GPU model measured on (vocab.gpu_key); '' = any GPU of the arch
 
     @property
-    def key(self) -> tuple[str, str, str, int, int, int]:
-        """One row per (arch, acc, layout, M, N, K)."""
-        return (self.arch, self.acc, self.layout, self.M, self.N, self.K)
+    def key(self) -> tuple[str, str, str, int, int, int, str]:
+        """One row per (arch, acc, layout, M, N, K, gpu)."""
+        return (self.arch, self.acc, self.layout, self.M, self.N, self.K, self.gpu)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -117,6 +130,14 @@ class IndexRow:
         return out
 
     @property
+    def bucket(self) -> tuple[int, int] | None:
+        """(lo, hi) of the M values the row serves, or None (its own M only)."""
+        if not self.m_bucket:
+            return None
+        lo, _, hi = self.m_bucket.partition("-")
+        return int(lo), int(hi)
+
+    @property
     def options_dict(self) -> dict[str, int]:
         return parse_options(self.options)
 
@@ -124,7 +145,8 @@ class IndexRow:
         return Path(root) / self.file
 
     def label(self) -> str:
-        return f"{self.arch} {self.acc} {self.layout} {self.M}x{self.N}x{self.K}"
+        return (f"{self.arch} {self.acc} {self.layout} {self.M}x{self.N}x{self.K}"
+                + (f" on {self.gpu}" if self.gpu else ""))
 
     def to_csv(self) -> dict[str, str]:
         out = {}
@@ -175,6 +197,12 @@ class IndexRow:
                 raise bad(f"options {self.options!r} must be 'name=value;...' sorted by name")
         except KernelIndexError as exc:
             raise bad(str(exc)) from None
+        want = "-".join(map(str, m_bucket(self.M)))
+        if self.m_bucket not in ("", want):
+            # one bucket rule (vocab.m_bucket): a row serves the bucket its own M is in
+            raise bad(f"m_bucket {self.m_bucket!r} must be empty or {want!r}, the bucket of M={self.M}")
+        if not isinstance(self.gpu, str) or self.gpu != gpu_key(self.gpu):
+            raise bad(f"gpu {self.gpu!r} must be a GPU name with single spaces (vocab.gpu_key) or empty")
         if self.tuned:
             # The library must never make a user slower: a tuned row carries the run that shows
             # it beating every baseline it was timed against.
@@ -222,6 +250,7 @@ class IndexRow:
             **{c: as_float(c) for c in SPEEDUP_COLUMNS},
             report=(rec.get("report") or "").strip(),
             options=(rec.get("options") or "").strip(), speedup_lo=as_float("speedup_lo"),
+            m_bucket=(rec.get("m_bucket") or "").strip(), gpu=(rec.get("gpu") or "").strip(),
         )
         row.validate(where)
         return row
@@ -251,6 +280,7 @@ class KernelIndex:
         self.root = Path(root)
         self._rows: dict[tuple, IndexRow] = {}
         self._pending: dict[str, str] = {}  # file -> source, staged by add(), written by write()
+        self._settled: list[dict[str, str]] | None = None  # settled.csv, read on first use
         for r in rows:
             if r.key in self._rows:
                 raise KernelIndexError(f"{self.index_path}: duplicate row for {r.label()}")
@@ -259,6 +289,39 @@ class KernelIndex:
     @property
     def index_path(self) -> Path:
         return self.root / INDEX_NAME
+
+    @property
+    def settled_path(self) -> Path:
+        return self.root / SETTLED_NAME
+
+    def settled(self) -> list[dict[str, str]]:
+        """settled.csv's records (SETTLED_COLUMNS, as text), oldest first; [] if none."""
+        if self._settled is None:
+            self._settled = []
+            if self.settled_path.exists():
+                reader = csv.DictReader(io.StringIO(self.settled_path.read_text(encoding="utf-8")))
+                if tuple(reader.fieldnames or ()) != SETTLED_COLUMNS:
+                    raise KernelIndexError(f"{self.settled_path}: header must be "
+                                           f"{','.join(SETTLED_COLUMNS)}")
+                for rec in reader:
+                    if None in rec or any(v is None for v in rec.values()):
+                        raise KernelIndexError(f"{self.settled_path} line {reader.line_num}: "
+                                               f"expected {len(SETTLED_COLUMNS)} fields")
+                    self._settled.append(rec)
+        return self._settled
+
+    def record_settled(self, **fields) -> bool:
+        """Stage one settled.csv record (written by write()); False if it is already there, so
+        settling the same pair again adds nothing."""
+        unknown = sorted(set(fields) - set(SETTLED_COLUMNS))
+        if unknown:
+            raise KernelIndexError(f"{self.settled_path}: unknown field(s) {unknown}")
+        rec = {c: "" if fields.get(c) is None else str(fields.get(c)) for c in SETTLED_COLUMNS}
+        rows = self.settled()
+        if rec in rows:
+            return False
+        rows.append(rec)
+        return True
 
     # -- reading -----------------------------------------------------------------------------
     @classmethod
@@ -317,8 +380,9 @@ class KernelIndex:
     def tuned_rows(self) -> list[IndexRow]:
         return [r for r in self.rows if r.tuned]
 
-    def get(self, arch: str, acc: str, layout: str, M: int, N: int, K: int) -> IndexRow | None:
-        return self._rows.get((arch, acc, layout, M, N, K))
+    def get(self, arch: str, acc: str, layout: str, M: int, N: int, K: int,
+            gpu: str = "") -> IndexRow | None:
+        return self._rows.get((arch, acc, layout, M, N, K, gpu_key(gpu)))
 
     def source(self, row: IndexRow) -> str:
         """The row's kernel source (staged or on disk), checked against its sha256."""
@@ -339,8 +403,9 @@ class KernelIndex:
     def add(self, source: str, *, arch: str, acc: str, layout: str, M: int, N: int, K: int,
             family: str = "", tuned: bool = False, mode: str = "", report: str = "",
             speedups: dict[str, float] | None = None, options=None,
-            speedup_lo: float | None = None) -> IndexRow:
-        """Stage `source` as the kernel for one shape (replacing that shape's row, if any).
+            speedup_lo: float | None = None, m_bucket: str = "", gpu: str = "") -> IndexRow:
+        """Stage `source` as the kernel for one shape on `gpu` ('' = any GPU of the arch),
+        replacing that shape's row for that GPU, if any.
 
         Identical sources under one <arch>/<acc>_<layout>/ directory share one file. Nothing
         touches the disk until write().
@@ -354,11 +419,15 @@ class KernelIndex:
             raise KernelIndexError(f"add {arch} {acc} {layout} {M}x{N}x{K}: unknown baseline(s) "
                                    f"{[k[len('speedup_'):] for k in unknown]}; known: "
                                    f"{[c[len('speedup_'):] for c in SPEEDUP_COLUMNS]}")
-        key = (arch, acc, layout, M, N, K)
+        gpu = gpu_key(gpu)
+        key = (arch, acc, layout, M, N, K, gpu)
         subdir = f"{arch}/{acc}_{layout}"
         others = [r for k, r in self._rows.items() if k != key]
-        file = next((r.file for r in others if r.sha256 == sha and r.file.startswith(subdir + "/")),
-                    None)
+        mine = self._rows.get(key)
+        # the row's own file when its source is unchanged (adding the same row again renames
+        # nothing), else a file of the same source, else a new one
+        file = mine.file if mine is not None and mine.sha256 == sha else next(
+            (r.file for r in others if r.sha256 == sha and r.file.startswith(subdir + "/")), None)
         if file is None:
             file = f"{subdir}/{M}_{N}_{K}.cu"
             # Never overwrite a file another row still points at with a different source.
@@ -367,14 +436,16 @@ class KernelIndex:
         row = IndexRow(arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, file=file, sha256=sha,
                        family=family, tuned=bool(tuned), mode=mode, report=report, **sp,
                        options=format_options(options),
-                       speedup_lo=None if speedup_lo is None else float(speedup_lo))
-        row.validate(f"add {arch} {acc} {layout} {M}x{N}x{K}")
+                       speedup_lo=None if speedup_lo is None else float(speedup_lo),
+                       m_bucket=m_bucket, gpu=gpu)
+        row.validate(f"add {row.label()}")
         self._rows[key] = row
         self._pending[file] = source
         return row
 
-    def remove(self, arch: str, acc: str, layout: str, M: int, N: int, K: int) -> IndexRow | None:
-        return self._rows.pop((arch, acc, layout, M, N, K), None)
+    def remove(self, arch: str, acc: str, layout: str, M: int, N: int, K: int,
+               gpu: str = "") -> IndexRow | None:
+        return self._rows.pop((arch, acc, layout, M, N, K, gpu_key(gpu)), None)
 
     def to_csv_text(self) -> str:
         buf = io.StringIO()
@@ -399,6 +470,12 @@ class KernelIndex:
             _atomic_write_text(p, text)
         self._pending.clear()
         _atomic_write_text(self.index_path, self.to_csv_text())
+        if self._settled:
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=SETTLED_COLUMNS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(self._settled)
+            _atomic_write_text(self.settled_path, buf.getvalue())
         if prune:
             for p in self.root.glob("*/*/*.cu"):
                 if p.relative_to(self.root).as_posix() not in referenced:

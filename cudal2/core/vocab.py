@@ -30,3 +30,23 @@ def normalise_options(options) -> tuple[tuple[str, int], ...]:
         if not isinstance(k, str) or not k or isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"runtime option {k!r}={v!r}: names are strings, values ints")
     return tuple(sorted(items.items()))
+
+
+# Token (M) buckets of the kernel table: powers of two. M in (2^(j-1), 2^j] is bucket
+# (2^(j-1) + 1, 2^j); 1 and 2 are buckets of their own. A kernel exported at one M serves the M
+# of its bucket it accepts (docs/dispatch.md says why powers of two).
+def m_bucket(m: int) -> tuple[int, int]:
+    """(lo, hi) of the token bucket holding M (M >= 1)."""
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"M must be a positive integer, got {m!r}")
+    hi = 1 << (m - 1).bit_length()
+    return (hi // 2 + 1 if hi > 1 else 1, hi)
+
+
+# The GPU model a kernel-table row was measured on: the name the results DB records (NVML's, which
+# torch.cuda.get_device_name also reports, e.g. "NVIDIA H100 80GB HBM3"), whitespace collapsed.
+# Two GPUs of one arch (H100, H200: both sm_90a) differ in clocks, bandwidth and L2, so a row's
+# GPU is part of its key; '' = any GPU of the arch (rows written before the column existed).
+def gpu_key(name) -> str:
+    """The one spelling of a GPU model that the kernel table and dispatch compare ('' = any)."""
+    return " ".join(str(name or "").split())

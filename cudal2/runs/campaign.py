@@ -50,7 +50,7 @@ from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
-from cudal2.search.tune import build_plan, plan, read_shapes
+from cudal2.search.tune import build_plan, plan, read_shapes, shapes_layout
 
 SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
 MANIFEST = "manifest.json"
@@ -103,20 +103,22 @@ def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
 
 
 def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
-            jobs: int | None = None, acc: str = "f32", layout: str = "RR",
+            jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
             order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
             log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
-    the run re-measures what dispatch serves today. order "gain": the shapes `measured_dbs`
-    (results DBs) have not measured by kernel time, most promising first
+    the run re-measures what dispatch serves today. layout: the shapes file's layout column
+    (a `cudal2 shapes --model` file says RC), else `layout`, else RR. order "gain": the shapes
+    `measured_dbs` (results DBs) have not measured by kernel time, most promising first
     (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
     shapes = read_shapes(shapes_file)
+    layout = shapes_layout(shapes_file, layout)
     if order == "gain":
         from cudal2.runs.coverage import order_by_gain
         evs = [ev for p in measured_dbs for ev in ResultsDB(p, readonly=True).rows()]
@@ -788,8 +790,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="candidates per shape, best first by the cost model (0 = all)")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--acc", default="f32", choices=("f32", "f16"))
-    p.add_argument("--layout", default="RR", choices=("RR", "RC"),
-                   help="B layout (RC for nn.Linear weights, e.g. shapes/llm_trace.csv)")
+    p.add_argument("--layout", default=None, choices=("RR", "RC"),
+                   help="B layout (RC for nn.Linear weights); default: the shapes file's layout "
+                        "column (shapes/llm_trace.csv, `cudal2 shapes` files: RC), else RR")
     p.add_argument("--no-tuned", action="store_true",
                    help="do not add the tuned table's kernels and shapes to the pack")
     p.add_argument("--order", default="file", choices=("file", "gain"),

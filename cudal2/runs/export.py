@@ -9,11 +9,18 @@ The only way a kernel enters the dispatch table. The export rule (docs/measureme
   2. its end-to-end call (cudal2.matmul as users call it) is not slower than torch.matmul: the
      upper end of every end-to-end speedup interval measured is at least 1.0.
 
-The row with the highest such lower bound wins. Sources are written through
-cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with tuned=1, the
-median speedup against every baseline, the interval's lower end, the options and the report the
-numbers came from. A tuned row whose kernel was measured again in these rows and now fails the
-rule leaves the table. Everything refused is listed with its reason.
+The row with the highest such lower bound wins. A row of the table is (arch, acc, layout, shape,
+GPU model): each GPU's measurements export into that GPU's own row (`gpu`, the name the results DB
+records, vocab.gpu_key), so tables of an H100 and an H200 (both sm_90a) coexist. When the table
+already holds another kernel for that row (another model's campaign, another DB), the same rule
+settles it: the higher lower bound stays, a tie keeps the table's row, and the loser (its kernel,
+options, figure, report and DB) is recorded in generated_kernels/settled.csv. Sources are written
+through cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with
+tuned=1, the median speedup against every baseline, the interval's lower end, the options and the
+report the numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket):
+dispatch serves the kernel at the other M of that bucket it accepts. A tuned row whose kernel was
+measured again in these rows and now fails the rule leaves the table. Everything refused is listed
+with its reason.
 """
 from __future__ import annotations
 
@@ -25,8 +32,8 @@ from typing import Callable, Iterable
 
 from cudal2.core import knobs
 from cudal2.core.identity import source_sha
-from cudal2.core.store import SPEEDUP_COLUMNS, KernelIndex, format_options
-from cudal2.core.vocab import WIN_MARGIN
+from cudal2.core.store import SPEEDUP_COLUMNS, IndexRow, KernelIndex, format_options
+from cudal2.core.vocab import WIN_MARGIN, gpu_key, m_bucket
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
 
@@ -46,6 +53,8 @@ class Decision:
     speedup_lo: float | None = None                   # min over baselines of the interval's lower end
     options: dict = field(default_factory=dict)
     removed: str = ""               # a tuned row that left the table (its file), if any
+    gpu: str = ""                   # the GPU model the rows were measured on (vocab.gpu_key)
+    kept: str = ""                  # the table's row (its file) that this winner did not beat
 
 
 @dataclass
@@ -59,11 +68,15 @@ class ExportResult:
 
     @property
     def refused(self) -> list[Decision]:
-        return [d for d in self.decisions if not d.exported]
+        return [d for d in self.decisions if not d.exported and not d.kept]
 
     @property
     def removed(self) -> list[Decision]:
         return [d for d in self.decisions if d.removed]
+
+    @property
+    def kept(self) -> list[Decision]:
+        return [d for d in self.decisions if d.kept]
 
 
 def verdict(ev, mode: str = "offline", margin: float = DEFAULT_MARGIN) -> tuple[bool, str, float | None]:
@@ -100,7 +113,8 @@ def verdict(ev, mode: str = "offline", margin: float = DEFAULT_MARGIN) -> tuple[
 
 def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFAULT_MARGIN,
            gpu: str | None = None) -> list[Decision]:
-    """One decision per (arch, acc, layout, shape) seen in `evaluations` (measured or not)."""
+    """One decision per (arch, acc, layout, shape, GPU model) seen in `evaluations` (measured or
+    not)."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     groups: dict[tuple, list] = {}
@@ -108,19 +122,16 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         if not on_gpu(ev, gpu) or getattr(ev, "stage", "final") != "final":
             continue
         key = (ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K)
-        groups.setdefault(key, []).append(ev)
+        groups.setdefault((key, gpu_key((ev.env or {}).get("gpu"))), []).append(ev)
     out = []
-    for key in sorted(groups, key=str):
-        evs = groups[key]
+    for key, gpu in sorted(groups, key=str):
+        evs = groups[key, gpu]
         judged = [(ev, *verdict(ev, mode, margin)) for ev in evs]
         measured = [j for j in judged if j[3] is not None]
         if not measured:
             why = sorted({j[2] for j in judged})
-            out.append(Decision(key, evs[0].source_sha, False, "nothing measured: " + "; ".join(why)))
-            continue
-        gpus = {(j[0].env or {}).get("gpu", "") for j in measured}
-        if len(gpus) > 1:
-            out.append(Decision(key, "", False, f"measured on several GPUs {sorted(gpus)}: pick one with --gpu"))
+            out.append(Decision(key, evs[0].source_sha, False, "nothing measured: " + "; ".join(why),
+                                gpu=gpu))
             continue
         passing = [j for j in measured if j[1]]
         ev, ok, why, lo = max(passing or measured, key=lambda j: j[3])
@@ -128,42 +139,46 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         cand = ev.timings[mode]["candidate"]["median_us"]
         worst = min(sp, key=sp.get) if sp else ""
         out.append(Decision(key, ev.source_sha, ok, (f"{cand:.2f} us, " if ok else "") + why, cand,
-                            worst, sp, lo, dict(ev.options or {})))
+                            worst, sp, lo, dict(ev.options or {}), gpu=gpu))
     return out
 
 
 def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, root=None,
            mode: str = "offline", margin: float = DEFAULT_MARGIN, report: str = "",
            gpu: str | None = None, family_for: Callable[[str], str] | None = None,
-           dry_run: bool = False) -> ExportResult:
+           dry_run: bool = False, db: str = "") -> ExportResult:
     """Select winners and write them into the store at `root` (default: knobs.kernels_dir()).
     `source_for(sha)` returns the kernel text of a source sha (None if unknown: refused). A tuned
-    row whose (kernel, options) these rows measured again and refused leaves the table."""
+    row whose (kernel, options) these rows measured again and refused leaves the table; another
+    kernel in the winner's row is settled by `settle`. `db`: the results DB the rows came from
+    (recorded with a loser in settled.csv)."""
     if not report:
         raise ValueError("export needs `report`: the run the numbers came from (a path or a name)")
     evaluations = list(evaluations)
     metas = {ev.source_sha: (ev.meta or {}) for ev in evaluations}
-    remeasured = {(ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K, ev.source_sha,
-                   format_options(ev.options or {}))
+    remeasured = {(ev.arch, ev.acc, ev.layout, ev.shape.M, ev.shape.N, ev.shape.K,
+                   gpu_key((ev.env or {}).get("gpu")), ev.source_sha, format_options(ev.options or {}))
                   for ev in evaluations if on_gpu(ev, gpu) and unmeasured(ev, mode) is None
                   and getattr(ev, "stage", "final") == "final"}
     decisions = select(evaluations, mode=mode, margin=margin, gpu=gpu)
     idx = KernelIndex.load(root)
     changed = False
     for d in decisions:
-        old = idx.get(*d.key)
+        old = idx.get(*d.key, gpu=d.gpu)
         if not d.exported:
-            # the index keeps a file's byte hash; the DB names a kernel by its source identity
-            if old is not None and old.tuned and (*d.key, source_sha(idx.source(old)),
+            # the row that serves this GPU (its own, else the any-GPU one) answers for this
+            # GPU's evidence; the index keeps a file's byte hash, the DB a source identity
+            old = old or idx.get(*d.key)
+            if old is not None and old.tuned and (*d.key, d.gpu, source_sha(idx.source(old)),
                                                   old.options) in remeasured:
-                idx.remove(*d.key)
+                idx.remove(*old.key)
                 d.removed = old.file
                 d.reason += f"; the tuned row ({old.file}) measured again here fails the rule: removed"
                 changed = True
             elif old is not None and old.tuned and old.speedup_lo is None and d.speedup_lo is not None:
                 # exported before the kernel timer (no interval behind it); this shape's finals
                 # ran here and nothing cleared the rule: cuBLAS serves it until something does
-                idx.remove(*d.key)
+                idx.remove(*old.key)
                 d.removed = old.file
                 d.reason += (f"; the tuned row ({old.file}) had no kernel-time interval and no "
                              "finalist of this run clears the rule: removed")
@@ -173,16 +188,63 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
         if src is None or source_sha(src) != d.source_sha:
             d.exported, d.reason = False, f"source {d.source_sha[:12]} not found (or does not match its sha)"
             continue
+        if old is not None and old.tuned:   # this GPU's own row; an any-GPU row is shadowed
+            fresh = (*d.key, d.gpu, source_sha(idx.source(old)), old.options) in remeasured
+            if settle(idx, old, d, fresh=fresh, report=report, db=db):
+                changed = True
+            if d.kept:
+                continue
         arch, acc, layout, M, N, K = d.key
         family = (family_for(d.source_sha) if family_for else "") or str(
             metas.get(d.source_sha, {}).get("family") or metas.get(d.source_sha, {}).get("style") or "")
         idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family, tuned=True,
                 mode=mode, report=report, speedups={k: round(v, 4) for k, v in d.speedups.items()
                                                      if f"speedup_{k}" in SPEEDUP_COLUMNS},
-                options=d.options, speedup_lo=round(d.speedup_lo, 4))
+                options=d.options, speedup_lo=round(d.speedup_lo, 4),
+                m_bucket="-".join(map(str, m_bucket(M))), gpu=d.gpu)
         changed = True
     path = idx.write(prune=True) if changed and not dry_run else None
     return ExportResult(decisions, path)
+
+
+def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report: str,
+           db: str) -> bool:
+    """Two kernels for one row of the table: the table's tuned `old` and this export's winner
+    `d`. The higher lower bound of the kernel-time speedup interval vs the fastest baseline
+    (speedup_lo: the export rule's own figure, a ratio to cuBLAS timed in the same session, so
+    two sessions on one GPU model compare) stays; a tie, or a new figure no higher, keeps the
+    table's row (so export is idempotent and the order of two exports does not change which
+    kernel stays); a row with
+    no interval (exported before the kernel timer) loses to one with. `fresh`: these rows
+    measured `old`'s kernel again, so select() already ranked it by its new figure and `d` won.
+    The same kernel and options is no contest (its new figures replace the old). The loser is
+    recorded in settled.csv; sets d.kept when the table's row stays. Returns whether a new
+    record was staged."""
+    old_sha = source_sha(idx.source(old))
+    new_opts = format_options(d.options)
+    if (old_sha, old.options) == (d.source_sha, new_opts):
+        return False
+    new_lo = round(d.speedup_lo, 4)
+    keep_old = not fresh and old.speedup_lo is not None and old.speedup_lo >= new_lo
+    where = dict(arch=d.key[0], acc=d.key[1], layout=d.key[2], M=d.key[3], N=d.key[4], K=d.key[5],
+                 gpu=d.gpu, rule="remeasured" if fresh else "speedup_lo")
+    if keep_old:
+        d.exported, d.kept = False, old.file
+        d.reason += (f"; the table's {old.file} (lower bound {old.speedup_lo:.4f}, {old.report}) "
+                     f"is no slower than this ({new_lo:.4f}): kept, this one recorded in settled.csv")
+        return idx.record_settled(
+            **where, kept_source_sha=old_sha, kept_options=old.options,
+            kept_speedup_lo=old.speedup_lo, kept_report=old.report, lost_source_sha=d.source_sha,
+            lost_options=new_opts, lost_speedup_lo=new_lo, lost_report=report, lost_db=db,
+            lost_speedups=";".join(f"{k}={v:.4f}" for k, v in sorted(d.speedups.items())))
+    d.reason += (f"; replaces the table's {old.file} (lower bound "
+                 + ("none" if old.speedup_lo is None else f"{old.speedup_lo:.4f}")
+                 + f", {old.report}): recorded in settled.csv")
+    return idx.record_settled(
+        **where, kept_source_sha=d.source_sha, kept_options=new_opts, kept_speedup_lo=new_lo,
+        kept_report=report, lost_source_sha=old_sha, lost_options=old.options,
+        lost_speedup_lo=old.speedup_lo, lost_report=old.report, lost_db="",
+        lost_speedups=";".join(f"{k}={v:.4f}" for k, v in sorted(old.speedups.items())))
 
 
 def sources_from(db=None, dirs: Iterable = ()) -> Callable[[str], str | None]:
@@ -233,16 +295,18 @@ def run_cli(args: argparse.Namespace) -> int:
     root = Path(args.out) if args.out else knobs.kernels_dir()
     print(f"export: {len(rows)} DB rows from {args.db}, mode {args.mode}, margin {args.margin:.0%}, into {root}")
     res = export(rows, sources_from(db, args.sources), root=root, mode=args.mode, margin=args.margin,
-                 report=args.report, gpu=args.gpu, dry_run=args.dry_run)
+                 report=args.report, gpu=args.gpu, dry_run=args.dry_run, db=str(args.db))
     for d in res.exported:
         print(f"  exported {d.key}: {d.reason}")
     for d in res.removed:
         print(f"  removed  {d.key}: {d.removed}")
+    for d in res.kept:
+        print(f"  kept     {d.key}{' on ' + d.gpu if d.gpu else ''}: {d.reason}")
     refused = res.refused
     for d in refused if args.verbose else refused[:20]:
         print(f"  refused  {d.key}: {d.reason}")
     if len(refused) > 20 and not args.verbose:
         print(f"  ... {len(refused) - 20} more refusals (--verbose lists them)")
-    print(f"{len(res.exported)} exported, {len(refused)} refused; "
+    print(f"{len(res.exported)} exported, {len(res.kept)} kept the table's row, {len(refused)} refused; "
           + (f"index: {res.index_path}" if res.index_path else "nothing written"))
     return 0

@@ -8,7 +8,7 @@ from typing import Iterable, Mapping
 
 from cudal2.core.abi import meta_accepts  # the ABI's shape rule (also what the planner follows)
 from cudal2.core.store import IndexRow
-from cudal2.core.vocab import LAYOUTS
+from cudal2.core.vocab import LAYOUTS, gpu_key
 
 # How many nearest tuned kernels race cuBLAS for an untabled shape, and how many kernels we are
 # willing to build/load to find them (meta is only known once a kernel is loaded).
@@ -18,7 +18,7 @@ INT_MAX = 2**31 - 1  # the kernel ABI's sizes and leading dimensions are C ints
 
 # A table entry is the index row itself (arch, acc, layout, shape, file, sha256, family, tuned).
 TableEntry = IndexRow
-Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K) -> entry
+Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K, gpu) -> entry
 
 
 def table_from_index(index) -> dict[tuple, TableEntry]:
@@ -26,14 +26,41 @@ def table_from_index(index) -> dict[tuple, TableEntry]:
     return {r.key: r for r in index.rows if r.tuned}
 
 
+def for_gpu(entries: Iterable[TableEntry], gpu: str | None) -> list[TableEntry]:
+    """The rows that may serve on GPU model `gpu` (its name, as torch.cuda.get_device_name and
+    the results DB spell it): its own rows, then the any-GPU rows (gpu '') of the shapes it has
+    no row of its own for; another GPU's rows never (an H100 and an H200 are one arch, not one
+    speed). An unnamed GPU gets the any-GPU rows only."""
+    gpu = gpu_key(gpu)
+    own = [e for e in entries if gpu and e.gpu == gpu]
+    shadowed = {e.key[:6] for e in own}
+    return own + [e for e in entries if not e.gpu and e.key[:6] not in shadowed]
+
+
 def log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
     """Euclidean distance of (log M, log N, log K): a 2x change in any dimension costs ln 2."""
     return math.sqrt(sum((math.log(x) - math.log(y)) ** 2 for x, y in zip(a, b)))
 
 
+def bucket_match(shape: tuple[int, int, int], same: Iterable[TableEntry],
+                 metas: Mapping[str, Mapping]) -> TableEntry | None:
+    """The tuned row whose M bucket (index column m_bucket) holds M, for the same N and K, whose
+    kernel accepts the shape (or whose meta is not known yet): nearest M in log space first,
+    then the larger M (its tiles were measured over at least as many rows), then the file."""
+    M, N, K = shape
+    rows = [e for e in same if e.N == N and e.K == K and e.M != M and e.bucket
+            and e.bucket[0] <= M <= e.bucket[1]]
+    rows.sort(key=lambda e: (abs(math.log(e.M / M)), -e.M, e.file))
+    for e in rows:
+        meta = metas.get(e.sha256)
+        if meta is None or meta_accepts(meta, M, N, K):
+            return e
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str                                  # "exact" | "nearest" | "fallback"
+    kind: str                                  # "exact" | "bucket" | "nearest" | "fallback"
     candidates: tuple[TableEntry, ...]         # exact: one; nearest: best first; fallback: ()
     reason: str
     unresolved: tuple[TableEntry, ...] = ()    # nearest candidates whose meta is not known yet
@@ -42,11 +69,16 @@ class Decision:
 
 def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, table: Table, *,
          metas: Mapping[str, Mapping] | None = None, exclude: Iterable[str] = (),
-         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate") -> Decision:
-    """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`.
+         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate",
+         gpu: str | None = None) -> Decision:
+    """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`,
+    on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows
+    first, any-GPU rows where it has none, never another GPU's).
 
     exact:   a tuned kernel for this very (arch, acc, layout, M, N, K) (and, if its meta is known,
              accepting the shape);
+    bucket:  a tuned kernel for (N, K) exported at another M of M's token bucket (bucket_match);
+             it serves as an exact one does;
     nearest: the `k` tuned kernels of the same (arch, acc, layout) nearest in log-space
              distance (log_distance) that accept the shape (meta any_shape, or M, N, K divisible by
              its tile); they race cuBLAS before serving;
@@ -66,8 +98,13 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
         return Decision("fallback", (), f"layout {layout!r} is not one of {LAYOUTS}")
     if not arch:
         return Decision("fallback", (), "no known arch for this GPU")
-    same = [e for e in table.values() if e.tuned and e.arch == arch and e.acc == acc
-            and e.layout == layout and e.sha256 not in exclude]
+    tuned = [e for e in table.values() if e.tuned and e.arch == arch and e.acc == acc
+             and e.layout == layout and e.sha256 not in exclude]
+    same = for_gpu(tuned, gpu)
+    if tuned and not same:
+        return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout} on "
+                        f"{gpu_key(gpu) or 'an unnamed GPU'} (tuned on: "
+                        f"{', '.join(sorted({e.gpu for e in tuned}))})")
     if not same:
         others = sorted({f"{e.arch}/{e.acc}_{e.layout}" for e in table.values() if e.tuned})
         return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout}"
@@ -77,6 +114,10 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
             meta = metas.get(e.sha256)
             if meta is None or meta_accepts(meta, M, N, K):
                 return Decision("exact", (e,), f"tuned kernel {e.file}", (e,) if meta is None else ())
+    b = bucket_match((M, N, K), same, metas)
+    if b is not None:
+        return Decision("bucket", (b,), f"tuned kernel {b.file} (M={b.M}, bucket {b.m_bucket})",
+                        (b,) if b.sha256 not in metas else ())
     ranked = sorted(((log_distance((M, N, K), e.shape), e.shape, e.file, e) for e in same
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
     cands, unresolved, dists = [], [], []

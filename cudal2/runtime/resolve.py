@@ -13,7 +13,7 @@ import torch
 
 from cudal2.core import knobs
 from cudal2.core.store import KernelIndex, KernelIndexError
-from cudal2.core.vocab import ARCH_BY_CAPABILITY
+from cudal2.core.vocab import ARCH_BY_CAPABILITY, gpu_key
 from cudal2.runtime import race as R
 from cudal2.runtime.loader import KernelLoader, KernelLoadError, Workspaces, launcher
 from cudal2.runtime.plan import MAX_PROBES, Decision, TableEntry, plan, table_from_index
@@ -39,6 +39,7 @@ class State:
         self.metas: dict[str, dict] = {}
         self.broken: set[str] = set()
         self.arch: dict[int, str | None] = {}
+        self.gpu: dict[int, str] = {}             # device -> GPU model name (vocab.gpu_key)
         self.env: dict[int, dict] = {}
 
 
@@ -78,6 +79,19 @@ def device_arch(dev: int) -> str | None:
     return arch
 
 
+def device_gpu(dev: int) -> str:
+    """The GPU model's name, asked once per device (the table's gpu column spells it the same
+    way); '' when the runtime cannot name it: then only any-GPU rows serve."""
+    name = state.gpu.get(dev)
+    if name is None:
+        try:
+            name = torch.cuda.get_device_name(dev)
+        except Exception:  # noqa: BLE001 - never fail a matmul over a name
+            name = ""
+        name = state.gpu[dev] = gpu_key(name)
+    return name
+
+
 def _cublas_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
     for dist in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12", "nvidia-cublas-cu11"):
@@ -91,7 +105,7 @@ def _cublas_version() -> str:
 def device_env(dev: int) -> dict:
     env = state.env.get(dev)
     if env is None:
-        env = state.env[dev] = {"gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+        env = state.env[dev] = {"gpu": device_gpu(dev), "torch": torch.__version__,
                                 "cuda": str(torch.version.cuda), "cublas": _cublas_version()}
     return env
 
@@ -149,8 +163,9 @@ def decide(dev, M, N, K, layout, a, b):
     # broken, and after MAX_PROBES loads unknown kernels are skipped, so this ends.
     while True:
         d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas, exclude=state.broken,
-                 unknown_meta="candidate" if probes < MAX_PROBES else "reject")
-        if d.kind == "exact" and d.candidates[0].sha256 not in state.metas:
+                 unknown_meta="candidate" if probes < MAX_PROBES else "reject",
+                 gpu=device_gpu(dev))   # this GPU's rows, then any-GPU rows
+        if d.kind in ("exact", "bucket") and d.candidates[0].sha256 not in state.metas:
             pending = d.candidates
         elif d.kind == "nearest" and d.unresolved:
             pending = d.unresolved
@@ -167,7 +182,7 @@ def decide(dev, M, N, K, layout, a, b):
               d.kind, d.reason)
     if d.kind == "fallback":
         return TORCH
-    if d.kind == "exact":
+    if d.kind in ("exact", "bucket"):   # measured at its shape, or at its bucket's M: no race
         e = d.candidates[0]
         return launcher(load(e), M, N, K, e.options_dict)
     return _nearest(dev, M, N, K, layout, a, b, d)

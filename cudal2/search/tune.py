@@ -29,7 +29,7 @@ from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.toolchain import ToolchainError, detect_arch, find_toolchain
-from cudal2.core.vocab import INSTRUCTIONS
+from cudal2.core.vocab import INSTRUCTIONS, LAYOUTS
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
@@ -65,6 +65,26 @@ def read_shapes(path) -> list[Shape]:
     if not out:
         raise ValueError(f"{path}: no shapes")
     return out
+
+
+def shapes_layout(path, requested: str | None = None) -> str:
+    """The B layout to plan for a shapes file: its `layout` column (one value for every row,
+    e.g. RC in a `cudal2 shapes --model` file) or `requested`; RR when neither says. A file whose
+    rows disagree, or a request that contradicts the file, is a ValueError naming both."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            found = {(r.get("layout") or "").strip() for r in csv.DictReader(f)} - {""}
+    except OSError as exc:
+        raise ValueError(f"cannot read shape file {path}: {exc}") from None
+    bad = sorted(found - set(LAYOUTS))
+    if bad:
+        raise ValueError(f"{path}: layout column holds {bad}; layouts are {LAYOUTS}")
+    if len(found) > 1:
+        raise ValueError(f"{path}: rows have layouts {sorted(found)}; plan one layout per file")
+    if found and requested and requested not in found:
+        raise ValueError(f"{path}: its rows say layout {found.pop()}, but --layout {requested} was asked")
+    return found.pop() if found else (requested or "RR")
 
 
 # --- the space ---------------------------------------------------------------------------------
@@ -435,8 +455,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=None, help="sm_80 | sm_90a (default: CUDAL2_ARCH, else the visible GPU)")
     parser.add_argument("--families", nargs="+", default=None, help="template families (default: all for the arch)")
     parser.add_argument("--acc", default="f32", choices=("f32", "f16"), help="accumulator the kernels must use")
-    parser.add_argument("--layout", default="RR", choices=("RR", "RC"),
-                        help="B layout: RR = row-major K x N, RC = column-major (x @ W^T of nn.Linear)")
+    parser.add_argument("--layout", default=None, choices=("RR", "RC"),
+                        help="B layout: RR = row-major K x N, RC = column-major (x @ W^T of nn.Linear); "
+                             "default: the shapes file's layout column, else RR")
     parser.add_argument("--build-only", action="store_true",
                         help="build every candidate for the shape list (no GPU) and report counts, time, memory")
     parser.add_argument("--limit-per-shape", type=int, default=None,
@@ -457,6 +478,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     try:
         shapes = read_shapes(args.shapes)
+        args.layout = shapes_layout(args.shapes, args.layout)
         arch = detect_arch(args.arch)
         model = CostModel.load(args.cost_model) if args.cost_model else CostModel.default(
             "A100" if arch.startswith("sm_8") else "H100")
