@@ -281,3 +281,32 @@ def test_a_build_records_what_it_read(tmp_cache):
     assert str(TEMPLATE_DIR.resolve()) in br.include_roots
     assert A.check_dependencies(br) == []
     assert build(spec).deps == br.deps               # the cache entry keeps the list
+
+
+def test_cli_says_first_that_a_file_is_missing_or_unreadable(tmp_path, capsys):
+    """A missing or unreadable file is the news: the line leads with it (no build, no
+    ptxas stats), names the file, and the exit code is 1."""
+    import os
+    p = argparse.ArgumentParser()
+    A.configure_parser(p)
+    missing = tmp_path / "missing.cu"
+    folder = tmp_path / "folder.cu"          # unreadable as a file for every user, root included
+    folder.mkdir()
+    unreadable = [folder]
+    if os.geteuid() != 0:                    # root reads a mode-0 file
+        locked = tmp_path / "locked.cu"
+        locked.write_text("// a kernel\n")
+        locked.chmod(0)
+        unreadable.append(locked)
+    rc = A.run_cli(p.parse_args([str(missing), *map(str, unreadable), "--arch", "sm_90a"]))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and len(out) == 1 + len(unreadable), out
+    assert out[0] == f"{missing}: MISSING - no such file: {missing}"
+    assert "ptxas" not in "".join(out)
+    for line, f in zip(out[1:], unreadable):
+        assert line.startswith(f"{f}: UNREADABLE - cannot read {f}: "), line
+    assert out[1].endswith("Is a directory")
+    if len(unreadable) > 1:
+        assert out[2].endswith("Permission denied")
+    res = A.audit_file(missing)
+    assert res.verdict == "missing" and not res.ok and str(missing) in res.reasons[0]

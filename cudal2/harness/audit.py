@@ -166,7 +166,7 @@ def classify_symbol(name: str) -> str | None:
 class AuditResult:
     name: str                      # file name or spec name, for reports
     ok: bool                       # accepted
-    verdict: str                   # "ok" | "rejected" | "build_error" | "load_crashed" | "load_timeout" | "error"
+    verdict: str                   # "ok" | "rejected" | "build_error" | "load_crashed" | "load_timeout" | "error" | "missing" | "unreadable"
     reasons: list[str] = field(default_factory=list)    # why rejected (empty when ok)
     notes: list[str] = field(default_factory=list)      # facts that are not rejections
     imports: list[str] = field(default_factory=list)
@@ -188,6 +188,8 @@ class AuditResult:
         stats = f"regs={regs} smem={smem} spills={spills}" if self.resources else "no ptxas stats"
         why = "; ".join(self.reasons) if self.reasons else (self.meta.get("acc", "") and
                                                             f"acc={self.meta.get('acc')} layout={self.meta.get('layout')}")
+        if self.verdict in ("missing", "unreadable"):    # nothing was built: the file is the news
+            return f"{self.name}: {self.verdict.upper()} - {why}"
         return f"{self.name}: {self.verdict.upper() if not self.ok else 'ok'} {stats}" + (f" - {why}" if why else "")
 
 
@@ -461,8 +463,12 @@ def audit_file(path: str | Path, arch: str = "sm_90a", *, pool=None) -> AuditRes
     path = Path(path)
     try:
         data = path.read_bytes()
-    except OSError as e:
-        return AuditResult(name=str(path), ok=False, verdict="error", reasons=[f"cannot read: {e}"])
+    except FileNotFoundError:
+        return AuditResult(name=str(path), ok=False, verdict="missing",
+                           reasons=[f"no such file: {path}"])
+    except OSError as e:                # permission, a directory, an I/O error
+        return AuditResult(name=str(path), ok=False, verdict="unreadable",
+                           reasons=[f"cannot read {path}: {e.strerror or e}"])
     try:
         source = data.decode("utf-8")
     except UnicodeDecodeError as e:
