@@ -1,0 +1,127 @@
+"""The call guard (cudal2/harness/callguard.c), without a GPU: a fake CUDA runtime (a tiny C
+library exporting the runtime's names) stands in for libcudart, a fake kernel library calls it
+through its import table, and the guard, preloaded into a fresh Python, must pass every call on
+while disarmed, and while armed record each call, refuse a forbidden one before it reaches the
+runtime, and let the driver entry-point door hand out only allowlisted functions."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cudal2.harness import audit, callguard
+
+FAKE_CUDART = r"""
+#include <string.h>
+int launched, malloced, synced, door_asked;
+int cudaLaunchKernel(const void* f, long g, long gz, long b, long bz, void** args, long smem, void* s) {
+  launched++; return (int)(smem + 7);          /* 7: the stack arguments arrived intact */
+}
+int cudaMalloc(void** p, unsigned long n) { malloced++; *p = (void*)0x1000; return 0; }
+int cudaStreamSynchronize(void* s) { synced++; return 0; }
+int cudaGetDriverEntryPoint(const char* sym, void** fn, unsigned long long flags, int* status) {
+  door_asked++; *fn = (void*)0x1234; if (status) *status = 0; return 0;
+}
+int fake_counts(int which) { return which == 0 ? launched : which == 1 ? malloced : which == 2 ? synced : door_asked; }
+"""
+
+FAKE_KERNEL = r"""
+int cudaLaunchKernel(const void*, long, long, long, long, void**, long, void*);
+int cudaMalloc(void**, unsigned long);
+int cudaStreamSynchronize(void*);
+int cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*);
+/* what a call does: launch, allocate, synchronise, ask the door for `name` (spelled at run time) */
+int run(const char* name, int* rc, void** fn, int* status) {
+  void* p = 0;
+  rc[0] = cudaLaunchKernel(0, 1, 1, 32, 1, 0, 100, 0);
+  rc[1] = cudaMalloc(&p, 64);
+  rc[2] = cudaStreamSynchronize(0);
+  char assembled[64]; int i = 0;
+  for (; name[i] && i < 63; ++i) assembled[i] = name[i];
+  assembled[i] = 0;
+  *status = -1;
+  rc[3] = cudaGetDriverEntryPoint(assembled, fn, 0, status);
+  return 0;
+}
+"""
+
+PROBE = r"""
+import ctypes, json, sys
+from cudal2.harness.callguard import Guard
+cudart = ctypes.CDLL(sys.argv[2])
+kernel = ctypes.CDLL(sys.argv[1])
+guard = Guard.active()
+assert guard is not None, "the guard is not preloaded"
+
+def call(name):
+    rc, fn, status = (ctypes.c_int * 4)(), ctypes.c_void_p(), ctypes.c_int()
+    kernel.run(name.encode(), rc, ctypes.byref(fn), ctypes.byref(status))
+    return {"rc": list(rc), "fn": fn.value, "status": status.value}
+
+out = {"disarmed": call("cuMemAlloc_v2"), "disarmed_calls": guard.calls()}
+counts = lambda: [cudart.fake_counts(i) for i in range(4)]
+out["counts_disarmed"] = counts()
+with guard.armed():
+    out["forbidden_door"] = call("cuMemAlloc_v2")
+    out["allowed_door"] = call("cuTensorMapEncodeTiled")
+out["counts_armed"] = counts()
+out["calls"] = guard.calls()
+out["refused"] = guard.refused()
+print(json.dumps(out))
+"""
+
+
+def _cc():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no host C compiler")
+    return cc
+
+
+def test_the_guard_records_refuses_and_guards_the_door(tmp_path):
+    cc = _cc()
+    shim = callguard.build(cache=tmp_path / "cache")
+    assert callguard.build(cache=tmp_path / "cache") == shim          # cached
+    (tmp_path / "cudart.c").write_text(FAKE_CUDART)
+    (tmp_path / "kernel.c").write_text(FAKE_KERNEL)
+    cudart = tmp_path / "libfakecudart.so"
+    kernel = tmp_path / "kernel.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(cudart), str(tmp_path / "cudart.c")], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(kernel), str(tmp_path / "kernel.c"),
+                    f"-L{tmp_path}", "-lfakecudart", f"-Wl,-rpath,{tmp_path}"], check=True)
+    env = {**os.environ, "LD_PRELOAD": str(shim)}
+    r = subprocess.run([sys.executable, "-c", PROBE, str(kernel), str(cudart)], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    # disarmed: everything reaches the (fake) runtime, nothing is recorded
+    assert got["disarmed"] == {"rc": [107, 0, 0, 0], "fn": 0x1234, "status": 0}
+    assert got["disarmed_calls"] == [] and got["counts_disarmed"] == [1, 1, 1, 1]
+    # armed: the launch is recorded and passed on (its stack arguments intact); the allocation
+    # and the synchronisation are refused (cudaErrorNotPermitted) without reaching the runtime;
+    # the door refuses a driver function off the allowlist and hands out an allowlisted one
+    assert got["forbidden_door"] == {"rc": [107, 800, 800, 500], "fn": None, "status": 1}
+    assert got["allowed_door"] == {"rc": [107, 800, 800, 0], "fn": 0x1234, "status": 0}
+    assert got["counts_armed"] == [3, 1, 1, 2]
+    assert [tuple(c) for c in got["calls"]] == [
+        ("cudaLaunchKernel", False), ("cudaMalloc", True), ("cudaStreamSynchronize", True),
+        ("cudaGetDriverEntryPoint:cuMemAlloc_v2", True),
+        ("cudaLaunchKernel", False), ("cudaMalloc", True), ("cudaStreamSynchronize", True),
+        ("cudaGetDriverEntryPoint:cuTensorMapEncodeTiled", False)]
+    assert got["refused"] == ["cudaMalloc", "cudaStreamSynchronize",
+                              "cudaGetDriverEntryPoint:cuMemAlloc_v2"] + ["cudaMalloc",
+                                                                          "cudaStreamSynchronize"]
+
+
+def test_one_rule_the_guard_refuses_what_the_audit_rejects():
+    """Every runtime call the guard refuses is one the static audit rejects when imported, and
+    every call it records is one the audit allows: the two layers apply the same rule."""
+    for name in callguard.REFUSED:
+        assert audit.classify_symbol(name) is not None, name
+    for name in callguard.recorded_calls():
+        assert audit.classify_symbol(name) is None, name
+    assert "CUDAL2_ENTRY_POINTS" in callguard.header()
+    assert '"cuTensorMapEncodeTiled"' in callguard.header()
