@@ -50,7 +50,9 @@ int run(const char* name, int* rc, void** fn, int* status) {
 
 PROBE = r"""
 import ctypes, json, sys
+import torch                                   # torch (and its runtime, if any) under the guard
 from cudal2.harness.callguard import Guard
+from cudal2.harness.measure import call_record
 cudart = ctypes.CDLL(sys.argv[2])
 kernel = ctypes.CDLL(sys.argv[1])
 guard = Guard.active()
@@ -70,6 +72,9 @@ with guard.armed():
 out["counts_armed"] = counts()
 out["calls"] = guard.calls()
 out["refused"] = guard.refused()
+out["record"] = call_record(guard)
+a = torch.randn(8, 8)
+out["torch"] = bool(torch.equal(a @ a, torch.matmul(a, a)))
 print(json.dumps(out))
 """
 
@@ -111,6 +116,9 @@ def test_the_guard_records_refuses_and_guards_the_door(tmp_path):
         ("cudaGetDriverEntryPoint:cuMemAlloc_v2", True),
         ("cudaLaunchKernel", False), ("cudaMalloc", True), ("cudaStreamSynchronize", True),
         ("cudaGetDriverEntryPoint:cuTensorMapEncodeTiled", False)]
+    assert got["torch"] and got["record"]["status"] == "on"
+    assert got["record"]["calls"]["cudaMalloc"] == 2 and got["record"]["refused"] == [
+        "cudaGetDriverEntryPoint:cuMemAlloc_v2", "cudaMalloc", "cudaStreamSynchronize"]
     assert got["refused"] == ["cudaMalloc", "cudaStreamSynchronize",
                               "cudaGetDriverEntryPoint:cuMemAlloc_v2"] + ["cudaMalloc",
                                                                           "cudaStreamSynchronize"]
@@ -125,3 +133,24 @@ def test_one_rule_the_guard_refuses_what_the_audit_rejects():
         assert audit.classify_symbol(name) is None, name
     assert "CUDAL2_ENTRY_POINTS" in callguard.header()
     assert '"cuTensorMapEncodeTiled"' in callguard.header()
+
+
+def test_a_worker_with_the_guard_preloaded_boots_torch_and_sees_it(tmp_path):
+    """gpu_pool's environment: the guard is preloaded into the worker and the measuring code
+    finds it (torch under the guard: the probe of the first test)."""
+    _cc()
+    from cudal2.harness.pipeline import _call_guard_env
+    from cudal2.harness.worker import WorkerPool
+    env = _call_guard_env()
+    assert env is not None and "libcudal2_callguard.so" in env["LD_PRELOAD"]
+    from tests.test_callguard import _probe_guard as probe      # importable by the worker
+    with WorkerPool(env=env, max_tasks=1) as pool:
+        out = pool.run(probe, timeout_s=120)
+    assert out.status == "ok", out.detail
+    assert out.value == {"guard": True, "record": []}
+
+
+def _probe_guard():
+    from cudal2.harness.callguard import Guard
+    guard = Guard.active()
+    return {"guard": guard is not None, "record": guard.refused() if guard else None}
