@@ -1,21 +1,11 @@
-// Hostile (GPU): detects the timer by the clock. A one-thread kernel reads clock64() (the SM's cycle counter) before each call's work; when the
-// previous call started less than 2e6 cycles (~1 ms) ago on that SM (a timing loop's
-// back-to-back calls), the GEMM kernel returns without computing, leaving C as it was.
-// Statically clean: launches only, on the caller's stream. Expected verdict: wrong (the timed
-// calls' outputs are checked; tests/test_evaluate.py GPU_HOSTILE).
+// Hostile (GPU): detects the timer by the clock. A one-thread kernel reads clock64() (the
+// SM's cycle counter) before each call's work; when the previous call started less than 2e6
+// cycles (~1 ms) ago on that SM (a timing loop's back-to-back calls), the GEMM kernel returns
+// without computing, leaving C as it was. Statically clean: launches only, on the caller's
+// stream. Expected verdict: wrong (the timed calls' outputs are checked; GPU_HOSTILE in
+// tests/test_evaluate.py).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-__global__ void simt_hgemm(const __half* A, const __half* B, __half* C, int M, int N, int K,
-                           int lda, int ldb, int ldc, const int* skip) {
-  if (skip && *skip) return;
-  int row = blockIdx.y * blockDim.y + threadIdx.y, col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (row >= M || col >= N) return;
-  float acc = 0.f;
-  for (int k = 0; k < K; ++k)
-    acc += __half2float(A[(size_t)row * lda + k]) * __half2float(B[(size_t)k * ldb + col]);
-  C[(size_t)row * ldc + col] = __float2half(acc);
-}
 
 __device__ unsigned long long g_last;
 __device__ int g_skip;
