@@ -73,6 +73,11 @@ out["counts_armed"] = counts()
 out["calls"] = guard.calls()
 out["refused"] = guard.refused()
 out["record"] = call_record(guard)
+guard.reset()                                  # a flood of calls past the log's capacity
+with guard.armed():
+    for _ in range(1100):
+        call("cuTensorMapEncodeTiled")
+out["flood"] = {"refused": [len(guard.refused()), guard.refused()[-1]], "dropped": guard.dropped(), "named": len(guard.calls())}
 a = torch.randn(8, 8)
 out["torch"] = bool(torch.equal(a @ a, torch.matmul(a, a)))
 print(json.dumps(out))
@@ -116,9 +121,12 @@ def test_the_guard_records_refuses_and_guards_the_door(tmp_path):
         ("cudaGetDriverEntryPoint:cuMemAlloc_v2", True),
         ("cudaLaunchKernel", False), ("cudaMalloc", True), ("cudaStreamSynchronize", True),
         ("cudaGetDriverEntryPoint:cuTensorMapEncodeTiled", False)]
-    assert got["torch"] and got["record"]["status"] == "on"
+    assert got["torch"] and got["record"]["status"] == "on" and got["record"]["calls_not_named"] == 0
     assert got["record"]["calls"]["cudaMalloc"] == 2 and got["record"]["refused"] == [
         "cudaGetDriverEntryPoint:cuMemAlloc_v2", "cudaMalloc", "cudaStreamSynchronize"]
+    # 1100 calls x 4 runtime calls: the log names 4096 and counts the rest; all 2200 refusals
+    # are kept (the first 256 by name)
+    assert got["flood"] == {"refused": [257, "... 1944 more"], "dropped": 4400 - 4096, "named": 4096}
     assert got["refused"] == ["cudaMalloc", "cudaStreamSynchronize",
                               "cudaGetDriverEntryPoint:cuMemAlloc_v2"] + ["cudaMalloc",
                                                                           "cudaStreamSynchronize"]

@@ -30,18 +30,31 @@ static atomic_int log_count;
 static atomic_int log_dropped;
 static __thread int armed;
 
+/* Refusals also go to a log of their own, so a flood of allowed calls cannot push them out. */
+#define CUDAL2_REFUSED_CAP 256
+static char refused_name[CUDAL2_REFUSED_CAP][CUDAL2_NAME_LEN];
+static atomic_int refused_count;
+
+static void copy_name(char* dst, const char* prefix, const char* name) {
+  size_t n = strlen(prefix);
+  if (n >= CUDAL2_NAME_LEN) n = CUDAL2_NAME_LEN - 1;
+  memcpy(dst, prefix, n);
+  size_t m = name ? strnlen(name, CUDAL2_NAME_LEN - 1 - n) : 0;
+  if (m) memcpy(dst + n, name, m);
+  dst[n + m] = 0;
+}
+
 static void note(const char* prefix, const char* name, int refused) {
+  if (refused) {
+    int r = atomic_fetch_add(&refused_count, 1);
+    if (r < CUDAL2_REFUSED_CAP) copy_name(refused_name[r], prefix, name);
+  }
   int i = atomic_fetch_add(&log_count, 1);
   if (i >= CUDAL2_LOG_CAP) {
     atomic_fetch_add(&log_dropped, 1);
     return;
   }
-  size_t n = strlen(prefix);
-  if (n >= CUDAL2_NAME_LEN) n = CUDAL2_NAME_LEN - 1;
-  memcpy(log_name[i], prefix, n);
-  size_t m = name ? strnlen(name, CUDAL2_NAME_LEN - 1 - n) : 0;
-  if (m) memcpy(log_name[i] + n, name, m);
-  log_name[i][n + m] = 0;
+  copy_name(log_name[i], prefix, name);
   log_refused[i] = refused;
 }
 
@@ -150,7 +163,13 @@ int cudal2_guard_count(void) {
 int cudal2_guard_dropped(void) { return atomic_load(&log_dropped); }
 const char* cudal2_guard_name(int i) { return (i >= 0 && i < cudal2_guard_count()) ? log_name[i] : ""; }
 int cudal2_guard_refused(int i) { return (i >= 0 && i < cudal2_guard_count()) ? log_refused[i] : 0; }
+int cudal2_guard_refused_count(void) { return atomic_load(&refused_count); }
+const char* cudal2_guard_refused_name(int i) {
+  int n = atomic_load(&refused_count);
+  return (i >= 0 && i < n && i < CUDAL2_REFUSED_CAP) ? refused_name[i] : "";
+}
 void cudal2_guard_reset(void) {
   atomic_store(&log_count, 0);
   atomic_store(&log_dropped, 0);
+  atomic_store(&refused_count, 0);
 }

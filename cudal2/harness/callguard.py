@@ -117,6 +117,8 @@ class Guard:
         lib.cudal2_guard_name.argtypes = [ctypes.c_int]
         lib.cudal2_guard_refused.argtypes = [ctypes.c_int]
         lib.cudal2_guard_arm.argtypes = [ctypes.c_int]
+        lib.cudal2_guard_refused_name.restype = ctypes.c_char_p
+        lib.cudal2_guard_refused_name.argtypes = [ctypes.c_int]
 
     @classmethod
     def active(cls) -> "Guard | None":
@@ -147,4 +149,13 @@ class Guard:
                  bool(self._lib.cudal2_guard_refused(i))) for i in range(n)]
 
     def refused(self) -> list[str]:
-        return [name for name, refused in self.calls() if refused]
+        """Every refused call since the last reset, in order (a log of its own: however many
+        allowed calls came first; the first 256 by name, the rest as a count)."""
+        n = self._lib.cudal2_guard_refused_count()
+        names = [self._lib.cudal2_guard_refused_name(i).decode(errors="replace")
+                 for i in range(min(n, 256))]
+        return names + ([f"... {n - 256} more"] if n > 256 else [])
+
+    def dropped(self) -> int:
+        """Calls past the log's capacity (4096 since the last reset): counted, not named."""
+        return self._lib.cudal2_guard_dropped()

@@ -421,8 +421,8 @@ def call_record(guard) -> dict:
     seen: dict[str, int] = {}
     for name, _ in guard.calls():
         seen[name] = seen.get(name, 0) + 1
-    return {"status": "on", "calls": seen,
-            "refused": sorted({n for n, refused in guard.calls() if refused})}
+    return {"status": "on", "calls": seen, "calls_not_named": guard.dropped(),
+            "refused": sorted(set(guard.refused()))}
 
 
 def _so_launcher(lib, opts):
