@@ -220,7 +220,7 @@ from tests.test_matmul import gpu_store  # noqa: E402,F401
 
 
 @pytest.mark.gpu
-@settings(max_examples=400, **{**_SETTINGS, "suppress_health_check": [
+@settings(max_examples=200, **{**_SETTINGS, "suppress_health_check": [
     *_SETTINGS["suppress_health_check"], HealthCheck.function_scoped_fixture]})
 @given(case=cases())
 def test_matmul_is_torch_matmul_on_cuda(gpu_store, case):  # noqa: F811
