@@ -461,6 +461,11 @@ def run(cfg: RLConfig) -> dict:
     finally:
         executor.close()
     trainer.save_model(str(out / "policy"))
+    if checkpoint_args(cfg)["save_strategy"] == "no":
+        try:                    # transformers makes output_dir even when it saves nothing there
+            (out / "checkpoints").rmdir()
+        except OSError:         # not empty (an earlier run's checkpoints) or already absent
+            pass
     write_outputs(reward, shapes, state["steps"], out, cfg)
     secs = time.time() - t0
     n_best = len(reward.best)
