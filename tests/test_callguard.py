@@ -162,3 +162,41 @@ def _probe_guard():
     from cudal2.harness.callguard import Guard
     guard = Guard.active()
     return {"guard": guard is not None, "record": guard.refused() if guard else None}
+
+
+REAL_PROBE = r"""
+import ctypes, json, sys
+from cudal2.harness.callguard import Guard
+lib = ctypes.CDLL(sys.argv[1])
+guard = Guard.active()
+f = lib.cudal2_hgemm
+f.restype = ctypes.c_int
+args = [None, None, None, 64, 64, 64, 64, 64, 64, None, ctypes.c_size_t(0), None]
+disarmed = f(*args)
+with guard.armed():
+    armed = f(*args)
+print(json.dumps({"disarmed": disarmed, "armed": armed, "calls": guard.calls(),
+                  "refused": guard.refused()}))
+"""
+
+
+@pytest.mark.compile
+def test_the_guard_passes_an_nvcc_kernels_calls_to_the_real_runtime(tmp_path):
+    """An nvcc-built kernel library (shared cudart) under the guard: its launch sequence is
+    recorded, nothing is refused, and the runtime's own answer comes back unchanged (on a
+    machine without a GPU, the same error armed and disarmed)."""
+    _cc()
+    from pathlib import Path
+
+    from cudal2.core.build import BuildSpec, build
+    src = (Path(__file__).parent / "data" / "hostile" / "control_ok.cu").read_text()
+    br = build(BuildSpec(src, arch="sm_90a", name="control_ok"))
+    assert br.ok, br.log[-2000:]
+    env = {**os.environ, "LD_PRELOAD": str(callguard.build(cache=tmp_path / "cache"))}
+    r = subprocess.run([sys.executable, "-c", REAL_PROBE, str(br.so_path)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    names = [n for n, _ in got["calls"]]
+    assert got["armed"] == got["disarmed"] and got["refused"] == [], got
+    assert {"cudaLaunchKernel", "__cudaLaunchKernel"} & set(names) and "cudaGetLastError" in names, got
