@@ -38,7 +38,11 @@ class RLConfig:
     beta: float = field(default=0.0, metadata={"help": "KL coefficient (0 = no reference model)"})
     lora: bool = field(default=False, metadata={"help": "train LoRA adapters (peft) instead of all weights"})
     vllm: bool = field(default=False, metadata={"help": "generate with vLLM (where installed)"})
-    save_steps: int = field(default=0, metadata={"help": "checkpoint every N steps (0 = every step up to 50)"})
+    save_checkpoints: bool = field(default=False, metadata={"help": "keep trl checkpoints in --out/checkpoints "
+                                   "(the weights plus the optimizer state, two per run) so a later --resume "
+                                   "continues the run; on with --resume (off by default: the trained policy "
+                                   "is saved in --out/policy either way)"})
+    save_steps: int = field(default=0, metadata={"help": "with checkpoints: one every N steps (0 = every step up to 50)"})
     resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint in --out"})
     db: str = field(default="", metadata={"help": "results DB path (default --out/results.db)"})
     export: bool = field(default=True, metadata={"help": "export each step's new measured winners into generated_kernels/"})

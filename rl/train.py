@@ -12,7 +12,8 @@ estimated is ever exported. Launch-bound shapes are left out with the reason log
 (--launch-bound). --turns N: multi-turn refinement (rl/multiturn.py).
 
 Outputs in --out: results.db, log.jsonl, reward_curve.png, best_kernels.csv, kernels/ (best
-source per shape), sources/ (every evaluated source by sha), checkpoints/.
+source per shape), sources/ (every evaluated source by sha), policy/ (the trained policy);
+checkpoints/ only with --save-checkpoints or --resume.
 """
 from __future__ import annotations
 
@@ -263,6 +264,16 @@ def _dataset(shapes, cfg: RLConfig, style: str, reward, prompt_shapes: dict | No
     return ds.with_transform(transform)
 
 
+def checkpoint_args(cfg: RLConfig) -> dict:
+    """trl/transformers save settings: checkpoints (the weights plus the optimizer's two moments
+    per weight) only when asked, or when resuming (a run that resumes
+    is one that is continued); a demo keeps only its outputs and the final policy."""
+    if not (cfg.save_checkpoints or cfg.resume):
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": cfg.save_steps or max(1, min(50, cfg.steps)),
+            "save_total_limit": 2}
+
+
 def _last_checkpoint(d: Path):
     from transformers.trainer_utils import get_last_checkpoint
     return get_last_checkpoint(str(d)) if d.is_dir() else None
@@ -405,7 +416,7 @@ def run(cfg: RLConfig) -> dict:
         max_completion_length=cfg.max_completion_length or default_max_tokens(cfg.policy),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
         temperature=temperature, min_p=min_p or None, beta=cfg.beta, logging_steps=1,
-        save_steps=cfg.save_steps or max(1, min(50, cfg.steps)), save_total_limit=2,
+        **checkpoint_args(cfg),
         report_to="none", use_cpu=use_cpu, bf16=False, seed=cfg.seed, data_seed=cfg.seed,
         use_vllm=cfg.vllm, disable_tqdm=False, log_level="warning",
         top_k=0)
@@ -450,6 +461,11 @@ def run(cfg: RLConfig) -> dict:
     finally:
         executor.close()
     trainer.save_model(str(out / "policy"))
+    if checkpoint_args(cfg)["save_strategy"] == "no":
+        try:                    # transformers makes output_dir even when it saves nothing there
+            (out / "checkpoints").rmdir()
+        except OSError:         # not empty (an earlier run's checkpoints) or already absent
+            pass
     write_outputs(reward, shapes, state["steps"], out, cfg)
     secs = time.time() - t0
     n_best = len(reward.best)

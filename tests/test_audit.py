@@ -37,6 +37,24 @@ def test_rejected_symbols(sym, why):
     assert reason is not None and why in reason, (sym, reason)
 
 
+def test_export_rules():
+    """Only the ABI's entry points and what the compiler emits in every library (weak or unique
+    C++ symbols of header templates; the kernel's own C++ helpers) may be exported."""
+    ok = [("cudal2_hgemm", "FUNC", "GLOBAL"), ("cudal2_meta", "FUNC", "GLOBAL"),
+          ("cudal2_workspace", "FUNC", "GLOBAL"), ("_ZNKSt5ctypeIcE8do_widenEc", "FUNC", "WEAK"),
+          ("_ZN4cuda3std3__48in_placeE", "OBJECT", "UNIQUE"),
+          ("_ZN7cutlass4gemm6kernel13GemmUniversalIvE14get_grid_shapeEv", "FUNC", "WEAK"),
+          ("_Z6helperP6__halfP11CUstream_st", "FUNC", "GLOBAL")]
+    assert A.check_exports(ok) == []
+    (why,) = A.check_exports(ok + [("cudaEventElapsedTime", "FUNC", "GLOBAL")])
+    assert "cudaEventElapsedTime" in why and "unmangled" in why
+    (why,) = A.check_exports([("calls", "OBJECT", "GLOBAL"), ("cuGetProcAddress_v2", "FUNC", "WEAK")])
+    assert "calls" in why and "cuGetProcAddress_v2" in why
+    (why,) = A.check_exports([("_ZNSt6thread6detachEv", "FUNC", "GLOBAL"),
+                              ("_ZN2at6native2mmERKNS_6TensorES3_", "FUNC", "GLOBAL")])
+    assert "another library's namespace" in why and "_ZN2at" in why
+
+
 def test_include_rules():
     assert A.check_includes("#include <cuda_runtime.h>\n#include <cstdint>\n") == []
     assert A.check_includes('#include "mma_hgemm.cuh"\n') == []          # our template by name
@@ -137,6 +155,7 @@ REJECTED = {
     "fp16_acc_claims_f32.cu": "accumulates in fp16",
     "meta_garbage.cu": "not JSON",
     "meta_not_utf8.cu": "not UTF-8",
+    "exports_runtime_name.cu": "cudaEventElapsedTime",
 }
 LOAD_VERDICTS = {
     "ctor_segv.cu": ("load_crashed", "SIGSEGV"),
@@ -281,3 +300,32 @@ def test_a_build_records_what_it_read(tmp_cache):
     assert str(TEMPLATE_DIR.resolve()) in br.include_roots
     assert A.check_dependencies(br) == []
     assert build(spec).deps == br.deps               # the cache entry keeps the list
+
+
+def test_cli_says_first_that_a_file_is_missing_or_unreadable(tmp_path, capsys):
+    """A missing or unreadable file is the news: the line leads with it (no build, no
+    ptxas stats), names the file, and the exit code is 1."""
+    import os
+    p = argparse.ArgumentParser()
+    A.configure_parser(p)
+    missing = tmp_path / "missing.cu"
+    folder = tmp_path / "folder.cu"          # unreadable as a file for every user, root included
+    folder.mkdir()
+    unreadable = [folder]
+    if os.geteuid() != 0:                    # root reads a mode-0 file
+        locked = tmp_path / "locked.cu"
+        locked.write_text("// a kernel\n")
+        locked.chmod(0)
+        unreadable.append(locked)
+    rc = A.run_cli(p.parse_args([str(missing), *map(str, unreadable), "--arch", "sm_90a"]))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and len(out) == 1 + len(unreadable), out
+    assert out[0] == f"{missing}: MISSING - no such file: {missing}"
+    assert "ptxas" not in "".join(out)
+    for line, f in zip(out[1:], unreadable):
+        assert line.startswith(f"{f}: UNREADABLE - cannot read {f}: "), line
+    assert out[1].endswith("Is a directory")
+    if len(unreadable) > 1:
+        assert out[2].endswith("Permission denied")
+    res = A.audit_file(missing)
+    assert res.verdict == "missing" and not res.ok and str(missing) in res.reasons[0]

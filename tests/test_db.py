@@ -251,3 +251,56 @@ def test_concurrent_writers(tmp_path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     with ResultsDB(path) as db:
         assert db.count() == 60
+
+
+def _foreign_files(tmp_path):
+    """(file, what the error says) for each kind of file a results DB path may hold by mistake."""
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite" * 100)
+    truncated = tmp_path / "truncated.db"          # an SQLite header, then nothing usable
+    truncated.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    other = tmp_path / "other.db"                  # someone else's SQLite DB (rollback journal)
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+    con.execute("INSERT INTO notes (text) VALUES ('keep me')")
+    con.commit()
+    con.close()
+    lookalike = tmp_path / "lookalike.db"          # has schema_version, lacks our tables
+    con = sqlite3.connect(lookalike)
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied TEXT NOT NULL)")
+    con.execute("INSERT INTO schema_version VALUES (1, 'x')")
+    con.commit()
+    con.close()
+    newer = tmp_path / "newer.db"                  # a results DB of a newer cudal2
+    ResultsDB(newer).close()
+    con = sqlite3.connect(newer)
+    con.execute("INSERT INTO schema_version VALUES (?, 'future')", (SCHEMA_VERSION + 1,))
+    con.commit()
+    con.close()
+    return [(garbage, "not an SQLite file"), (truncated, "not a usable results DB"),
+            (other, "another schema, tables: notes"), (lookalike, "another schema"),
+            (newer, f"schema version {SCHEMA_VERSION + 1} is newer")]
+
+
+def test_a_foreign_or_corrupt_db_is_named_and_left_untouched(tmp_path):
+    """A non-SQLite file, a corrupt one, an SQLite file of another schema and a results DB of a
+    newer schema: each gives a DBError naming the file, and its bytes (and the folder: no -wal
+    or -shm files) are as they were, writable or read-only."""
+    for path, why in _foreign_files(tmp_path):
+        before = path.read_bytes()
+        siblings = sorted(p.name for p in tmp_path.iterdir())
+        for readonly in (False, True):
+            try:
+                ResultsDB(path, readonly=readonly).close()
+            except DBError as e:
+                assert str(path) in str(e), e
+                if not readonly:
+                    assert why in str(e), (path.name, str(e))
+            else:
+                assert readonly and path.name == "newer.db", path   # a newer DB reads as is
+        assert path.read_bytes() == before, f"{path.name} was modified"
+        assert sorted(p.name for p in tmp_path.iterdir()) == siblings, path.name
+    empty = tmp_path / "empty.db"                  # an empty file is a new DB
+    empty.write_bytes(b"")
+    ResultsDB(empty).close()
+    assert ResultsDB(empty, readonly=True).schema_version == SCHEMA_VERSION

@@ -213,6 +213,8 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     train(RLConfig(policy=str(small_policy), shapes=str(train_shapes), sample=0, steps=1, out=str(rl_out),
                    num_generations=2, prompts_per_step=1, jobs=2, export=False, timeout=300, seed=0,
                    launch_bound="keep"))
+    # the defaults keep the trained policy and no optimizer checkpoints
+    assert (rl_out / "policy").is_dir() and not (rl_out / "checkpoints").exists()
     rl_run = X.read_rl_run(rl_out / "log.jsonl")
     assert rl_run.shapes == {(256, 256, 512)} and rl_run.evaluations >= 1
     pool = tmp_path / "pool.csv"

@@ -38,7 +38,8 @@ def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
     out = tmp_path / "run"
     res = run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=2,
                        out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
-                       kernels_dir=str(kdir), timeout=300, seed=0, launch_bound="keep"))
+                       kernels_dir=str(kdir), timeout=300, seed=0, launch_bound="keep",
+                       save_checkpoints=True))
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     step_recs = [r for r in steps if r.get("type") == "step"]
     assert [r["step"] for r in step_recs] == [1, 2]
@@ -112,3 +113,20 @@ def test_the_main_job_shows_what_the_policy_wrote(tmp_path, capsys):
     (tmp_path / "kernels" / "64_64_64.cu").write_text("// best\n")
     _show_written(r, tmp_path)
     assert "// best" in capsys.readouterr().out
+
+
+def test_checkpoints_only_when_asked():
+    """A demo keeps its outputs and the final policy, not the optimizer state: trl saves
+    checkpoints only with --save-checkpoints or --resume (the end-to-end run with the defaults in
+    tests/test_rl_experiment.py checks the folder is absent)."""
+    import argparse
+    from cudal2_rl.config import RLConfig, add_arguments, from_args
+    from cudal2_rl.train import checkpoint_args
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    demo = from_args(p.parse_args("--steps 2 --sample 1 --num-generations 2 --out runs/demo".split()))
+    assert checkpoint_args(demo) == {"save_strategy": "no"}
+    asked = from_args(p.parse_args("--steps 2 --save-checkpoints".split()))
+    assert checkpoint_args(asked) == {"save_strategy": "steps", "save_steps": 2, "save_total_limit": 2}
+    assert checkpoint_args(RLConfig(steps=200, resume=True))["save_steps"] == 50
+    assert checkpoint_args(RLConfig(steps=200, save_checkpoints=True, save_steps=7))["save_steps"] == 7

@@ -166,7 +166,7 @@ def classify_symbol(name: str) -> str | None:
 class AuditResult:
     name: str                      # file name or spec name, for reports
     ok: bool                       # accepted
-    verdict: str                   # "ok" | "rejected" | "build_error" | "load_crashed" | "load_timeout" | "error"
+    verdict: str                   # "ok" | "rejected" | "build_error" | "load_crashed" | "load_timeout" | "error" | "missing" | "unreadable"
     reasons: list[str] = field(default_factory=list)    # why rejected (empty when ok)
     notes: list[str] = field(default_factory=list)      # facts that are not rejections
     imports: list[str] = field(default_factory=list)
@@ -188,6 +188,8 @@ class AuditResult:
         stats = f"regs={regs} smem={smem} spills={spills}" if self.resources else "no ptxas stats"
         why = "; ".join(self.reasons) if self.reasons else (self.meta.get("acc", "") and
                                                             f"acc={self.meta.get('acc')} layout={self.meta.get('layout')}")
+        if self.verdict in ("missing", "unreadable"):    # nothing was built: the file is the news
+            return f"{self.name}: {self.verdict.upper()} - {why}"
         return f"{self.name}: {self.verdict.upper() if not self.ok else 'ok'} {stats}" + (f" - {why}" if why else "")
 
 
@@ -321,6 +323,58 @@ def check_binary(so_path: str | Path) -> tuple[list[str], list[str], list[str], 
     return reasons, notes, imports, needed
 
 
+# ---- exports: nothing but the ABI -------------------------------------------------------------
+ABI_EXPORTS = frozenset({"cudal2_hgemm", "cudal2_meta", "cudal2_workspace"})
+# Namespaces of the libraries the worker and cudal2.matmul run beside: a kernel has no business
+# defining a function there (it could stand in for theirs wherever symbols resolve globally).
+_FOREIGN_NAMESPACES = ("__cxxabiv1", "__gnu_cxx", "at", "c10", "torch", "caffe2", "pybind11", "cuda",
+                       "cub", "thrust", "cutlass", "cute", "nvrtc")
+_FOREIGN_NAMESPACE_RE = re.compile(                          # std:: and its abbreviations, then
+    r"^_ZN?K?(St|Sa|Sb|Ss|Si|So|Sd|"                         # <length><name> of the others
+    + "|".join(f"{len(n)}{n}" for n in _FOREIGN_NAMESPACES) + ")")
+_DYNSYM_RE = re.compile(r"^\s*\d+:\s+[0-9a-fA-F]+\s+\d+\s+(\w+)\s+(\w+)\s+\w+\s+(\w+)\s+(\S+)")
+
+
+def exported_symbols(so_path: str | Path) -> list[tuple[str, str, str]]:
+    """(name, type, binding) of every symbol the .so defines in its dynamic table (readelf
+    --dyn-syms: FUNC/OBJECT/IFUNC..., GLOBAL/WEAK/UNIQUE), version suffix stripped."""
+    out = subprocess.run([_tool("readelf"), "-W", "--dyn-syms", str(so_path)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    syms = []
+    for line in out.splitlines():
+        m = _DYNSYM_RE.match(line)
+        if m and m.group(3) != "UND" and m.group(1) not in ("SECTION", "FILE", "NOTYPE") \
+                and m.group(2) != "LOCAL":
+            syms.append((m.group(4).split("@")[0], m.group(1), m.group(2)))
+    return syms
+
+
+def check_exports(exports: list[tuple[str, str, str]]) -> list[str]:
+    """A kernel library exports nothing but the ABI's entry points. What the compiler emits in
+    every library is allowed: weak or unique C++ (mangled) symbols, the vague-linkage copies of
+    header templates and inline functions and variables (CUTLASS, libcu++, libstdc++); and the
+    kernel's own mangled helpers, outside other libraries' namespaces. Rejected: any other
+    C-linkage name (a C-linkage name is where every CUDA, driver and libc function lives: an
+    exported cudaEventElapsedTime, say, would stand in for the runtime's) and C++ functions
+    defined in std, at, c10, torch, cuda, cutlass... (docs/harness.md, rule 7)."""
+    c_names, foreign = [], []
+    for name, typ, bind in exports:
+        if name in ABI_EXPORTS:
+            continue
+        if not name.startswith("_Z"):
+            c_names.append(name)
+        elif bind == "GLOBAL" and typ in ("FUNC", "IFUNC") and _FOREIGN_NAMESPACE_RE.match(name):
+            foreign.append(name)
+    reasons = []
+    if c_names:
+        reasons.append(f"exports unmangled symbols outside the ABI (C-linkage functions or global variables: make them static): "
+                       f"{', '.join(sorted(c_names)[:6])}{' ...' if len(c_names) > 6 else ''}")
+    if foreign:
+        reasons.append(f"defines functions in another library's namespace: "
+                       f"{', '.join(sorted(foreign)[:3])}{' ...' if len(foreign) > 3 else ''}")
+    return reasons
+
+
 # ---- PTX accumulator rule ----------------------------------------------------------------------
 _MMA_RE = re.compile(r"\b(mma\.sync\.aligned\.[\w.]+|wgmma\.mma_async\.[\w.]+|wmma\.mma\.sync\.[\w.]+)")
 _F16IN = ("f16", "bf16")
@@ -414,6 +468,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
     r, n, res.imports, res.needed = check_binary(build_result.so_path)
     res.reasons += r
     res.notes += n
+    res.reasons += check_exports(exported_symbols(build_result.so_path))
     if meta is None:
         out = probe_meta(build_result.so_path, pool=pool, timeout_s=probe_timeout_s)
         res.load = {"status": out.status, "detail": out.detail, "seconds": round(out.seconds, 3)}
@@ -461,8 +516,12 @@ def audit_file(path: str | Path, arch: str = "sm_90a", *, pool=None) -> AuditRes
     path = Path(path)
     try:
         data = path.read_bytes()
-    except OSError as e:
-        return AuditResult(name=str(path), ok=False, verdict="error", reasons=[f"cannot read: {e}"])
+    except FileNotFoundError:
+        return AuditResult(name=str(path), ok=False, verdict="missing",
+                           reasons=[f"no such file: {path}"])
+    except OSError as e:                # permission, a directory, an I/O error
+        return AuditResult(name=str(path), ok=False, verdict="unreadable",
+                           reasons=[f"cannot read {path}: {e.strerror or e}"])
     try:
         source = data.decode("utf-8")
     except UnicodeDecodeError as e:

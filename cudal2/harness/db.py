@@ -119,6 +119,54 @@ class DBError(RuntimeError):
     """The DB file cannot be used (newer schema, not a results DB)."""
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _check_schema(con: sqlite3.Connection, path: Path) -> None:
+    """DBError unless `con` holds a results DB's tables."""
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "schema_version" not in tables or not {"sources", "evaluations"} <= tables:
+        raise DBError(f"{path}: not a usable results DB (an SQLite file of another schema, "
+                      f"tables: {', '.join(sorted(tables)[:8]) or 'none'}); left as it is")
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Raise DBError, before anything opens `path` for writing, when the file is not ours to
+    write: not an SQLite file, an SQLite file of another schema, or a results DB of a newer
+    schema. Opening it writable would change it (WAL mode rewrites the header, the migrations
+    add tables), so the checks read it only (an empty file or an SQLite file without tables is
+    a new DB)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise DBError(f"{path}: cannot read the results DB ({e.strerror or e})") from None
+    if not head:
+        return
+    if head != _SQLITE_MAGIC:
+        raise DBError(f"{path}: not a usable results DB (not an SQLite file); left as it is")
+    live = Path(f"{path}-wal").exists()
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if live else "&immutable=1")
+    try:
+        con = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as e:
+        raise DBError(f"{path}: not a usable results DB ({e}); left as it is") from None
+    try:
+        if not con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            return
+        _check_schema(con, path)
+        have = con.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+    except sqlite3.Error as e:
+        raise DBError(f"{path}: not a usable results DB ({e}); left as it is") from None
+    finally:
+        con.close()
+    if have > SCHEMA_VERSION:
+        raise DBError(f"{path}: schema version {have} is newer than this cudal2 "
+                      f"({SCHEMA_VERSION}); upgrade cudal2 (the file is left as it is)")
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
@@ -149,12 +197,17 @@ class ResultsDB:
                                              check_same_thread=False, isolation_level=None)
             self._conn.row_factory = sqlite3.Row
             try:
+                _check_schema(self._conn, self.path)
                 self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
             except sqlite3.DatabaseError as e:
                 self._conn.close()
                 raise DBError(f"{path}: not a usable results DB ({e})") from None
+            except DBError:
+                self._conn.close()
+                raise
             return
         if str(path) != ":memory:":
+            _refuse_foreign(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), timeout=timeout, check_same_thread=False,
                                      isolation_level=None)     # explicit transactions below

@@ -39,6 +39,7 @@ from cudal2.core.abi import load_library
 from cudal2.core.vocab import WIN_MARGIN
 from cudal2.harness import bounds, check
 from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
+from cudal2.harness.callguard import Guard
 from cudal2.harness.e2e import KINDS, E2EConfig, HostBackend, measure_e2e
 from cudal2.harness.timing import TimingConfig, gpu_env, run_schedule
 from cudal2.harness.worker import mark_poisoned
@@ -436,6 +437,39 @@ def _candidate_launch(lib, layout: str, M: int, N: int, K: int, opts, ws):
     return fn
 
 
+@contextmanager
+def _guarded(guard):
+    """Arm the call guard (if preloaded) around a call into the kernel library."""
+    if guard is None:
+        yield
+    else:
+        with guard.armed():
+            yield
+
+
+def _guarded_launch(guard, launch):
+    """The correctness suite's calls run armed: the kernel's first calls on a GPU, with fresh
+    inputs each. Timed calls run disarmed, so the guard costs the timing nothing."""
+    if guard is None:
+        return launch
+
+    def armed_launch(ops) -> int:
+        with guard.armed():
+            return launch(ops)
+    return armed_launch
+
+
+def call_record(guard) -> dict:
+    """What the call guard saw: every runtime call by name with its count, what it refused."""
+    if guard is None:
+        return {"status": "off: the call guard is not preloaded in this worker"}
+    seen: dict[str, int] = {}
+    for name, _ in guard.calls():
+        seen[name] = seen.get(name, 0) + 1
+    return {"status": "on", "calls": seen, "calls_not_named": guard.dropped(),
+            "refused": sorted(set(guard.refused()))}
+
+
 def _so_launcher(lib, opts):
     """check.Launch for the correctness suite, passing the candidate's options."""
     import torch
@@ -513,25 +547,39 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
     results: list[dict | None] = [None] * len(requests)
     live: dict[str, tuple] = {}          # name -> (index, lib, meta, opts, ws, layout)
     acc_all = None
+    guard = Guard.active()              # preloaded by gpu_pool; None: the row says so
     for i, (so, r) in enumerate(zip(so_paths, requests)):
         done["current"] = i
-        lib, meta, opts = _load(so, dict(r.options))
+        if guard is not None:
+            guard.reset()
+        with _guarded(guard):
+            lib, meta, opts = _load(so, dict(r.options))
         declared, layout = meta["acc"], meta["layout"]
         acc = r.acc or declared
         base = {"acc": acc, "layout": layout, "meta": meta, "options": dict(r.options)}
         if acc == "f32" and declared == "f16":
             results[i] = _fail("wrong", "kernel declares an f16 accumulator; the request needs f32", **base)
             continue
-        ws_bytes = lib.workspace_bytes(M, N, K, opts)
+        with _guarded(guard):
+            ws_bytes = lib.workspace_bytes(M, N, K, opts)
         tile = tuple(meta["tile"])[:3] if meta.get("tile") else None
         div = meta.get("divisible")
         with _phase(phases, "correctness"):
-            report = check.check_kernel(_so_launcher(lib, opts), M, N, K, acc=acc, layout=layout,
+            report = check.check_kernel(_guarded_launch(guard, _so_launcher(lib, opts)), M, N, K,
+                                        acc=acc, layout=layout,
                                         ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
                                         tile=tile, seeds=r.seeds, device="cuda",
                                         divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
                                         workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts))
         base["correctness"] = report.to_dict()
+        base["call_guard"] = call_record(guard)
+        if base["call_guard"].get("refused"):
+            # refused before it reached the runtime: the context is intact, no poisoning
+            results[i] = _fail("audit_rejected", "the call guard refused "
+                               + ", ".join(base["call_guard"]["refused"][:6])
+                               + " during its first calls (forbidden by the ABI)", **base)
+            done[i] = results[i]
+            continue
         if report.launch_error is not None:
             results[i] = _poisoned(f"kernel returned cudaError {report.launch_error}", **base)
             done[i] = results[i]

@@ -36,7 +36,8 @@ log = logging.getLogger("cudal2.harness")
 
 # measure's status -> Evaluation status
 _MEASURE_STATUS = {"ok": T.OK, "wrong": T.WRONG, "too_fast": T.TOO_FAST,
-                   "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED, "error": T.ERROR}
+                   "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED, "error": T.ERROR,
+                   "audit_rejected": T.AUDIT_REJECTED}     # the call guard refused a call
 _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom": T.OOM}
 
 
@@ -148,8 +149,28 @@ def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1, spare: int 
     code cannot tamper with the next measurement); `spare` workers boot in the background so the
     next task does not wait for Python, torch and a CUDA context. Raise max_tasks for trusted
     kernels (our own templates) in screening."""
-    return WorkerPool(1, device=device, max_tasks=max_tasks, spare=spare,
+    return WorkerPool(1, device=device, max_tasks=max_tasks, spare=spare, env=_call_guard_env(),
                       preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline:_warm_cuda"))
+
+
+def _call_guard_env() -> dict | None:
+    """The GPU workers' environment with the call guard preloaded (cudal2/harness/callguard.c);
+    without a host C compiler the workers run without it and each measured row says so
+    (audit.call_guard). CUDAL2_CALL_GUARD=0 turns it off."""
+    import os
+    import subprocess
+
+    from cudal2.harness import callguard
+    if os.environ.get("CUDAL2_CALL_GUARD", "1") == "0":
+        return None
+    try:
+        shim = str(callguard.build())
+    except (callguard.CallGuardError, OSError, subprocess.SubprocessError) as exc:
+        log.warning("cudal2: GPU workers run without the call guard: %s", exc)
+        return None
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join([shim] + [p for p in env.get("LD_PRELOAD", "").split() if p])
+    return env
 
 
 # ---- build + audit ------------------------------------------------------------------------------
@@ -234,6 +255,8 @@ def _apply(ev: Evaluation, m: dict, gpu_model: str | None) -> Evaluation:
     ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
     ev.detail = str(m.get("detail") or "")
     ev.correctness = m.get("correctness") or ev.correctness or {}
+    if m.get("call_guard"):                 # the dynamic layer of the audit: what it saw
+        ev.audit = {**(ev.audit or {}), "call_guard": m["call_guard"]}
     ev.timings = m.get("timings") or {}
     ev.speedups = m.get("speedups") or {}
     ev.stats = m.get("stats") or {}

@@ -1,0 +1,161 @@
+"""The call guard: what a kernel library calls at run time, checked by behaviour, not by name.
+
+callguard.c is an LD_PRELOAD library for the GPU worker. While the worker's thread is armed
+(around every call into a kernel library), it records each CUDA runtime call the library makes,
+refuses the ones the ABI forbids (REFUSED: they return cudaErrorNotPermitted and never reach the
+runtime), and lets the driver entry-point door (cudaGetDriverEntryPoint*, cuGetProcAddress*)
+hand out only the driver functions on audit.ALLOWED_DRIVER_ENTRY_POINTS, whatever name the code
+assembled at run time. The static audit reads names; this sees calls.
+
+build() compiles it (the host C compiler, once per source and name lists, cached);
+Guard reads it in the process it was preloaded into.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from cudal2.core import knobs
+
+SOURCE = Path(__file__).with_name("callguard.c")
+DOORS = frozenset({"cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
+                   "cuGetProcAddress", "cuGetProcAddress_v2"})
+
+# The runtime calls a kernel library may not make during a call, with their per-thread-stream
+# spellings. Each is also rejected by the static audit when imported (tests check both agree);
+# here they are refused even when reached without an import (a pointer handed out by the door
+# or computed from one is not: the door itself is guarded).
+REFUSED = tuple(sorted({
+    # synchronisation
+    "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz",
+    "cudaEventSynchronize", "cudaThreadSynchronize", "cudaStreamQuery", "cudaStreamQuery_ptsz",
+    "cudaEventQuery",
+    # allocation and copies
+    "cudaMalloc", "cudaMallocAsync", "cudaMallocAsync_ptsz", "cudaMallocHost", "cudaHostAlloc",
+    "cudaMallocManaged", "cudaMallocPitch", "cudaMalloc3D", "cudaMallocArray",
+    "cudaMallocFromPoolAsync", "cudaFree", "cudaFreeAsync", "cudaFreeAsync_ptsz", "cudaFreeHost",
+    "cudaHostRegister", "cudaMemPoolCreate", "cudaMemcpy", "cudaMemcpyAsync",
+    "cudaMemcpyAsync_ptsz", "cudaMemcpy2D", "cudaMemcpy2DAsync", "cudaMemcpyToSymbol",
+    "cudaMemcpyFromSymbol", "cudaMemcpyToSymbolAsync", "cudaMemcpyFromSymbolAsync",
+    "cudaMemcpyPeer", "cudaMemcpyPeerAsync", "cudaMemcpy3D", "cudaMemcpy3DAsync",
+    # streams, events, graphs, host functions, stream attributes
+    "cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority",
+    "cudaStreamDestroy", "cudaStreamWaitEvent", "cudaStreamWaitEvent_ptsz",
+    "cudaStreamSetAttribute", "cudaStreamSetAttribute_ptsz", "cudaStreamAddCallback",
+    "cudaStreamAddCallback_ptsz", "cudaStreamBeginCapture", "cudaStreamBeginCapture_ptsz",
+    "cudaStreamEndCapture", "cudaStreamEndCapture_ptsz", "cudaStreamAttachMemAsync",
+    "cudaEventCreate", "cudaEventCreateWithFlags", "cudaEventRecord", "cudaEventRecord_ptsz",
+    "cudaEventRecordWithFlags", "cudaEventDestroy", "cudaEventElapsedTime",
+    "cudaGraphCreate", "cudaGraphLaunch", "cudaGraphLaunch_ptsz", "cudaGraphInstantiate",
+    "cudaGraphInstantiateWithFlags", "cudaGraphDestroy", "cudaGraphExecDestroy",
+    "cudaLaunchHostFunc", "cudaLaunchHostFunc_ptsz",
+    # device state and limits
+    "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaDeviceSetSharedMemConfig",
+    "cudaDeviceReset", "cudaSetDevice", "cudaDeviceSetMemPool", "cudaCtxResetPersistingL2Cache",
+    # pointers to code or data by symbol: the same class as the door
+    "cudaGetFuncBySymbol", "cudaGetSymbolAddress",
+}))
+
+
+def recorded_calls() -> tuple[str, ...]:
+    """The allowed runtime calls, recorded and passed on: the audit's runtime allowlist
+    (the door has its own wrappers)."""
+    from cudal2.harness.audit import _CUDART_ALLOWED
+    return tuple(sorted(set(_CUDART_ALLOWED) - DOORS))
+
+
+def header() -> str:
+    """The name lists callguard.c is compiled with."""
+    from cudal2.harness.audit import ALLOWED_DRIVER_ENTRY_POINTS
+    rec = " ".join(f"X({n})" for n in recorded_calls())
+    ref = " ".join(f"X({n})" for n in REFUSED)
+    eps = ", ".join(f'"{n}"' for n in sorted(ALLOWED_DRIVER_ENTRY_POINTS))
+    return (f"#define CUDAL2_RECORDED(X) {rec}\n#define CUDAL2_REFUSED(X) {ref}\n"
+            f"#define CUDAL2_ENTRY_POINTS {eps}, 0\n")
+
+
+class CallGuardError(RuntimeError):
+    """The call guard could not be built (no host C compiler, a compile error)."""
+
+
+def build(cache: Path | None = None) -> Path:
+    """libcudal2_callguard.so, compiled once per source and name lists with the host C
+    compiler (cc/gcc/clang) into the cudal2 cache."""
+    text, hdr = SOURCE.read_text(), header()
+    key = hashlib.sha256((text + "\0" + hdr).encode()).hexdigest()[:16]
+    out_dir = (cache or knobs.cache_dir()) / "callguard" / key
+    so = out_dir / "libcudal2_callguard.so"
+    if so.is_file():
+        return so
+    cc = next((shutil.which(c) for c in (os.environ.get("CC", ""), "cc", "gcc", "clang")
+               if c and shutil.which(c)), None)
+    if cc is None:
+        raise CallGuardError("the call guard needs a host C compiler (cc, gcc or clang)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "callguard_names.h").write_text(hdr)
+    tmp = out_dir / f".{os.getpid()}.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-std=gnu11", "-include",
+                        str(out_dir / "callguard_names.h"), "-o", str(tmp), str(SOURCE), "-ldl"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise CallGuardError(f"building {SOURCE.name} failed: {r.stderr[-2000:]}")
+    os.replace(tmp, so)
+    return so
+
+
+class Guard:
+    """The preloaded call guard of this process (None from `active()` when not preloaded)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        lib.cudal2_guard_name.restype = ctypes.c_char_p
+        lib.cudal2_guard_name.argtypes = [ctypes.c_int]
+        lib.cudal2_guard_refused.argtypes = [ctypes.c_int]
+        lib.cudal2_guard_arm.argtypes = [ctypes.c_int]
+        lib.cudal2_guard_refused_name.restype = ctypes.c_char_p
+        lib.cudal2_guard_refused_name.argtypes = [ctypes.c_int]
+
+    @classmethod
+    def active(cls) -> "Guard | None":
+        try:
+            lib = ctypes.CDLL(None)
+            lib.cudal2_guard_arm            # noqa: B018 - present only when preloaded
+        except (OSError, AttributeError):
+            return None
+        return cls(lib)
+
+    @contextlib.contextmanager
+    def armed(self):
+        """Record (and police) the calling thread's CUDA calls inside the block."""
+        self._lib.cudal2_guard_arm(1)
+        try:
+            yield self
+        finally:
+            self._lib.cudal2_guard_arm(0)
+
+    def reset(self) -> None:
+        self._lib.cudal2_guard_reset()
+
+    def calls(self) -> list[tuple[str, bool]]:
+        """(name, refused) of every call recorded since the last reset, in order; a door
+        request reads 'cudaGetDriverEntryPoint:cuTensorMapEncodeTiled'."""
+        n = self._lib.cudal2_guard_count()
+        return [(self._lib.cudal2_guard_name(i).decode(errors="replace"),
+                 bool(self._lib.cudal2_guard_refused(i))) for i in range(n)]
+
+    def refused(self) -> list[str]:
+        """Every refused call since the last reset, in order (a log of its own: however many
+        allowed calls came first; the first 256 by name, the rest as a count)."""
+        n = self._lib.cudal2_guard_refused_count()
+        names = [self._lib.cudal2_guard_refused_name(i).decode(errors="replace")
+                 for i in range(min(n, 256))]
+        return names + ([f"... {n - 256} more"] if n > 256 else [])
+
+    def dropped(self) -> int:
+        """Calls past the log's capacity (4096 since the last reset): counted, not named."""
+        return self._lib.cudal2_guard_dropped()
