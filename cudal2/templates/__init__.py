@@ -26,3 +26,4 @@ from cudal2.templates import mma as _mma  # noqa: F401  (mma and ptx)
 from cudal2.templates import cutlass_sm90 as _cutlass_sm90  # noqa: F401
 from cudal2.templates import wgmma as _wgmma  # noqa: F401
 from cudal2.templates.wgmma import WGMMA_OPTIONS, _wgmma_smem_bytes, wgmma_option_space  # noqa: F401
+from cudal2.templates import lowlat as _lowlat  # noqa: F401  (low-latency family)
