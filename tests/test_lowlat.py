@@ -187,7 +187,7 @@ def test_meta_and_argument_checks(cfg, arch, prebuilt):
     p = cfg.as_dict()
     rc = p["LAYOUT"] == "RC"
     assert m == lib.meta and abi_version(m) == 1
-    assert m["style"] == "lowlat" and m["family"] == cfg.family and m["arch"] == arch
+    assert m["style"] == m["family"] == cfg.family == FAMILIES[cfg.family].style and m["arch"] == arch
     assert m["acc"] == "f32" and m["layout"] == p["LAYOUT"] and m["params"] == p
     assert m["tile"] == [p["BM"], p["BN"], p["BK"]] and m["any_shape"] is True
     assert m["divisible"] == [1, 1 if rc else 8, 8] and m["workspace_bytes"] == 0

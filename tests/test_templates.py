@@ -43,7 +43,7 @@ def test_families_and_their_headers():
     assert {"mma", "ptx", "cutlass_sm90", "wgmma", "lowlat"} <= set(FAMILIES)
     assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
     assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",) == FAMILIES["wgmma"].arches
-    assert {"mma", "ptx", "cutlass", "wgmma", "lowlat"} <= {f.style for f in FAMILIES.values()}
+    assert {"mma", "ptx", "cutlass", "wgmma", "lowlat", "lowlat_mma"} <= {f.style for f in FAMILIES.values()}
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
         assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())

@@ -162,19 +162,20 @@ class Family:
     def valid(self, config: KernelConfig, arch: str | None = None) -> bool:
         return not self.problems(config, arch)
 
-    def accepts(self, config: KernelConfig, M: int, N: int, K: int) -> bool:
+    def accepts(self, config: KernelConfig, M: int, N: int, K: int, *, checked: bool = False) -> bool:
         """Whether a (valid) config computes C[M,N] = A[M,K] @ B for this shape (dense, aligned
-        operands with ld == the logical width: what dispatch hands it)."""
-        if min(M, N, K) < 0 or not self.valid(config):
+        operands with ld == the logical width: what dispatch hands it). checked=True: the
+        caller has validated the config already (a planner over an enumerated space)."""
+        if min(M, N, K) < 0 or not (checked or self.valid(config)):
             return False
         return self._accepts(config.as_dict(), M, N, K)
 
-    def serves(self, config: KernelConfig, M: int, N: int, K: int) -> bool:
+    def serves(self, config: KernelConfig, M: int, N: int, K: int, *, checked: bool = False) -> bool:
         """Whether the harness and the dispatcher will let this config serve the shape: it
         accepts it, and (the ABI, docs/abi.md) a kernel that does not claim any_shape is served
         only multiples of its tile."""
         p = config.as_dict()
-        return self.accepts(config, M, N, K) and meta_accepts(
+        return self.accepts(config, M, N, K, checked=checked) and meta_accepts(
             {"any_shape": self.any_shape, "tile": [p["BM"], p["BN"], p["BK"]]}, M, N, K)
 
     # -- runtime options (kernel ABI 2): values one build serves without a rebuild
@@ -236,7 +237,9 @@ class Family:
         only. Raises ValueError for an invalid config (an invalid config has no name)."""
         _check(self, config)
         p = config.as_dict()
-        head = [self.name, self.arches[0].replace("_", ""), str(p.get("ACC", "f32")),
+        # the first arch the config builds for (a family may claim sm_80 for some configs only)
+        arch = next((a for a in self.arches if not self.problems(config, a)), self.arches[0])
+        head = [self.name, arch.replace("_", ""), str(p.get("ACC", "f32")),
                 str(p.get("LAYOUT", "RR"))]
         name = "_".join(head + [self._name(p)]).lower()
         if not re.fullmatch(r"[a-z0-9_]+", name):

@@ -60,13 +60,13 @@ def _name(p: dict) -> str:
 
 
 # Two families over one header, so that each issues one tensor-core instruction (the cost model
-# prices a family by its instruction's ceiling): lowlat (wgmma, BM 64/128, sm_90a) and
+# prices a style, which is the family's name, by its instruction's ceiling): lowlat (wgmma, BM 64/128, sm_90a) and
 # lowlat_mma (mma.sync, BM 16/32, sm_80 and sm_90a).
-_COMMON = dict(header="lowlat_hgemm.cuh", style="lowlat", flags=(), _problems=_problems,
+_COMMON = dict(header="lowlat_hgemm.cuh", flags=(), _problems=_problems,
                _accepts=_accepts, _name=_name, _fixed={"ACC": ("f32",), "LAYOUT": ("RR", "RC")})
 _DEFAULT = dict(BM=64, BN=128, BK=64, STAGES=3, ACC="f32", LAYOUT="RR")
 _register(Family(
-    name="lowlat", arches=("sm_90a",), instruction="wgmma",
+    name="lowlat", arches=("sm_90a",), instruction="wgmma", style="lowlat",
     description="low-latency kernel for launch-bound shapes: one tile per CTA, plain grid, no "
                 "cluster, no tensor maps (cp.async into wgmma's 128-byte-swizzled layout), 2-4 "
                 "stages, wgmma m64nBNk16, register epilogue with 16-byte stores; K % 8 == 0 and "
@@ -76,7 +76,7 @@ _register(Family(
                {**_DEFAULT, "BM": 128}), **_COMMON))
 _SKINNY = dict(_DEFAULT, BM=32)
 _register(Family(
-    name="lowlat_mma", arches=("sm_80", "sm_90a"), instruction="mma.sync",
+    name="lowlat_mma", arches=("sm_80", "sm_90a"), instruction="mma.sync", style="lowlat_mma",
     description="the low-latency kernel for tiles of 16 or 32 rows: mma.sync m16n8k16 from "
                 "padded shared memory (cp.async, ldmatrix), BN/32 warps; K % 8 == 0 and (RR) "
                 "N % 8 == 0",

@@ -469,13 +469,14 @@ static const char* arch_name() {
 static const char* build_meta() {
   static char buf[1024];
   snprintf(buf, sizeof(buf),
-           "{\"style\": \"lowlat\", \"family\": \"%s\", \"arch\": \"%s\", \"acc\": \"f32\", "
+           "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"acc\": \"f32\", "
            "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"any_shape\": true, "
            "\"divisible\": [1, %d, 8], \"workspace_bytes\": 0, \"threads\": %d, \"stages\": %d, "
            "\"smem_bytes\": %d, \"cluster\": [1, 1, 1], \"instruction\": \"%s\", "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"STAGES\": %d, \"ACC\": \"f32\", "
            "\"LAYOUT\": \"%s\"}}",
-           CUDAL2_LL_WGMMA ? "lowlat" : "lowlat_mma", arch_name(), LAYOUT_RC ? "RC" : "RR", BM, BN, BK,
+           CUDAL2_LL_WGMMA ? "lowlat" : "lowlat_mma", CUDAL2_LL_WGMMA ? "lowlat" : "lowlat_mma",
+           arch_name(), LAYOUT_RC ? "RC" : "RR", BM, BN, BK,
            LAYOUT_RC ? 1 : 8, kThreads, STAGES, (int)kSmemBytes,
            CUDAL2_LL_WGMMA ? "wgmma" : "mma.sync", BM, BN, BK, STAGES, LAYOUT_RC ? "RC" : "RR");
   return buf;
