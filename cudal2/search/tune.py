@@ -164,7 +164,10 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     by_source: dict[str, Candidate] = {}
     per_shape: dict[Shape, list[Candidate]] = {}
     pairs = evaluations = 0
-    spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
+    # valid on every arch the family claims (what instantiate() checks), so that `serves` below
+    # may skip re-validating each config for each shape
+    spaces = [(fam, [c for c in enumerate_space(fam, arch=arch, acc=acc, layout=layout) if fam.valid(c)])
+              for fam in fams]
     src_of: dict[Any, str] = {}
     metas: dict[Any, dict] = {}
     option_spaces: dict[Any, list[dict]] = {}
