@@ -40,10 +40,10 @@ def test_config_is_sorted_frozen_and_hashable():
 
 
 def test_families_and_their_headers():
-    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90", "wgmma"}
+    assert {"mma", "ptx", "cutlass_sm90", "wgmma", "lowlat"} <= set(FAMILIES)
     assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
     assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",) == FAMILIES["wgmma"].arches
-    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass", "wgmma"}
+    assert {"mma", "ptx", "cutlass", "wgmma", "lowlat", "lowlat_mma"} <= {f.style for f in FAMILIES.values()}
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
         assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())
@@ -568,10 +568,10 @@ def test_reference_kernels_through_the_cli(tmp_path, capsys):
     from cudal2.cli import main
     assert main(["templates", "--defaults", str(tmp_path)]) == 0
     written = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
-    want = {str(tmp_path / f"{f.name}_{i}.cu") for f in FAMILIES.values() for i in range(len(f.defaults()))}
+    want = {str(tmp_path / f"{c.name()}.cu") for f in FAMILIES.values() for c in f.defaults()}
     assert written == want
     for fam in FAMILIES.values():
-        files = sorted(str(p) for p in tmp_path.glob(f"{fam.name}_[0-9]*.cu"))
+        files = sorted(str(tmp_path / f"{c.name()}.cu") for c in fam.defaults())
         for arch in fam.arches:
             assert main(["build", *files, "--arch", arch, "--json"]) == 0
             rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -798,3 +798,25 @@ def test_defaults_pass_the_harness_audit(cfg):
     r = _build(cfg, "sm_90a")
     res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
     assert res.ok, res.reasons
+
+
+def test_config_names_are_canonical_file_names():
+    """Every family's configs have a name that encodes the config, is file-name safe and is
+    one per config (the defaults and a sample of each space), and an invalid config has none."""
+    import itertools
+    import re
+    seen = {}
+    for fam in FAMILIES.values():
+        cfgs = list(fam.defaults())
+        space = fam.space()
+        for combo in itertools.islice(itertools.product(*space.values()), 0, 4000, 7):
+            c = fam.default().with_(**dict(zip(space, combo)))
+            if fam.valid(c):
+                cfgs.append(c)
+        for c in cfgs:
+            n = c.name()
+            assert re.fullmatch(r"[a-z0-9_]+", n) and n.startswith(fam.name + "_"), n
+            assert seen.setdefault(n, c) == c, (n, c, seen[n])
+    assert FAMILIES["wgmma"].default().name() == "wgmma_sm90a_f32_rr_128x256x64_s4_c2x1_g2_tma"
+    with pytest.raises(ValueError, match="BK"):
+        FAMILIES["wgmma"].default().with_(BK=32).name()

@@ -6,6 +6,7 @@ compiles real mma/ptx candidates with nvcc (marked compile).
 """
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,61 @@ def test_plan_times_the_highest_ceiling_instruction_on_every_shape():
     # an arch without wgmma families is unaffected
     a100 = tune.plan([skinny], "sm_80", limit_per_shape=4)
     assert {templates.FAMILIES[c.family].instruction for c in a100.per_shape[skinny]} == {"mma.sync"}
+
+
+class _CheapModel:
+    """SYNTHETIC: a deterministic stand-in for the cost model (a checksum of the config plus a
+    size term), fast enough to plan the stratified 100 over every family in a test. The rule
+    under test (per-family quotas, a least count, defaults packed) does not depend on the
+    model's values; the real prior takes minutes for this plan."""
+
+    def __init__(self):
+        self._sums = {}    # id(meta) -> checksum: plan keeps one meta dict per config
+
+    def predict_us(self, meta, resources, shape, options=None):
+        import zlib
+        key = id(meta)
+        if key not in self._sums:
+            self._sums[key] = (meta, zlib.crc32(repr(sorted(meta.items())).encode()) % 1000 / 100.0)
+        return 3.0 + self._sums[key][1] + shape.M * shape.N * shape.K * 1e-9
+
+    def rank_options(self, meta, resources, shape, candidates):
+        first = next(iter(candidates))
+        return [(self.predict_us(meta, resources, shape), dict(first))]
+
+
+@pytest.mark.parametrize("layout", ["RR"])   # RC plans by the same rule: add it to check by hand
+def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
+    """The campaign's rule (prepare: per_family=2, limit_per_shape=8), planned without building
+    over shapes/stratified_100.csv: every family that serves a shape has builds for it, each
+    family's first default among them where it serves the shape (the wgmma 128x256 default
+    included), and at least 8 builds per shape where the families' spaces have 8."""
+    import inspect
+    from cudal2.runs import campaign
+    from cudal2.templates import FAMILIES
+    defaults = inspect.signature(campaign.prepare).parameters
+    quota, least = defaults["per_family"].default, defaults["limit_per_shape"].default
+    assert (quota, least) == (2, 8)
+    shapes = tune.read_shapes(Path(__file__).resolve().parents[1] / "shapes" / "stratified_100.csv")
+    assert len(shapes) == 100
+    arch = "sm_90a"
+    p = tune.plan(shapes, arch, limit_per_shape=least, per_family=quota, model=_CheapModel(),
+                  layout=layout, max_options=1)
+    spaces = {f.name: [c for c in tune.enumerate_space(f, arch=arch, layout=layout) if f.valid(c)]
+              for f in tune.families_for(arch)}
+    assert {"lowlat", "lowlat_mma", "wgmma", "cutlass_sm90", "mma"} <= set(spaces)
+    for s in shapes:
+        serving = {n: [c for c in cfgs if FAMILIES[n].serves(c, s.M, s.N, s.K, checked=True)]
+                   for n, cfgs in spaces.items()}
+        serving = {n: cfgs for n, cfgs in serving.items() if cfgs}
+        packed = p.per_shape[s]
+        assert {c.family for c in packed} == set(serving), (s, sorted(serving))
+        assert len(packed) >= min(least, sum(len(v) for v in serving.values())), s
+        for n in serving:
+            mine = [c.config for c in packed if c.family == n]
+            assert len(mine) >= min(quota, len(serving[n])), (s, n)
+            default = FAMILIES[n].default().with_(LAYOUT=layout)
+            if default in serving[n]:
+                assert default in mine, (s, n)
+    big = FAMILIES["wgmma"].default().with_(LAYOUT=layout)
+    assert big.get("BN") == 256 and any(c.config == big for c in p.candidates)

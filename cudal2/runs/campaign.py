@@ -102,7 +102,8 @@ def tuned_rows(arch: str, acc: str, layout: str, root=None) -> list:
             if (r.arch, r.acc, r.layout) == (arch, acc, layout)]
 
 
-def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 4,
+def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int | None = 8,
+            per_family: int | None = 2,
             jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
             order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
@@ -135,7 +136,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
     model = CostModel.default(arch=arch)
     p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
-             acc=acc, layout=layout)
+             acc=acc, layout=layout, per_family=per_family)
     log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
         f"({p.pairs} shape x candidate pairs) for {arch}, packing into {out}")
     rep = build_plan(p, jobs=jobs, progress=lambda r: log(
@@ -786,8 +787,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--out", required=True, help="pack folder to create (must be new or empty)")
     p.add_argument("--families", nargs="+", default=None)
-    p.add_argument("--limit-per-shape", type=int, default=4,
-                   help="candidates per shape, best first by the cost model (0 = all)")
+    p.add_argument("--limit-per-shape", type=int, default=8,
+                   help="candidates per shape at least (0 = all), filled best first by the cost model")
+    p.add_argument("--per-family", type=int, default=2,
+                   help="each family's best candidates per shape, its first default among them "
+                        "(0 = no quota: --limit-per-shape best overall)")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--acc", default="f32", choices=("f32", "f16"))
     p.add_argument("--layout", default=None, choices=("RR", "RC"),
@@ -840,6 +844,7 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.action == "prepare":
             prepare(args.shapes, args.arch, args.out, families=args.families,
                     limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
+                    per_family=args.per_family or None,
                     acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
                     max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
                     order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db)

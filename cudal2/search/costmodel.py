@@ -51,6 +51,21 @@ STYLE_EFF = {"cutlass": 0.80, "cutlass_sm90": 0.80, "ptx": 0.55, "mma": 0.50}
 # split-K alone for skinny deep-K shapes (predicted 11 us, measured 40 us).
 STYLE_EFF_BY_GPU = {"H100": {**STYLE_EFF, "ptx": 0.30, "mma": 0.28},
                     "H200": {**STYLE_EFF, "ptx": 0.30, "mma": 0.28}}
+# The low-latency families (cudal2/templates/lowlat.py): lowlat issues wgmma but waits for each
+# stage's wgmma before the next (no warp specialisation): 0.5 is a prior, not measured;
+# lowlat_mma issues mma.sync: the mma family's measured H100 ceiling.
+STYLE_EFF.update({"lowlat": 0.50, "lowlat_mma": 0.50})
+for _eff in STYLE_EFF_BY_GPU.values():
+    _eff.update({"lowlat": 0.50, "lowlat_mma": 0.28})
+# The fixed cost of a persistent TMA/cluster kernel (tensor maps encoded on the host per call,
+# cluster launch, barrier and scheduler set-up) over a plain one-tile-per-CTA launch. Measured
+# as a gap to cuBLAS, not to our own plain kernels: on the H100 campaign of 2026-11-23
+# (reports/NVIDIA_H100_80GB_HBM3/2026-11-23-campaign-s3-call2) every shape under 1e9 FLOP ran
+# +0.40 to +0.72 us (median +0.53) over cuBLAS's 3.36-6.04 us with CUTLASS/wgmma builds. The
+# styles below pay it; the others (one cudaLaunchKernel, no tensor map, like cuBLAS) do not,
+# which is a prior for lowlat/lowlat_mma until a GPU measures them.
+PERSISTENT_SETUP_US = 0.53
+PERSISTENT_STYLES = ("cutlass", "wgmma")
 MEM_EXPOSED = 0.6            # fraction of min(compute, memory) not hidden by the other (H100 campaign: see dram_bytes)
 BASELINE_EFF = 0.80          # "ideal cuBLAS": ~80% of peak (cuBLAS at 8192^3 bf16: 792-795 of 989 TFLOP/s)
 # wgmma tiles above a 128x128 tile's operand reuse (64, see _feed_eff) keep the tensor cores fed
@@ -401,6 +416,8 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     mem_us = moved / (gpu.tbps * 0.9 * 1e6)           # ~90% of DRAM peak is reachable
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
     # Main loop and DRAM traffic overlap only partly: MEM_EXPOSED of the shorter one stays exposed.
+    if f.style.startswith(PERSISTENT_STYLES):
+        extra_us += PERSISTENT_SETUP_US
     prior = (gpu.launch_us + extra_us + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
     intensity = 2.0 * M * N * K / bytes_moved

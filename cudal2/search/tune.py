@@ -167,35 +167,47 @@ class BuildPlan:
 
 def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
          limit_per_shape: int | None = None, model: CostModel | None = None,
-         acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS) -> BuildPlan:
+         acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS,
+         per_family: int | None = None) -> BuildPlan:
     """Candidates for every shape, deduplicated: one Candidate per distinct source, planned for
     one (accumulator, layout) target. Runtime options are not build parameters, so a build is
     planned once and carries, per shape it serves, the option combinations worth timing:
     all of them (after dropping combinations CUTLASS runs identically on that shape) when there
     are at most `max_options` (None: no cap), else the cost model's best `max_options`.
     With `limit_per_shape` each shape keeps its best configs by the cost model's prior, a
-    config scored by its best option combination."""
+    config scored by its best option combination. With `per_family` every family that serves a
+    shape gets that many of its own best configs (its first default among them when it serves
+    the shape), and `limit_per_shape` becomes the least a shape gets, filled with the best of the
+    rest: the prior's error is largest across families, so none is left untimed."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
     per_shape: dict[Shape, list[Candidate]] = {}
     pairs = evaluations = 0
-    spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
+    # valid on every arch the family claims (what instantiate() checks), so that `serves` below
+    # may skip re-validating each config for each shape
+    spaces = [(fam, [c for c in enumerate_space(fam, arch=arch, acc=acc, layout=layout) if fam.valid(c)])
+              for fam in fams]
     src_of: dict[Any, str] = {}
     metas: dict[Any, dict] = {}
     option_spaces: dict[Any, list[dict]] = {}
+    selecting = bool(limit_per_shape or per_family)
     for shape in shapes:
-        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.serves(c, shape.M, shape.N, shape.K)]
+        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs
+                   if fam.serves(c, shape.M, shape.N, shape.K, checked=True)]
         ranked: dict[Any, list[tuple[float, dict]]] = {}
         for fam, cfg in fitting:
             if cfg not in metas:
                 metas[cfg] = config_meta(cfg)
                 option_spaces[cfg] = fam.option_space(cfg)
-            if limit_per_shape or len(option_spaces[cfg]) > 1:
+            if selecting or len(option_spaces[cfg]) > 1:
                 ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[cfg])
             else:                                  # nothing to rank: one way to call it
                 ranked[cfg] = [(float("nan"), dict(option_spaces[cfg][0]))]
-        if limit_per_shape:
+        if per_family:
+            fitting = _pick_per_family(fitting, shape, model, per_family, limit_per_shape or 0,
+                                       src_of, times={cfg: r[0][0] for cfg, r in ranked.items()})
+        elif limit_per_shape:
             fitting = _pick(fitting, shape, model, limit_per_shape, src_of,
                             times={cfg: r[0][0] for cfg, r in ranked.items()})
         cands = []
@@ -248,6 +260,31 @@ def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_else
     if len(picked) >= 2 and all(INSTRUCTIONS.index(f.instruction) < top for f, _ in picked):
         picked[-1] = next(fc for fc in order if INSTRUCTIONS.index(fc[0].instruction) == top)
     return picked
+
+
+def _pick_per_family(fitting: list, shape: Shape, model: CostModel, quota: int, least: int,
+                     chosen_elsewhere, times: dict) -> list:
+    """Every family's best `quota` configs for the shape (by `_pick` within the family, so
+    near-tie spreading holds), its first default among them when it serves the shape (the
+    H100 campaign of 2026-11-23 never timed the wgmma 128x256 default: the prior ranked it
+    below smaller tiles everywhere), then the best of the rest until the shape has `least`;
+    best predicted first."""
+    by_family: dict[str, list] = {}
+    for fc in fitting:
+        by_family.setdefault(fc[0].name, []).append(fc)
+    picked = []
+    for group in by_family.values():
+        mine = _pick(group, shape, model, quota, chosen_elsewhere, times=times)
+        fam, some = group[0][0], group[0][1]
+        default = fam.default().with_(ACC=some.get("ACC"), LAYOUT=some.get("LAYOUT"))
+        served = next((fc for fc in group if fc[1] == default), None)
+        if served is not None and served not in mine:
+            mine = (mine[:-1] if len(mine) >= quota else mine) + [served]
+        picked += mine
+    if len(picked) < least:
+        rest = [fc for fc in fitting if fc not in picked]
+        picked += _pick(rest, shape, model, least - len(picked), chosen_elsewhere, times=times)
+    return sorted(picked, key=lambda fc: times[fc[1]])
 
 
 # --- the build farm ------------------------------------------------------------------------------

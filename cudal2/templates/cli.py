@@ -26,7 +26,7 @@ def configure_parser(parser) -> None:
                         help="rewrite the untuned seed rows of a generated_kernels/ store (default: "
                              "CUDAL2_KERNELS) from the current templates, then exit")
     parser.add_argument("--defaults", type=Path, default=None, metavar="DIR",
-                        help="write every family's default configs as DIR/<family>_<i>.cu, then exit "
+                        help="write every family's default configs as DIR/<config name>.cu, then exit "
                              "(the reference kernels: `cudal2 build DIR/*.cu --arch sm_90a`)")
 
 
@@ -41,8 +41,8 @@ def _write_defaults(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"writing the default configs of {', '.join(FAMILIES)} to {folder}", file=sys.stderr)
     for fam in FAMILIES.values():
-        for i, cfg in enumerate(fam.defaults()):
-            path = folder / f"{fam.name}_{i}.cu"
+        for cfg in fam.defaults():
+            path = folder / f"{cfg.name()}.cu"
             path.write_text(instantiate(cfg))
             print(f"{path}  {cfg.label()}  (arches {' '.join(fam.arches)})")
     return 0

@@ -1,0 +1,84 @@
+"""The lowlat and lowlat_mma families (lowlat_hgemm.cuh): a low-latency HGEMM for launch-bound shapes. One output
+tile per CTA on a plain grid (no cluster, no persistent scheduler, no tensor maps: cp.async loads,
+so the host does one cudaLaunchKernel per call), a 2-4 stage pipeline and a register epilogue;
+wgmma (sm_90a) for tiles of 64 or 128 rows, mma.sync (sm_80 and later) for 16 or 32. Its
+parameter space, static rules and the shapes it serves."""
+from __future__ import annotations
+
+from cudal2.templates.family import SMEM_LIMIT, Family, _register
+
+
+def lowlat_smem_bytes(p: dict) -> int:
+    """Dynamic shared memory of a lowlat config, as lowlat_hgemm.cuh computes kSmemBytes."""
+    BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    if BM >= 64:    # swizzled 128-byte rows, unpadded, plus 1 KiB to align the base
+        return S * (BM + BN) * BK * 2 + 1024
+    a = BM * (BK + 8)
+    b = BN * (BK + 8) if p["LAYOUT"] == "RC" else BK * (BN + 8)
+    return S * (a + b) * 2
+
+
+def lowlat_instruction(p: dict) -> str:
+    """The tensor-core instruction a config's main loop issues."""
+    return "wgmma" if p["BM"] >= 64 else "mma.sync"
+
+
+def _problems(family: Family, p: dict, arch: str | None) -> list[str]:
+    out = []
+    wgmma = family.instruction == "wgmma"
+    if p["BM"] in (16, 32, 64, 128) and (p["BM"] >= 64) != wgmma:
+        out.append(f"BM={p['BM']} belongs to {'lowlat' if p['BM'] >= 64 else 'lowlat_mma'} "
+                   f"({'wgmma' if p['BM'] >= 64 else 'mma.sync'}), not {family.name}")
+    if p["ACC"] != "f32":
+        out.append("the lowlat family implements fp32 accumulation only (ACC=f32)")
+    if p["BM"] not in (16, 32, 64, 128):
+        out.append(f"BM={p['BM']} must be 16 or 32 (mma.sync) or 64 or 128 (wgmma)")
+    if p["BN"] not in (64, 128):
+        out.append(f"BN={p['BN']} must be 64 or 128")
+    if p["BK"] != 64:
+        out.append(f"BK={p['BK']} must be 64 (one 128-byte swizzle atom)")
+    if not 2 <= p["STAGES"] <= 4:
+        out.append(f"STAGES={p['STAGES']} must be 2, 3 or 4 (a short prologue is the point)")
+    if out:
+        return out
+    smem = lowlat_smem_bytes(p)
+    for a in ([arch] if arch else family.arches):
+        if smem > SMEM_LIMIT[a]:
+            out.append(f"{smem} bytes of shared memory > {SMEM_LIMIT[a]} on {a}")
+    return out
+
+
+def _accepts(p: dict, M: int, N: int, K: int) -> bool:
+    # 16-byte cp.async chunks never straddle the matrix edge: K % 8, and N % 8 for RR (ldb = N).
+    # The meta's "divisible" says the same.
+    return K % 8 == 0 and (p["LAYOUT"] == "RC" or N % 8 == 0)
+
+
+def _name(p: dict) -> str:
+    """BMxBNxBK, stages, cluster (always 1x1)."""
+    return f"{p['BM']}x{p['BN']}x{p['BK']}_s{p['STAGES']}_c1x1"
+
+
+# Two families over one header, so that each issues one tensor-core instruction (the cost model
+# prices a style, which is the family's name, by its instruction's ceiling): lowlat (wgmma, BM 64/128, sm_90a) and
+# lowlat_mma (mma.sync, BM 16/32, sm_80 and sm_90a).
+_COMMON = dict(header="lowlat_hgemm.cuh", flags=(), _problems=_problems,
+               _accepts=_accepts, _name=_name, _fixed={"ACC": ("f32",), "LAYOUT": ("RR", "RC")})
+_DEFAULT = dict(BM=64, BN=128, BK=64, STAGES=3, ACC="f32", LAYOUT="RR")
+_register(Family(
+    name="lowlat", arches=("sm_90a",), instruction="wgmma", style="lowlat",
+    description="low-latency kernel for launch-bound shapes: one tile per CTA, plain grid, no "
+                "cluster, no tensor maps (cp.async into wgmma's 128-byte-swizzled layout), 2-4 "
+                "stages, wgmma m64nBNk16, register epilogue with 16-byte stores; K % 8 == 0 and "
+                "(RR) N % 8 == 0",
+    _space={"BM": (64, 128), "BN": (64, 128), "BK": (64,), "STAGES": (2, 3, 4)},
+    _defaults=(_DEFAULT, {**_DEFAULT, "LAYOUT": "RC"}, {**_DEFAULT, "BN": 64},
+               {**_DEFAULT, "BM": 128}), **_COMMON))
+_SKINNY = dict(_DEFAULT, BM=32)
+_register(Family(
+    name="lowlat_mma", arches=("sm_80", "sm_90a"), instruction="mma.sync", style="lowlat_mma",
+    description="the low-latency kernel for tiles of 16 or 32 rows: mma.sync m16n8k16 from "
+                "padded shared memory (cp.async, ldmatrix), BN/32 warps; K % 8 == 0 and (RR) "
+                "N % 8 == 0",
+    _space={"BM": (16, 32), "BN": (64, 128), "BK": (64,), "STAGES": (2, 3, 4)},
+    _defaults=(_SKINNY, {**_SKINNY, "LAYOUT": "RC"}, {**_SKINNY, "BM": 16, "BN": 64}), **_COMMON))

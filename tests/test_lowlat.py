@@ -1,0 +1,288 @@
+"""The low-latency families (cudal2/templates/lowlat_hgemm.cuh: lowlat = wgmma, lowlat_mma =
+mma.sync): config rules (unit); every instantiation of a covering set builds with zero spills,
+exports the ABI 1 symbols, holds HGMMA or HMMA in its SASS, needs no tensor map, passes the audit,
+and refuses bad arguments before any CUDA call (compile: nvcc, no GPU); correctness against
+torch on grid, residue, RC and small shapes (gpu)."""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from cudal2.templates import FAMILIES, SMEM_LIMIT, template_dir
+from cudal2.templates.lowlat import lowlat_smem_bytes
+
+LL, LLM = FAMILIES["lowlat"], FAMILIES["lowlat_mma"]
+INVALID_VALUE = 1   # cudaErrorInvalidValue
+
+
+# ---- the families and their rules (pure Python) -------------------------------------------
+def test_families_share_one_header_and_split_by_instruction():
+    assert LL.header == LLM.header == "lowlat_hgemm.cuh" and (template_dir() / LL.header).is_file()
+    assert LL.arches == ("sm_90a",) and LLM.arches == ("sm_80", "sm_90a")
+    assert LL.instruction == "wgmma" and LLM.instruction == "mma.sync"
+    assert set(LL.space()["BM"]) == {64, 128} and set(LLM.space()["BM"]) == {16, 32}
+    for fam in (LL, LLM):
+        for c in fam.defaults():
+            assert fam.problems(c) == [], c.label()
+    assert LL.default().name() == "lowlat_sm90a_f32_rr_64x128x64_s3_c1x1"
+    assert LLM.default().name() == "lowlat_mma_sm80_f32_rr_32x128x64_s3_c1x1"
+
+
+@pytest.mark.parametrize("fam,changes,why", [
+    ("lowlat", dict(BM=32), "belongs to lowlat_mma"),
+    ("lowlat_mma", dict(BM=64), "belongs to lowlat"),
+    ("lowlat", dict(BN=256), "BN"),
+    ("lowlat", dict(BK=128), "BK"),
+    ("lowlat", dict(STAGES=5), "STAGES"),
+    ("lowlat", dict(STAGES=1), "STAGES"),
+    ("lowlat", dict(ACC="f16"), "fp32"),
+    ("lowlat_mma", dict(BM=48), "BM"),
+])
+def test_bad_configs_are_rejected(fam, changes, why):
+    f = FAMILIES[fam]
+    bad = f.problems(f.default().with_(**changes))
+    assert bad and any(why in b for b in bad), bad
+
+
+def test_accepts_follows_the_16_byte_loads():
+    rr, rc = LL.default(), LL.default().with_(LAYOUT="RC")
+    assert LL.accepts(rr, 1, 8, 8) and LL.accepts(rr, 77, 136, 264)
+    assert not LL.accepts(rr, 64, 60, 64)     # RR: ldb = N must be a multiple of 8
+    assert LL.accepts(rc, 64, 60, 64)         # RC: N is a row count of B
+    assert not LL.accepts(rc, 64, 64, 60)     # K % 8 always
+    assert LL.serves(rr, 3, 8, 8)             # any M, no tile multiple needed
+
+
+def test_shared_memory_rule_matches_the_header_formula():
+    src = (template_dir() / LL.header).read_text()
+    assert "constexpr size_t kSmemBytes = (size_t)STAGES * (kAStage + kBStage) * sizeof(half)" in src
+    assert lowlat_smem_bytes(LL.default().as_dict()) == 3 * (64 + 128) * 64 * 2 + 1024
+    p = LLM.default().as_dict()   # 32 x 128, RR: A 32 x (64+8), B 64 x (128+8)
+    assert lowlat_smem_bytes(p) == 3 * (32 * 72 + 64 * 136) * 2
+    for fam in (LL, LLM):
+        for c in _space(fam):
+            assert lowlat_smem_bytes(c.as_dict()) <= SMEM_LIMIT["sm_90a"]
+
+
+def _space(fam):
+    from cudal2.search.tune import enumerate_space
+    return [c for lay in ("RR", "RC") for c in enumerate_space(fam, arch="sm_90a", acc="f32", layout=lay)]
+
+
+# ---- builds (nvcc, no GPU) ----------------------------------------------------------------
+def _instantiations() -> list:
+    """(config, arch): each family's defaults and, for every knob value and layout, one config
+    that has it; lowlat_mma's defaults also for sm_80. 14 builds of ~2-4 s. CUDAL2_LOWLAT_ALL=1: the whole
+    space of both families (48 configs, 72 builds)."""
+    out = []
+    for fam in (LL, LLM):
+        space = _space(fam)
+        cfgs = space if os.environ.get("CUDAL2_LOWLAT_ALL") else list(fam.defaults())
+        for knob, values in fam.choices().items():
+            for v in values:
+                if not any(c.get(knob) == v for c in cfgs):
+                    near = fam.default().with_(**{knob: v})
+                    cfgs.append(near if near in space else next(c for c in space if c.get(knob) == v))
+        # sm_80 (lowlat_mma only) runs the same source: its defaults cover the other arch
+        out += [(c, a) for c in cfgs for a in fam.arches
+                if a == "sm_90a" or c in fam.defaults() or os.environ.get("CUDAL2_LOWLAT_ALL")]
+    return out
+
+
+CASES = [pytest.param(c, a, id=f"{c.name()}-{a}") for c, a in _instantiations()]
+
+
+def _sass_cases() -> list:
+    """Disassembly costs ~4 s a build: one case per (family, arch) carries the SASS check (the
+    PTX check of every case pins the wgmma N)."""
+    seen, out = set(), []
+    for p in CASES:
+        cfg, arch = p.values
+        key = (cfg.family, arch)
+        if key not in seen or os.environ.get("CUDAL2_LOWLAT_ALL"):
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prebuilt():
+    """Every case built two at a time (one nvcc per core); the tests read the build cache."""
+    from cudal2.core.build import build_many
+    build_many([FAMILIES[p.values[0].family].build_spec(p.values[0], p.values[1]) for p in CASES], jobs=2)
+
+
+def _build(cfg, arch):
+    from cudal2.core.build import build
+    r = build(FAMILIES[cfg.family].build_spec(cfg, arch))
+    assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-4000:]}"
+    return r
+
+
+def _symbols(so_path, *flags) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", *flags, str(so_path)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_builds_without_spills(cfg, arch, prebuilt):
+    r = _build(cfg, arch)
+    assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
+    assert r.resources and max(x.stack_bytes for x in r.resources) == 0
+    assert {"cudal2_hgemm", "cudal2_meta"} <= _symbols(r.so_path, "--defined-only")
+    # one launch, no tensor map: the host imports neither the driver entry point nor a memset
+    imports = _symbols(r.so_path, "--undefined-only")
+    assert "cudaLaunchKernel" in imports
+    assert not {s for s in imports if "DriverEntryPoint" in s or "Memset" in s or "Malloc" in s}, imports
+    ptx = r.ptx_path.read_text()
+    assert "cp.async.bulk.tensor" not in ptx and "cluster" not in ptx and "mbarrier" not in ptx
+    assert "cp.async.cg.shared.global" in ptx
+    if cfg.family == "lowlat":
+        wgmma = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.(\w+)\.f16\.f16", ptx))
+        assert wgmma == {(f"m64n{cfg.get('BN')}k16", "f32")}, wgmma
+        assert "mma.sync" not in ptx
+    else:
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "wgmma" not in ptx
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", _sass_cases())
+def test_sass_holds_the_tensor_core_instruction(cfg, arch, prebuilt):
+    """lowlat runs HGMMA.64xBNx16.F32 and no HMMA; lowlat_mma runs HMMA.16816.F32 and no HGMMA."""
+    from test_wgmma import _cuobjdump
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (PATH, next to nvcc, or pip nvidia-cuda-cuobjdump)")
+    sass = subprocess.run([tool, "-sass", str(_build(cfg, arch).so_path)], capture_output=True, text=True).stdout
+    if "Function" not in sass:
+        pytest.skip(f"{tool} could not disassemble the {arch} cubin")
+    hgmma = set(re.findall(r"HGMMA\.64x(\d+)x16\.F32", sass))
+    hmma = set(re.findall(r"\bHMMA\.(\w+)\.F32", sass))
+    if cfg.family == "lowlat":
+        assert hgmma == {str(cfg.get("BN"))} and not hmma, (hgmma, hmma)
+    else:
+        assert hmma == {"16816"} and not hgmma, (hgmma, hmma)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_meta_and_argument_checks(cfg, arch, prebuilt):
+    """cudal2_meta and the launcher's argument checks run on the host before any CUDA call: no
+    GPU needed, and a refused call never launches."""
+    from cudal2.core.abi import abi_version, load_library, meta_accepts, parse_meta
+    r = _build(cfg, arch)
+    lib = load_library(r.so_path)
+    raw = ctypes.CDLL(str(r.so_path)).cudal2_meta
+    raw.restype = ctypes.c_char_p
+    m = parse_meta(raw().decode())
+    p = cfg.as_dict()
+    rc = p["LAYOUT"] == "RC"
+    assert m == lib.meta and abi_version(m) == 1
+    assert m["style"] == m["family"] == cfg.family == FAMILIES[cfg.family].style and m["arch"] == arch
+    assert m["acc"] == "f32" and m["layout"] == p["LAYOUT"] and m["params"] == p
+    assert m["tile"] == [p["BM"], p["BN"], p["BK"]] and m["any_shape"] is True
+    assert m["divisible"] == [1, 1 if rc else 8, 8] and m["workspace_bytes"] == 0
+    assert m["smem_bytes"] == lowlat_smem_bytes(p) and m["cluster"] == [1, 1, 1]
+    assert m["threads"] == (128 * p["BM"] // 64 if p["BM"] >= 64 else p["BN"] // 32 * 32)
+    for shape in ((64, 60, 64), (64, 64, 60), (3, 8, 8), (77, 136, 264)):
+        assert meta_accepts(m, *shape) == FAMILIES[cfg.family].accepts(cfg, *shape), shape
+
+    P = 1 << 20   # fake aligned addresses: every call below returns before touching them
+
+    def call(M, N, K, lda, ldb, ldc, a=P, b=P, c=P):
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, 0, 0, 0)
+    assert call(0, 64, 64, 64, 64, 64) == 0 and call(64, 0, 64, 64, 64, 64) == 0
+    assert call(-1, 64, 64, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, -1, 64, 64, 64) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 56) == INVALID_VALUE                  # ldc < N
+    assert call(64, 64, 64, 56, 64, 64) == INVALID_VALUE                  # lda < K
+    assert call(64, 96, 64, 64, 56 if rc else 88, 96) == INVALID_VALUE    # ldb too small
+    assert call(64, 64, 64, 72, 68, 64) == INVALID_VALUE                  # ldb % 8
+    assert call(64, 64, 64, 68, 64, 64) == INVALID_VALUE                  # lda % 8
+    assert call(64, 64, 60, 64, 64, 64) == INVALID_VALUE                  # K % 8
+    if not rc:
+        assert call(64, 60, 64, 64, 64, 60) == INVALID_VALUE              # RR: N % 8
+    assert call(64, 64, 64, 64, 64, 64, a=P + 2) == INVALID_VALUE         # 16-byte aligned A
+    assert call(64, 64, 64, 64, 64, 64, b=P + 8) == INVALID_VALUE         # and B
+    assert call(64, 64, 64, 64, 64, 64, a=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, c=0) == INVALID_VALUE
+    assert call(64, 64, 64, 64, 64, 64, c=P + 1) == INVALID_VALUE         # not even 2-byte aligned
+    assert call(65536 * p["BM"], 8, 8, 8, 8, 8) == INVALID_VALUE          # grid.y over 65535
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_passes_the_harness_audit(cfg, arch, prebuilt):
+    from cudal2.core.abi import load_library
+    from cudal2.harness.audit import audit_build
+    spec = FAMILIES[cfg.family].build_spec(cfg, arch)
+    r = _build(cfg, arch)
+    res = audit_build(spec.source, r, arch, name=cfg.label(), meta=load_library(r.so_path).meta)
+    assert res.ok, res.reasons
+    assert res.mma, "the audit saw no tensor-core instruction"
+
+
+# ---- correctness on a GPU -----------------------------------------------------------------
+# grid (many tiles), residues in M, N and K, skinny and single-row shapes, K == 0, empty output
+GPU_SHAPES = [(128, 256, 64), (256, 512, 128), (1000, 1000, 1000), (77, 136, 264), (1, 8, 8),
+              (3, 1024, 4096), (64, 8192, 64), (8192, 64, 128), (100, 1003, 72), (64, 64, 0),
+              (0, 64, 64), (63, 129, 257), (17, 40, 8)]
+
+
+def _run(torch, lib, M, N, K, *, lda=None, ldb=None, ldc=None, c_offset=0):
+    rc = lib.meta["layout"] == "RC"
+    lda, ldb, ldc = lda or max(K, 1), ldb or max(K if rc else N, 1), ldc or max(N, 1)
+    g = torch.Generator(device="cuda").manual_seed(M * 7919 + N * 131 + K)
+    b_rows = N if rc else K
+    a_store = (torch.rand(max(M, 1) * lda + 64, device="cuda", generator=g) * 2 - 1).half()
+    b_store = (torch.rand(max(b_rows, 1) * ldb + 64, device="cuda", generator=g) * 2 - 1).half()
+    A = a_store[:M * lda].view(M, lda)[:, :K]
+    Bm = b_store[:b_rows * ldb].view(b_rows, ldb)[:, :(K if rc else N)]
+    B = Bm.t() if rc else Bm
+    c_full = torch.full((max(M, 1) * ldc + 64 + c_offset,), -7.0, device="cuda", dtype=torch.float16)
+    c_store = c_full[c_offset:]
+    err = lib.launch(a_store.data_ptr(), b_store.data_ptr(), c_store.data_ptr(), M, N, K, lda, ldb,
+                     ldc, 0, 0, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert err == 0, f"{M}x{N}x{K}: cudal2_hgemm returned {err}"
+    if M == 0 or N == 0:
+        assert bool((c_full == -7.0).all())
+        return
+    C = c_store[:M * ldc].view(M, ldc)
+    ref = A.double() @ B.double() if K else torch.zeros(M, N, device="cuda", dtype=torch.float64)
+    tol = ref.abs() * 2.0 ** -10 + 2.0 ** -14 * (1 + math.sqrt(K))
+    bad = (C[:, :N].double() - ref).abs() > tol
+    assert not bool(bad.any()), f"{M}x{N}x{K}: {int(bad.sum())} elements off"
+    if ldc > N:
+        assert bool((C[:, N:] == -7.0).all()), "wrote into the padding of C"
+    assert bool((c_store[M * ldc:] == -7.0).all()), "wrote past the end of C"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_matches_torch(cfg, arch):
+    import torch
+    from cudal2.core.abi import load_library, meta_accepts
+    cap = torch.cuda.get_device_capability()
+    if arch == "sm_90a" and cap != (9, 0) or arch == "sm_80" and cap < (8, 0):
+        pytest.skip(f"{arch} build does not run on compute capability {cap}")
+    lib = load_library(_build(cfg, arch).so_path)
+    for M, N, K in GPU_SHAPES:
+        if meta_accepts(lib.meta, M, N, K):
+            _run(torch, lib, M, N, K)
+        else:
+            P = 1 << 20
+            assert lib.launch(P, P, P, M, N, K, max(K, 1), max(N, K, 1), max(N, 1), 0, 0, 0) == INVALID_VALUE
+    rc = lib.meta["layout"] == "RC"
+    _run(torch, lib, 200, 136, 72, lda=80, ldb=80 if rc else 144, ldc=144)   # padded lds
+    _run(torch, lib, 70, 72, 72, ldc=75, c_offset=1)                         # C not 16-byte aligned
