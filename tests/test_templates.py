@@ -449,7 +449,10 @@ def test_raw_kernels_meta_and_argument_checks(cfg, arch):
     assert m["params"] == p
     split = p["SPLITK"]
     assert m["workspace_per_mn"] == (4 * split if split > 1 else 0)
-    assert m["workspace_bytes"] == (4 * split * p["SPLITK_MAX_MN"] if split > 1 else 0)
+    # partial slabs for M*N <= SPLITK_MAX_MN plus one semaphore per tile (splitk_fixup.cuh)
+    X, tiles = p["SPLITK_MAX_MN"], p["SPLITK_MAX_MN"] // (p["BM"] * p["BN"]) + p["SPLITK_MAX_MN"] // min(p["BM"], p["BN"]) + 3
+    assert m["workspace_bytes"] == (-(-4 * split * X // 16) * 16 + 4 * tiles if split > 1 else 0)
+    assert m["workspace_zero_init"] is (split > 1)
     rc = p["LAYOUT"] == "RC"
     P = 1 << 20   # a fake, aligned address: every call below must return before touching it
     ws, wsb = (P, m["workspace_bytes"]) if split > 1 else (0, 0)
