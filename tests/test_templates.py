@@ -40,13 +40,14 @@ def test_config_is_sorted_frozen_and_hashable():
 
 
 def test_families_and_their_headers():
-    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90", "wgmma"}
+    assert set(FAMILIES) == {"mma", "ptx", "cutlass_sm90", "wgmma", "skinny"}
     assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
     assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",) == FAMILIES["wgmma"].arches
-    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass", "wgmma"}
+    assert {f.style for f in FAMILIES.values()} == {"mma", "ptx", "cutlass", "wgmma"}   # skinny: mma
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
-        assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())
+        required = {"LAYOUT"} if f.name == "skinny" else {"ACC", "LAYOUT"}   # skinny: f32 only
+        assert set(f.space()) <= set(f.choices()) and required <= set(f.choices())
         assert "ACC" not in f.space() and "LAYOUT" not in f.space()   # requirements, not knobs
         for a in f.arches:
             assert a in SMEM_LIMIT

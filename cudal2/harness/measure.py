@@ -486,7 +486,8 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
                                         tile=tile, seeds=r.seeds, device="cuda",
                                         divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
                                         workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts),
-                                        ws_zero_init=bool(meta.get("workspace_zero_init")))
+                                        ws_zero_init=bool(meta.get("workspace_zero_init")),
+                                        max_m=meta.get("max_m"))
         base["correctness"] = report.to_dict()
         if report.launch_error is not None:
             results[i] = _poisoned(f"kernel returned cudaError {report.launch_error}", **base)

@@ -576,3 +576,5 @@ _register(Family(
     # every swizzle value runs the same order
     _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8,
     instruction="wgmma"))
+
+from cudal2.templates import skinny as _skinny  # noqa: E402,F401  (registers the skinny family)

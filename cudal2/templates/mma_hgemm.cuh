@@ -403,12 +403,12 @@ static cudaError_t ensure_smem_attribute() {
 }
 
 // The one launch of a call: the 16-byte-load (VEC) or guarded instantiation of hgemm_kernel.
-static cudaError_t launch_gemm(bool vec, dim3 grid, void** args, cudaStream_t s) {
-  cudaError_t err = vec ? ensure_smem_attribute<true>() : ensure_smem_attribute<false>();
+template <bool VEC>
+static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s) {
+  cudaError_t err = ensure_smem_attribute<VEC>();
   if (err != cudaSuccess) return err;
-  const void* fn = vec ? reinterpret_cast<const void*>(&hgemm_kernel<true>)
-                       : reinterpret_cast<const void*>(&hgemm_kernel<false>);
-  return cudaLaunchKernel(fn, grid, dim3(kThreads), args, kSmemBytes, s);
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<VEC>), grid, dim3(kThreads),
+                          args, kSmemBytes, s);
 }
 
 static const char* arch_name() {
@@ -495,7 +495,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   const half* a = reinterpret_cast<const half*>(A);
   const half* b = reinterpret_cast<const half*>(B);
   void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2};
-  return launch_gemm(vec, dim3((unsigned)tiles, (unsigned)splits), args, s);
+  const dim3 grid((unsigned)tiles, (unsigned)splits);
+  return vec ? launch_gemm<true>(grid, args, s) : launch_gemm<false>(grid, args, s);
 }
 
 extern "C" const char* cudal2_meta(void) {
