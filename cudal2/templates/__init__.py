@@ -577,4 +577,5 @@ _register(Family(
     _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8,
     instruction="wgmma"))
 
-from cudal2.templates import skinny as _skinny  # noqa: E402,F401  (registers the skinny family)
+from cudal2.templates.skinny import skinny_family  # noqa: E402  (M <= 64: skinny_hgemm.cuh)
+_register(skinny_family(Family, _mma_problems))

@@ -3,11 +3,12 @@
 One CTA row covers every row of A (BM = 16, 32 or 64, M padded with zero rows), so B is streamed
 from HBM exactly once with 16-byte cp.async; K is split across the SMs at run time (ABI 2 option
 "splits", 0 = chosen from the shape and the SM count) and reduced in fp32 inside the kernel
-(splitk_fixup.cuh). Registered by the one import at the bottom of cudal2/templates/__init__.py.
+(splitk_fixup.cuh). cudal2/templates/__init__.py registers `skinny_family(Family, _mma_problems)`
+at its bottom; this module imports nothing of the package (no import loop).
 """
 from __future__ import annotations
 
-from cudal2.templates import Family, _mma_problems, _register
+from typing import Callable
 
 # Runtime options of every skinny build (call order, values, default): 0 = the kernel's choice.
 SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),)
@@ -19,7 +20,7 @@ def _as_mma(p: dict) -> dict:
     return {**p, "ACC": "f32", "SWIZZLE": 1, "SPLITK": 1, "SPLITK_MAX_MN": 1}
 
 
-def _skinny_problems(family: Family, p: dict, arch: str | None) -> list[str]:
+def _skinny_problems(family, p: dict, arch: str | None, mma_problems: Callable) -> list[str]:
     out = []
     if p["BM"] not in (16, 32, 64):
         out.append(f"BM={p['BM']} must be 16, 32 or 64 (the largest M served, padded to m16 rows)")
@@ -36,7 +37,7 @@ def _skinny_problems(family: Family, p: dict, arch: str | None) -> list[str]:
         out.append(f"{b_chunks} 16-byte B loads per thread per stage (> 16: spills)")
     if out:
         return out
-    return _mma_problems(family, _as_mma(p), arch)
+    return mma_problems(family, _as_mma(p), arch)
 
 
 def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
@@ -46,18 +47,19 @@ def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
 
 _SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC")
 
-SKINNY = Family(
-    name="skinny", arches=("sm_80", "sm_90a"), header="skinny_hgemm.cuh", style="mma", flags=(),
-    description="M <= 64 (decode): B streamed once from HBM by 16-byte cp.async, mma.sync "
-                "m16n8k16 f32 with M padded to BM rows, K split across the SMs at run time (ABI 2 "
-                "option splits) and reduced inside the kernel; K % 8 == 0 (and N % 8 == 0 for RR)",
-    _space={"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
-            "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)},
-    _fixed={"LAYOUT": ("RR", "RC")},
-    _defaults=(_SKINNY_DEFAULT, {**_SKINNY_DEFAULT, "LAYOUT": "RR"},
-               {**_SKINNY_DEFAULT, "BM": 64, "WM": 32, "BN": 128, "WN": 32, "STAGES": 4}),
-    _problems=_skinny_problems, _accepts=_skinny_accepts,
-    _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
-    instruction="mma.sync")
-
-_register(SKINNY)
+def skinny_family(family_cls, mma_problems: Callable):
+    """The skinny Family (cudal2.templates.Family), its tile rules built on the mma family's."""
+    return family_cls(
+        name="skinny", arches=("sm_80", "sm_90a"), header="skinny_hgemm.cuh", style="mma", flags=(),
+        description="M <= 64 (decode): B streamed once from HBM by 16-byte cp.async, mma.sync "
+                    "m16n8k16 f32 with M padded to BM rows, K split across the SMs at run time (ABI 2 "
+                    "option splits) and reduced inside the kernel; K % 8 == 0 (and N % 8 == 0 for RR)",
+        _space={"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
+                "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)},
+        _fixed={"LAYOUT": ("RR", "RC")},
+        _defaults=(_SKINNY_DEFAULT, {**_SKINNY_DEFAULT, "LAYOUT": "RR"},
+                   {**_SKINNY_DEFAULT, "BM": 64, "WM": 32, "BN": 128, "WN": 32, "STAGES": 4}),
+        _problems=lambda fam, p, arch: _skinny_problems(fam, p, arch, mma_problems),
+        _accepts=_skinny_accepts,
+        _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
+        instruction="mma.sync")
