@@ -114,3 +114,97 @@ def test_split_k_meta_declares_the_zero_init_workspace(cfg):
     need = p["SPLITK"] * 64 * 64 * 4 + 4
     assert lib.launch(P, P, P, 64, 64, 64, 64, 64, 64, P, need - 1, 0) == 1
     assert lib.launch(P, P, P, 64, 64, 64, 64, 64, 64, P + 8, need, 0) == 1   # not 16-byte aligned
+
+
+_FAKE_RUN = r"""
+import ctypes, json, sys
+fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
+lib = ctypes.CDLL(sys.argv[2])
+vp, P = ctypes.c_void_p, 1 << 20
+out = []
+for M, N, K, sms, split_opt in json.loads(sys.argv[3]):
+    fake.fake_set_sm_count(sms)
+    fake.fake_reset()
+    args = [vp(P), vp(P), vp(P), M, N, K, K, K, N, vp(P), ctypes.c_size_t(1 << 40), vp(0)]
+    if split_opt is not None:
+        args.append((ctypes.c_int * 1)(split_opt))
+    rc = lib.cudal2_hgemm(*args)
+    g = (ctypes.c_uint * 3)()
+    fake.fake_last_grid(g)
+    out.append([rc, fake.fake_launches(), fake.fake_memsets(), list(g)])
+print(json.dumps(out))
+"""
+
+
+def _fake_calls(tmp_path, so_path, calls):
+    """Runs cudal2_hgemm of a built .so against tests/data/fake_cudart.c (no GPU): per call,
+    [return code, launches, memsets, grid of the last launch]."""
+    import json
+    import shutil
+    import sys
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    fake = tmp_path / "libfake_cudart.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(DATA / "fake_cudart.c"), "-o", str(fake)],
+                   check=True, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(fake), str(so_path), json.dumps(calls)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.compile
+def test_a_split_k_call_is_one_launch_with_a_fake_runtime(tmp_path):
+    """A fake CUDA runtime counts what one cudal2_hgemm call puts on the stream: one kernel, no
+    memset, for mma split-K (grid.y = SPLITK) and for skinny, whose split count follows the SM
+    count as the cost model's replay (skinny_splits) says."""
+    from cudal2.core.build import build
+    from cudal2.search.costmodel import skinny_splits
+    cfg = SPLIT_CASES[0]
+    mma = build(FAMILIES["mma"].build_spec(cfg, "sm_90a"))
+    got = _fake_calls(tmp_path, mma.so_path, [[256, 256, 1024, 132, None], [256, 256, 0, 132, None]])
+    assert got[0] == [0, 1, 0, [4, 4, 1]], got      # 2 x 2 tiles, 4 splits, one launch
+    assert got[1] == [0, 1, 0, [4, 1, 1]], got      # K == 0: the same kernel writes zeros
+    sk_cfg = FAMILIES["skinny"].default()
+    sk = build(FAMILIES["skinny"].build_spec(sk_cfg, "sm_90a"))
+    calls = [[1, 4096, 4096, 132, 0], [4, 11008, 4096, 132, 0], [1, 128, 4096, 132, 0],
+             [8, 4096, 4096, 132, 16], [1, 4096, 64, 132, 0], [16, 4096, 4096, 66, 0]]
+    # the kernel caches the SM count per device: a process per device size
+    got = _fake_calls(tmp_path, sk.so_path, calls[:-1]) + _fake_calls(tmp_path, sk.so_path, calls[-1:])
+    BN, BK = sk_cfg.get("BN"), sk_cfg.get("BK")
+    for (M, N, K, sms, opt), (rc, launches, memsets, grid) in zip(calls, got):
+        assert (rc, launches, memsets) == (0, 1, 0), (M, N, K, got)
+        assert grid == [-(-N // BN), skinny_splits(N, K, BN, BK, sms, opt), 1], (M, N, K, grid)
+    assert [g[3][1] for g in got] == [8, 4, 64, 16, 1, 5]   # 32, 86, 1, 32, 32, 32 N tiles
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", SPLIT_CASES + [FAMILIES["mma"].default().with_(SPLITK=3)],
+                         ids=lambda c: f"{c.family}-{c.get('SPLITK')}")
+def test_split_k_on_a_gpu_is_bit_identical_and_leaves_the_workspace_zero(cfg):
+    """Repeated calls on one workspace (zeroed once): the same bits every call, within tolerance
+    of torch, and the workspace all zero after each call (residue shapes included)."""
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.build import build
+    lib = load_library(build(FAMILIES[cfg.family].build_spec(cfg, "sm_90a")).so_path)
+    rc = lib.meta["layout"] == "RC"
+    ws_bytes = lib.workspace_bytes(0, 0, 0)
+    ws = torch.zeros(ws_bytes, dtype=torch.uint8, device="cuda")
+    for M, N, K in ((128, 64, 12288), (200, 136, 1000), (1, 8, 8)):
+        a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        b = torch.randn(N, K, device="cuda", dtype=torch.float16) if rc else \
+            torch.randn(K, N, device="cuda", dtype=torch.float16)
+        outs = []
+        for _ in range(3):
+            c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+            assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, b.stride(0), N,
+                              ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream) == 0
+            torch.cuda.synchronize()
+            assert int(ws.count_nonzero()) == 0, (M, N, K)
+            outs.append(c)
+        assert all(torch.equal(outs[0], o) for o in outs), (M, N, K)
+        ref = a.double() @ (b.double().t() if rc else b.double())
+        tol = 2e-2 * ref.abs().max().item() if lib.meta["acc"] == "f16" else 2e-3 * ref.abs().max().item()
+        assert (outs[0].double() - ref).abs().max().item() <= tol + 1e-3, (M, N, K)
