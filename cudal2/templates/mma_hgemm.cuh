@@ -247,8 +247,15 @@ __device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, i
 // grid.x = tiles_m * tiles_n, grid.y = split index. Each block computes one BM x BN tile of the
 // K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split) or its fp32 partial
 // into the workspace; the last split of a tile to finish reduces them into C (splitk_fixup.cuh).
+// Split-K builds carry the fixup too: "at least one CTA per SM" lets ptxas spend the registers
+// that keeps it from spilling (ptx f16 SPLITK=2 spilled 32 bytes at its own choice of 128).
+#if SPLITK > 1 || CUDAL2_RUNTIME_SPLITK
+#define CUDAL2_HGEMM_BOUNDS __launch_bounds__(kThreads, 1)
+#else
+#define CUDAL2_HGEMM_BOUNDS __launch_bounds__(kThreads)
+#endif
 template <bool VEC>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void CUDAL2_HGEMM_BOUNDS
     hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
                  void* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
                  int k_chunk, int c_vec2) {
