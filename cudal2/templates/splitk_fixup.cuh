@@ -6,9 +6,9 @@
 //   2. every CTA arrives at the tile's semaphore (a 32-bit counter in the workspace):
 //      __threadfence (release: its partial is visible at gpu scope before the count moves),
 //      atomicAdd, and the CTA that sees splits - 1 before its own add is the last one;
-//   3. the last CTA fences again (acquire), then for every element of the tile sums the partials
-//      (reduce_element), rounds once to fp16 into C, writes zeros back over every partial it read
-//      and resets the semaphore to 0.
+//   3. in the last CTA thread 0 fences again (acquire) before the CTA barrier; then for every
+//      element of the tile the CTA sums the partials (reduce_element), rounds once to fp16 into
+//      C, writes zeros back over every partial it read and resets the semaphore to 0.
 //
 // Modes (SPLITK_DETERMINISTIC):
 //   1 (default) each split has its own partial slab; the last CTA sums slabs 0, 1, ..., splits-1
@@ -139,9 +139,9 @@ __device__ __forceinline__ bool arrive(unsigned int* sem, int splits) {
     const unsigned int before = atomicAdd(sem, 1u);
     if (before >= (unsigned int)splits) __trap();   // workspace not zero at entry: contract broken
     s_last = is_last_arrival(before, splits);
+    if (s_last) __threadfence();         // acquire: the peers' partials before this CTA reads them
   }
-  __syncthreads();
-  if (s_last) __threadfence();           // acquire: the others' partials before we read them
+  __syncthreads();                       // (the reads are ld.global.cg: L2, never a stale L1 line)
   return s_last;
 }
 
