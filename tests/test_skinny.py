@@ -179,3 +179,13 @@ def test_matches_torch(cfg):
         outs.append(c)
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs) and int(ws.count_nonzero()) == 0
+
+
+def test_max_m_bounds_what_is_served_and_the_edge_shapes():
+    from cudal2.core.abi import meta_accepts
+    from cudal2.harness.check import edge_shapes
+    meta = {"any_shape": True, "tile": [16, 128, 64], "max_m": 16, "divisible": [1, 1, 8]}
+    assert meta_accepts(meta, 16, 4097, 4096) and meta_accepts(meta, 1, 8, 8)
+    assert not meta_accepts(meta, 17, 4096, 4096) and not meta_accepts(meta, 16, 4096, 4095)
+    # the suite's edge shapes near a 16-row target stay at or below max_m
+    assert edge_shapes(16, 4096, 4096, (1, 1, 8), 16) == [(15, 4097, 4072), (16, 4095, 4136)]
