@@ -285,6 +285,31 @@ def test_edge_shapes_of_a_divisible_kernel_with_a_shape_dependent_workspace():
     assert rep.launch_error == 1
 
 
+def test_zero_init_workspace_contract():
+    """A kernel declaring workspace_zero_init (in-kernel split-K fixup, docs/abi.md) is handed a
+    zeroed workspace and must leave it zero; a fixup-like fake that counts arrivals in the
+    workspace is right only when it starts from zero."""
+    def fixup_like(clean):
+        def launch(ops):
+            if int(ops.ws[0]) != 0:          # a stale semaphore: the tile would finish early
+                ops.c.zero_()
+                return 0
+            ops.ws[0] = 1                     # arrivals counted in the workspace
+            good(ops)
+            if clean:
+                ops.ws[0] = 0                 # the last arrival resets it
+            return 0
+        return launch
+    rep = run_suite(fixup_like(True), ws_bytes=64, any_shape=True, ws_zero_init=True)
+    assert rep.ok, rep.first_failure
+    assert rep.checks["workspace_zero"]["ok"] and rep.checks["workspace_zero"]["n"] >= 1
+    rep = run_suite(fixup_like(False), ws_bytes=64, any_shape=True, ws_zero_init=True)
+    assert not rep.ok and not rep.checks["workspace_zero"]["ok"], rep.checks
+    # without the declaration the suite hands it random bytes, as it does every other kernel
+    rep = run_suite(fixup_like(True), ws_bytes=64, any_shape=True)
+    assert not rep.ok
+
+
 # ---- the planted-bug kernels as CUDA (tests/data/cheats) --------------------------------------------
 
 from pathlib import Path  # noqa: E402

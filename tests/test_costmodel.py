@@ -358,3 +358,36 @@ def test_cutlass_schedule_agrees_with_cutlass_workspace_sizes():
             assert got == want, (shape, opts, s, got, want)
             checked.add(s.mode)
     assert checked == {"dp", "splitk", "streamk"}
+
+
+def test_prior_knows_the_skinny_family_and_the_in_kernel_fixup():
+    from cudal2.search.costmodel import CostModel, gpu_for, kernel_facts, skinny_splits
+    from cudal2.templates import FAMILIES
+    cm = CostModel.default(gpu="H100")
+    h100 = gpu_for(gpu="H100")
+    sk = FAMILIES["skinny"].default()                      # BM 16, BN 128, BK 64, RC
+    # the kernel's own split choice: ~2 CTAs per SM over the N tiles, whole BK tiles, <= 64
+    # 32 N tiles: 264 / 32 -> 9 splits, 64 k tiles -> 8 per split, which 8 splits cover
+    assert skinny_splits(4096, 4096, 128, 64, 132) == 8
+    assert skinny_splits(128, 4096, 128, 64, 132) == 64
+    assert skinny_splits(4096, 64, 128, 64, 132) == 1
+    # decode 1 x 4096 x 4096: B once (33.5 MB) at 0.85 of 3.35 TB/s plus the launch
+    t = cm.predict_us(sk, None, (1, 4096, 4096))
+    b_us = 2 * 4096 * 4096 / (3.35 * 0.85 * 1e6)
+    assert h100.launch_us + b_us <= t <= h100.launch_us + 1.3 * b_us, t
+    # bandwidth-bound: 16 rows cost about what one row does
+    assert cm.predict_us(sk, None, (16, 4096, 4096)) < 1.15 * t
+    assert kernel_facts(sk).skinny and kernel_facts(sk).fixup_in_kernel
+    # an mma split-K build reducing in the kernel pays no second launch but its last CTA's read
+    # of the peers' partial tiles; an old one (a meta with a workspace and no zero-init
+    # declaration) paid half a launch for its reduce kernel
+    mma = FAMILIES["mma"].default().with_(SPLITK=4)
+    new = {"style": "mma", "tile": [128, 128, 32], "splitk": 4, "workspace_bytes": 1,
+           "workspace_zero_init": True, "threads": 128, "stages": 3}
+    old = {k: v for k, v in new.items() if k != "workspace_zero_init"}
+    shape = (128, 128, 8192)
+    from cudal2.search.costmodel import FIXUP_SM_GBPS
+    fixup_us = 8.0 * 128 * 128 * 3 / (FIXUP_SM_GBPS * 1e3)
+    diff = cm.predict_us(new, None, shape) - cm.predict_us(old, None, shape)
+    assert abs(diff - (fixup_us - 0.5 * h100.launch_us)) < 1e-9, diff
+    assert kernel_facts(mma).fixup_in_kernel and not kernel_facts(old).fixup_in_kernel

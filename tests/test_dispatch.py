@@ -529,7 +529,7 @@ def hot(monkeypatch):
         return fn
 
     def serve(M, N, K, layout, rc=0, ws=0):
-        resolve.serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws), None)
+        resolve.serving[(-1, M, N, K, layout)] = (launcher(rc), ws, ctypes.c_size_t(ws), None, False)
 
     yield torch, serve, calls
     resolve.reset()
@@ -612,7 +612,7 @@ def test_hot_path_disable_grad_and_errors(hot, monkeypatch):
 
 def test_hot_path_workspace_is_cached_per_stream(hot, monkeypatch):
     torch, serve, calls = hot
-    monkeypatch.setattr(hotpath, "_workspace", lambda dev, stream, n: calls.append(("ws", stream, n)) or 4096)
+    monkeypatch.setattr(hotpath, "_workspace", lambda dev, stream, n, zero: calls.append(("ws", stream, n)) or 4096)
     serve(32, 16, 64, "RR", ws=1 << 16)
     a = torch.randn(32, 64, dtype=torch.float16)
     b = torch.randn(64, 16, dtype=torch.float16)

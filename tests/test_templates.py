@@ -40,13 +40,14 @@ def test_config_is_sorted_frozen_and_hashable():
 
 
 def test_families_and_their_headers():
-    assert {"mma", "ptx", "cutlass_sm90", "wgmma", "lowlat"} <= set(FAMILIES)
+    assert {"mma", "ptx", "cutlass_sm90", "wgmma", "lowlat", "skinny"} <= set(FAMILIES)
     assert FAMILIES["mma"].arches == ("sm_80", "sm_90a") == FAMILIES["ptx"].arches
     assert FAMILIES["cutlass_sm90"].arches == ("sm_90a",) == FAMILIES["wgmma"].arches
     assert {"mma", "ptx", "cutlass", "wgmma", "lowlat", "lowlat_mma"} <= {f.style for f in FAMILIES.values()}
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
-        assert set(f.space()) <= set(f.choices()) and {"ACC", "LAYOUT"} <= set(f.choices())
+        required = {"LAYOUT"} if f.name == "skinny" else {"ACC", "LAYOUT"}   # skinny: f32 only
+        assert set(f.space()) <= set(f.choices()) and required <= set(f.choices())
         assert "ACC" not in f.space() and "LAYOUT" not in f.space()   # requirements, not knobs
         for a in f.arches:
             assert a in SMEM_LIMIT
@@ -449,7 +450,10 @@ def test_raw_kernels_meta_and_argument_checks(cfg, arch):
     assert m["params"] == p
     split = p["SPLITK"]
     assert m["workspace_per_mn"] == (4 * split if split > 1 else 0)
-    assert m["workspace_bytes"] == (4 * split * p["SPLITK_MAX_MN"] if split > 1 else 0)
+    # partial slabs for M*N <= SPLITK_MAX_MN plus one semaphore per tile (splitk_fixup.cuh)
+    X, tiles = p["SPLITK_MAX_MN"], p["SPLITK_MAX_MN"] // (p["BM"] * p["BN"]) + p["SPLITK_MAX_MN"] // min(p["BM"], p["BN"]) + 3
+    assert m["workspace_bytes"] == (-(-4 * split * X // 16) * 16 + 4 * tiles if split > 1 else 0)
+    assert m["workspace_zero_init"] is (split > 1)
     rc = p["LAYOUT"] == "RC"
     P = 1 << 20   # a fake, aligned address: every call below must return before touching it
     ws, wsb = (P, m["workspace_bytes"]) if split > 1 else (0, 0)
@@ -668,7 +672,7 @@ def test_kernels_match_torch(cfg):
                               lib.options()) == INVALID_VALUE, (M, N, K)
     if fam.name in ("cutlass_sm90", "wgmma"):      # TMA: aligned operands, ld % 8 == 0
         _run(lib, meta, 200, 136, 72, ldc=144)                    # padded C (ldc % 8 == 0)
-    else:
+    elif fam.name != "skinny":      # skinny: M <= 64 and 16-byte loads only (tests/test_skinny.py)
         _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores
         _run(lib, meta, 65, 72, 136, lda=137, offset_a=1)         # misaligned A: guarded loads
         _run(lib, meta, 33, 40, 24, ldb=(29 if meta["layout"] == "RC" else 43))   # odd ldb

@@ -208,8 +208,9 @@ def _guarded_matrix(rows: int, cols: int, ld: int, gen, device):
 
 
 def make_operands(M: int, N: int, K: int, layout: str, ws_bytes: int, gen, device="cpu", *,
-                  pad: int = 0) -> Operands:
-    """Fresh guarded buffers (contents: sentinel bits everywhere; fill a, b, c afterwards)."""
+                  pad: int = 0, ws_zero: bool = False) -> Operands:
+    """Fresh guarded buffers (contents: sentinel bits everywhere; fill a, b, c afterwards; the
+    workspace's interior zero when `ws_zero`: a kernel declaring workspace_zero_init)."""
     import torch
 
     if layout not in ("RR", "RC"):
@@ -227,6 +228,8 @@ def make_operands(M: int, N: int, K: int, layout: str, ws_bytes: int, gen, devic
     ws_buf = torch.randint(0, 256, (2 * ws_band + ws_bytes,), dtype=torch.uint8, generator=gen,
                            device=device)
     ws = ws_buf[ws_band:ws_band + ws_bytes]
+    if ws_zero:
+        ws.zero_()
     band = max(band, _band(ldb), _band(ldc))
     return Operands(M, N, K, lda, ldb, ldc, layout, a_buf, b_buf, c_buf, ws_buf, a, b_store, c,
                     ws, ws_bytes, band, ws_band)
@@ -307,12 +310,15 @@ class Suite:
     """Runs calls with all the per-call guards; checks record into one CheckReport."""
 
     def __init__(self, launch: Launch, *, acc: str, layout: str, ws_bytes: int = 0,
-                 device="cpu", seed: int = 0, workspace: Callable[[int, int, int], int] | None = None):
+                 device="cpu", seed: int = 0, workspace: Callable[[int, int, int], int] | None = None,
+                 ws_zero_init: bool = False):
         import torch
 
         self.launch_fn, self.acc, self.layout, self.ws_bytes = launch, acc, layout, ws_bytes
         # the workspace a shape other than the target needs (edge shapes; stream-K grows with tiles)
         self.workspace = workspace
+        # the kernel finds its workspace zero and must leave it zero (docs/abi.md)
+        self.ws_zero_init = ws_zero_init
         self.device = device
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
@@ -343,6 +349,10 @@ class Suite:
         self.report.record("guards", n_c == 0 and n_ws == 0,
                            f"{n_c} elements written outside C's M x N interior, {n_ws} bytes "
                            f"outside the workspace ({where})")
+        if self.ws_zero_init and ops.ws_bytes:
+            left = int((ops.ws != 0).sum())
+            self.report.record("workspace_zero", left == 0, f"{left} workspace bytes left nonzero "
+                               f"by a kernel declaring workspace_zero_init ({where})")
         return ops.c.clone()
 
     def _score(self, name: str, c, a, b, exact: bool, where: str, K: int) -> bool:
@@ -358,21 +368,23 @@ class Suite:
 
     def fresh(self, M, N, K, kind: str, pad: int = 0):
         ws_bytes = self.ws_bytes if self.workspace is None else int(self.workspace(M, N, K))
-        ops = make_operands(M, N, K, self.layout, ws_bytes, self.gen, self.device, pad=pad)
+        ops = make_operands(M, N, K, self.layout, ws_bytes, self.gen, self.device, pad=pad,
+                            ws_zero=self.ws_zero_init)
         a, b = (ones_inputs if kind == "ones" else random_inputs)(M, N, K, self.gen, self.device)
         set_inputs(ops, a, b)
         return ops, a, b
 
     def run(self, M: int, N: int, K: int, *, seeds: int = 3, any_shape: bool = False,
             tile: tuple[int, int, int] | None = None,
-            divisible: tuple[int, int, int] = (1, 1, 1)) -> CheckReport:
+            divisible: tuple[int, int, int] = (1, 1, 1), max_m: int | None = None) -> CheckReport:
         try:
-            self._run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible)
+            self._run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
+                      max_m=max_m)
         except LaunchError:
             pass
         return self.report
 
-    def _run(self, M, N, K, *, seeds, any_shape, tile, divisible=(1, 1, 1)):
+    def _run(self, M, N, K, *, seeds, any_shape, tile, divisible=(1, 1, 1), max_m=None):
         if not any_shape and tile:
             bm, bn, bk = tile
             if M % bm or N % bn or K % bk:
@@ -409,7 +421,7 @@ class Suite:
         c = self.call(ops, f"{target} padded ld")
         self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K)
         if any_shape:
-            for (m, n, k) in edge_shapes(M, N, K, divisible):
+            for (m, n, k) in edge_shapes(M, N, K, divisible, max_m):
                 where = f"{m}x{n}x{k}"
                 ops, a, b = self.fresh(m, n, k, "ones")
                 self._score("edge_shapes", self.call(ops, where), a, b, True, where, k)
@@ -417,14 +429,17 @@ class Suite:
                 self._score("edge_shapes", self.call(ops, where), a, b, False, where, k)
 
 
-def edge_shapes(M: int, N: int, K: int,
-                divisible: tuple[int, int, int] = (1, 1, 1)) -> list[tuple[int, int, int]]:
+def edge_shapes(M: int, N: int, K: int, divisible: tuple[int, int, int] = (1, 1, 1),
+                max_m: int | None = None) -> list[tuple[int, int, int]]:
     """Odd shapes near the target, clipped at 1, without the target itself or repeats. A
     dimension the kernel declares `divisible` by d moves in steps of d (TMA needs N and K
-    multiples of 8: N+1 would be a shape the kernel rightly refuses, not an edge it mishandles)."""
+    multiples of 8: N+1 would be a shape the kernel rightly refuses, not an edge it mishandles);
+    M stays at or below the meta's max_m (skinny kernels)."""
     out = []
     for steps in ((-1, 1, -3), (1, -1, 5)):
         s = tuple(max(d, v + step * d) for v, step, d in zip((M, N, K), steps, divisible))
+        if max_m is not None and s[0] > max_m:
+            s = (max_m,) + s[1:]
         if s != (M, N, K) and s not in out:
             out.append(s)
     return out
@@ -439,13 +454,15 @@ def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: st
                  ws_bytes: int = 0, any_shape: bool = False,
                  tile: tuple[int, int, int] | None = None, seeds: int = 3, device="cpu",
                  seed: int = 0, divisible: tuple[int, int, int] = (1, 1, 1),
-                 workspace: Callable[[int, int, int], int] | None = None) -> CheckReport:
+                 workspace: Callable[[int, int, int], int] | None = None,
+                 ws_zero_init: bool = False, max_m: int | None = None) -> CheckReport:
     """The whole correctness suite for one kernel and shape. divisible: the meta's (M, N, K)
     divisors, which the edge shapes keep; workspace(M, N, K): bytes for shapes other than the
     target (default: ws_bytes for every shape)."""
     suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed,
-                  workspace=workspace)
-    return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible)
+                  workspace=workspace, ws_zero_init=ws_zero_init)
+    return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
+                     max_m=max_m)
 
 
 def so_launcher(lib) -> Launch:

@@ -570,7 +570,9 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
                                         ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
                                         tile=tile, seeds=r.seeds, device="cuda",
                                         divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
-                                        workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts))
+                                        workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts),
+                                        ws_zero_init=bool(meta.get("workspace_zero_init")),
+                                        max_m=meta.get("max_m"))
         base["correctness"] = report.to_dict()
         base["call_guard"] = call_record(guard)
         if base["call_guard"].get("refused"):
@@ -590,7 +592,8 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
             results[i] = _fail("wrong", report.first_failure, **base)
             done[i] = results[i]
             continue
-        ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda") if ws_bytes else None
+        # zeroed once here, never between calls (the workspace_zero_init contract, docs/abi.md)
+        ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device="cuda") if ws_bytes else None
         live[f"cand{i}"] = (i, lib, meta, opts, ws, layout, base)
         acc_all = acc
     done.pop("current", None)
@@ -741,7 +744,8 @@ def _screen_one(so, options, M, N, K, acc_req, pool, smoke, backend, cfg, best_u
     if acc == "f32" and declared == "f16":
         return _fail("wrong", "kernel declares an f16 accumulator; the request needs f32", **base)
     ws_bytes = lib.workspace_bytes(M, N, K, opts)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda") if ws_bytes else None
+    # zeroed once here, never between calls (the workspace_zero_init contract, docs/abi.md)
+    ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device="cuda") if ws_bytes else None
     fn = _candidate_launch(lib, layout, M, N, K, opts, ws)
     c = torch.empty(M, N, dtype=torch.float16, device="cuda")
     for kind, a, b, bt, ref in smoke:

@@ -99,9 +99,9 @@ def launch(a, b, out):
                 (K, N) if layout == "RR" else (N, K))):
             return None
         c = out
-    fn, ws_bytes, ws_c, opts = served
+    fn, ws_bytes, ws_c, opts, ws_zero = served
     stream = _raw_stream(dev)
-    ws = _vp(_workspace(dev, stream, ws_bytes)) if ws_bytes else _NULL
+    ws = _vp(_workspace(dev, stream, ws_bytes, ws_zero)) if ws_bytes else _NULL
     if opts is None:      # ABI 1: twelve arguments
         rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
                 _vp(stream) if stream else _NULL)

@@ -63,24 +63,30 @@ class KernelLoader:
 
 def launcher(lib, M: int, N: int, K: int, options=None) -> tuple:
     """The serving-table value of a kernel for one shape: (raw ctypes function, workspace bytes,
-    the same as a c_size_t, the options array or None for ABI 1), built once so a launch converts
-    nothing it can reuse (abi.raw_launch's convention)."""
+    the same as a c_size_t, the options array or None for ABI 1, whether its workspace must start
+    zero), built once so a launch converts nothing it can reuse (abi.raw_launch's convention)."""
     opts = lib.options(options or None)
     ws_bytes = lib.workspace_bytes(M, N, K, opts)
-    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes), opts)
+    zero = bool(lib.meta.get("workspace_zero_init"))
+    return (lib.raw_launch, ws_bytes, ctypes.c_size_t(ws_bytes), opts, zero)
 
 
 class Workspaces:
-    """A per-(device, stream) byte buffer, grown as needed (kernels never allocate)."""
+    """A per-(device, stream) byte buffer, grown as needed (kernels never allocate). Kernels
+    declaring workspace_zero_init (docs/abi.md) share their own buffer per (device, stream):
+    zeroed when it is allocated, never again; each such call leaves it zero. The others' buffer
+    is never read as zero, so they may leave anything in it."""
 
     def __init__(self):
         self._bufs: dict[tuple, torch.Tensor] = {}
 
-    def get(self, dev: int, stream: int, nbytes: int) -> int:
-        buf = self._bufs.get((dev, stream))
+    def get(self, dev: int, stream: int, nbytes: int, zero: bool = False) -> int:
+        key = (dev, stream, zero)
+        buf = self._bufs.get(key)
         if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device=f"cuda:{dev}")
-            self._bufs[(dev, stream)] = buf
+            alloc = torch.zeros if zero else torch.empty
+            buf = alloc(max(nbytes, 1 << 20), dtype=torch.uint8, device=f"cuda:{dev}")
+            self._bufs[key] = buf
         return buf.data_ptr()
 
     def clear(self) -> None:

@@ -208,10 +208,10 @@ def _nearest(dev, M, N, K, layout, a, b, d: Decision):
         stream = torch.cuda.current_stream(dev).cuda_stream
         lda, ldb = a.stride(0), (b.stride(0) if layout == "RR" else b.stride(1))
         for sha, lib in libs.items():
-            _, ws_bytes, _, opts = launcher(lib, M, N, K, opts_by_sha.get(sha))
+            _, ws_bytes, _, opts, ws_zero = launcher(lib, M, N, K, opts_by_sha.get(sha))
 
-            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha, opts=opts):
-                ws = workspaces.get(dev, stream, ws_bytes) if ws_bytes else 0
+            def run(c, fn=lib.launch, ws_bytes=ws_bytes, sha=sha, opts=opts, ws_zero=ws_zero):
+                ws = workspaces.get(dev, stream, ws_bytes, ws_zero) if ws_bytes else 0
                 rc = fn(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, lda, ldb, N, ws,
                         ws_bytes, stream, opts)
                 if rc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -78,6 +78,10 @@ TILE_GAIN_MAX = 1.10
 # its barrier flags with a memset on the stream (WORKSPACE_US).
 FIXUP_SM_GBPS = 80.0
 WORKSPACE_US = 1.5
+# A bandwidth-bound skinny kernel (M <= 64) streams B once at about this fraction of DRAM peak
+# (a prior: a device copy reached ~3.0 of the H100's 3.35 TB/s; the skinny family is not yet
+# measured). Its split count is the kernel's own choice (skinny_splits).
+SKINNY_BW_EFF = 0.85
 SK_MIN_ITERS = 8             # CUTLASS's min_iters_per_sk_unit_: fewer k tiles are never split
 
 FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
@@ -126,6 +130,9 @@ class KernelFacts:
     scheduler: str = ""  # CUTLASS tile scheduler: "persistent" | "streamk" ("" = not CUTLASS)
     splits: int = 1      # CUTLASS runtime K splits (stream-K builds)
     decomposition: int = 0   # CUTLASS runtime decomposition: 0 heuristic, 1 DP, 2 split-K, 3 stream-K
+    fixup_in_kernel: bool = False   # split-K reduced inside the kernel (workspace_zero_init): one launch
+    skinny: bool = False     # the skinny family: split count chosen per call (skinny_splits)
+    skinny_splits: int = 0   # its "splits" option (0 = the kernel's choice)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -205,11 +212,31 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
         scheduler = str(_meta_get(meta, "scheduler", "SCHEDULER",
                                   default=params.get("SCHEDULER", "persistent")))
     streamk = scheduler == "streamk"
+    skinny = _meta_get(meta, "family", "style") == "skinny"
+    # an in-kernel fixup: declared by a build's meta; a config of a family that has one (mma/ptx)
+    fixup = bool(meta.get("workspace_zero_init")) or (
+        "workspace_bytes" not in meta and style in ("mma", "ptx", "skinny"))
     return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
                        max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0),
                        max(int(swizzle or 1), 1), max(cm, 1), max(cn, 1), int(opts.get("raster", 0) or 0),
                        scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
-                       int(opts.get("decomposition", 0) or 0) if streamk else 0)
+                       int(opts.get("decomposition", 0) or 0) if streamk else 0,
+                       fixup or skinny, skinny, int(opts.get("splits", 0) or 0) if skinny else 0)
+
+
+def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
+    """The split count a skinny kernel runs (skinny_hgemm.cuh's plan(), replayed): about two
+    CTAs per SM over the N tiles, at most 64, whole BK tiles per split, no empty split."""
+    tiles_n = max(1, -(-N // BN))
+    k_tiles = -(-K // BK)
+    s = asked if asked > 0 else -(-2 * sms // tiles_n)
+    s = max(1, min(s, 64))
+    if s > k_tiles:
+        s = max(k_tiles, 1)
+    if K <= 0:
+        return 1
+    chunk = -(-k_tiles // s) * BK
+    return -(-K // chunk)
 
 
 def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
@@ -398,6 +425,9 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         sch = cutlass_schedule(f, shape, gpu.sms)
         splits = sch.splits if sch.mode == "splitk" else 1
     else:
+        if f.skinny:       # the split count is the kernel's per-call choice
+            f = _replace(f, splitk=skinny_splits(N, K, f.BN, f.BK, gpu.sms, f.skinny_splits))
+            splits = f.splitk
         tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
         ctas = tm * tn * f.splitk
         slots = gpu.sms * occ
@@ -407,13 +437,21 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         full, rem = divmod(ctas, slots)
         # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
         compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
-        # split-K adds a second (reduction) kernel on the stream
-        extra_us = gpu.launch_us * 0.5 if f.splitk > 1 else 0.0
+        # split-K adds a second (reduction) kernel on the stream, unless the kernel reduces
+        # in itself (splitk_fixup.cuh: the last CTA of a tile reads the peers' partials)
+        if f.splitk > 1 and not f.fixup_in_kernel:
+            extra_us = gpu.launch_us * 0.5
+        elif f.splitk > 1:
+            extra_us = 8.0 * f.BM * f.BN * (f.splitk - 1) / (FIXUP_SM_GBPS * 1e3)
     waves = math.ceil(ctas / slots)
     wave_eff = ctas / (waves * slots)
     # Memory: what the raster makes the waves read (dram_bytes), output once, split-K partials twice.
     moved, bytes_moved = dram_bytes(f, shape, gpu, slots)
     mem_us = moved / (gpu.tbps * 0.9 * 1e6)           # ~90% of DRAM peak is reachable
+    if f.skinny:   # the roofline of a streaming kernel: B once, A and C (the fp32 partials of
+        # an M <= 64 output stay in L2: their cost is the fixup term in extra_us)
+        moved = 2.0 * (K * N + M * K + M * N)
+        mem_us = moved / (gpu.tbps * SKINNY_BW_EFF * 1e6)
     spill_us = f.spills * ctas * 1e-6          # spills cost local-memory traffic per CTA
     # Main loop and DRAM traffic overlap only partly: MEM_EXPOSED of the shorter one stays exposed.
     if f.style.startswith(PERSISTENT_STYLES):

@@ -1,0 +1,70 @@
+"""The skinny family (skinny_hgemm.cuh): M <= 64, bandwidth-bound shapes such as LLM decode.
+
+One CTA row covers every row of A (BM = 16, 32 or 64, M padded with zero rows), so B is streamed
+from HBM exactly once with 16-byte cp.async; K is split across the SMs at run time (ABI 2 option
+"splits", 0 = chosen from the shape and the SM count) and reduced in fp32 inside the kernel
+(splitk_fixup.cuh). Importing this module registers the family (cudal2/templates/__init__.py
+does).
+"""
+from __future__ import annotations
+
+from cudal2.templates.family import Family, _register
+from cudal2.templates.mma import _mma_problems
+
+# Runtime options of every skinny build (call order, values, default): 0 = the kernel's choice.
+SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),)
+
+
+def _as_mma(p: dict) -> dict:
+    """The mma family's parameters of the same kernel (its rules on tiles, threads, registers
+    and shared memory hold for it unchanged)."""
+    return {**p, "ACC": "f32", "SWIZZLE": 1, "SPLITK": 1, "SPLITK_MAX_MN": 1}
+
+
+def _skinny_problems(family, p: dict, arch: str | None) -> list[str]:
+    out = []
+    if p["BM"] not in (16, 32, 64):
+        out.append(f"BM={p['BM']} must be 16, 32 or 64 (the largest M served, padded to m16 rows)")
+    if p["WM"] > p["BM"]:
+        out.append(f"WM={p['WM']} must not exceed BM={p['BM']}")
+    warps = (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) if p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0 else 4
+    if warps < 4:
+        # a streaming kernel needs loads in flight: one or two warps also spill their
+        # unrolled tile loads (BM=32 BN=64 WM=32 WN=64 BK=128: 304 bytes on sm_90a)
+        out.append(f"{warps} warps per CTA: the skinny family needs at least 4")
+    b_chunks = p["BK"] * p["BN"] // 8 // (32 * warps)
+    if b_chunks > 16:
+        # BN=256 BK=128 on 4 warps: 32 unrolled 16-byte loads per thread spill (136 bytes)
+        out.append(f"{b_chunks} 16-byte B loads per thread per stage (> 16: spills)")
+    if out:
+        return out
+    return _mma_problems(family, _as_mma(p), arch)
+
+
+def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
+    # 16-byte loads of dense operands: lda = K, ldb = N (RR) or K (RC) multiples of 8
+    return M <= p["BM"] and K % 8 == 0 and (p["LAYOUT"] == "RC" or N % 8 == 0)
+
+
+_SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC")
+
+
+def _skinny_name(p: dict) -> str:
+    """BMxBNxBK, warp tile, stages (the split count is a runtime option, not in the name)."""
+    return f"{p['BM']}x{p['BN']}x{p['BK']}_w{p['WM']}x{p['WN']}_s{p['STAGES']}"
+
+
+_register(Family(
+    name="skinny", arches=("sm_80", "sm_90a"), header="skinny_hgemm.cuh", style="mma", flags=(),
+    description="M <= 64 (decode): B streamed once from HBM by 16-byte cp.async, mma.sync "
+                "m16n8k16 f32 with M padded to BM rows, K split across the SMs at run time (ABI 2 "
+                "option splits) and reduced inside the kernel; K % 8 == 0 (and N % 8 == 0 for RR)",
+    _space={"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
+            "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)},
+    _fixed={"LAYOUT": ("RR", "RC")},
+    _defaults=(_SKINNY_DEFAULT, {**_SKINNY_DEFAULT, "LAYOUT": "RR"},
+               {**_SKINNY_DEFAULT, "BM": 64, "WM": 32, "BN": 128, "WN": 32, "STAGES": 4}),
+    _problems=_skinny_problems, _name=_skinny_name,
+    _accepts=_skinny_accepts,
+    _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
+    instruction="mma.sync"))

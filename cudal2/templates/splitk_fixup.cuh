@@ -1,0 +1,156 @@
+// cudal2 split-K fixup: the reduction of K-split partial tiles inside the GEMM kernel itself, so a
+// split-K call is ONE launch (no memset, no second reduce kernel on the caller's stream).
+//
+// Protocol, per output tile (BM x BN) computed by `splits` CTAs (one per K slice):
+//   1. every CTA stores its fp32 partial tile into the caller's workspace (store_partial);
+//   2. every CTA arrives at the tile's semaphore (a 32-bit counter in the workspace):
+//      __threadfence (release: its partial is visible at gpu scope before the count moves),
+//      atomicAdd, and the CTA that sees splits - 1 before its own add is the last one;
+//   3. in the last CTA thread 0 fences again (acquire) before the CTA barrier; then for every
+//      element of the tile the CTA sums the partials (reduce_element), rounds once to fp16 into
+//      C, writes zeros back over every partial it read and resets the semaphore to 0.
+//
+// Modes (SPLITK_DETERMINISTIC):
+//   1 (default) each split has its own partial slab; the last CTA sums slabs 0, 1, ..., splits-1
+//     IN SPLIT-INDEX ORDER, so C is bit-identical run to run whatever order the CTAs arrive in.
+//   0 every split adds its partial into ONE slab with fp32 atomics (arrival order: the result may
+//     differ in the last bits between runs); 1/splits of the workspace and of the fixup traffic.
+//
+// Workspace contract (docs/abi.md, meta "workspace_zero_init": true): the bytes a call is given
+// are all zero when it starts and all zero again when it ends (the last CTA of each tile clears
+// what the tile used). The caller zeroes a workspace ONCE when it allocates it and never between
+// calls; such a workspace may be shared by every zero-init kernel on one stream whatever their
+// shapes. A semaphore found above splits - 1 (a caller that broke the contract) traps: a launch
+// error, not a silent wrong answer.
+//
+// Layout of the workspace: [partials: slabs * M * N floats][pad to 16 bytes][tiles semaphores].
+// The index arithmetic below is __host__ __device__ so tests/test_splitk.py runs this very code
+// on the host with CTAs arriving in random orders (tests/splitk_emulate.cpp).
+
+#ifndef CUDAL2_SPLITK_FIXUP_CUH
+#define CUDAL2_SPLITK_FIXUP_CUH
+
+#include <cuda_fp16.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef SPLITK_DETERMINISTIC
+#define SPLITK_DETERMINISTIC 1   // 1: sum partials in split-index order (bit-identical runs)
+#endif
+
+#if defined(__CUDACC__)
+#define CUDAL2_HD __host__ __device__ __forceinline__
+#else
+#define CUDAL2_HD inline
+#endif
+
+namespace cudal2_splitk {
+
+// Partial slabs in the workspace: one per split (deterministic) or one shared (atomic).
+CUDAL2_HD int slabs(int splits) { return SPLITK_DETERMINISTIC ? splits : 1; }
+
+CUDAL2_HD size_t semaphore_offset(int splits, int M, int N) {
+  const size_t partial = (size_t)slabs(splits) * (size_t)M * (size_t)N * sizeof(float);
+  return (partial + 15) / 16 * 16;
+}
+
+// Bytes one call needs: 0 without a split.
+CUDAL2_HD size_t workspace_bytes(int splits, int M, int N, long long tiles) {
+  if (splits <= 1) return 0;
+  return semaphore_offset(splits, M, N) + (size_t)tiles * sizeof(unsigned int);
+}
+
+CUDAL2_HD float* partials(void* ws) { return reinterpret_cast<float*>(ws); }
+CUDAL2_HD unsigned int* semaphores(void* ws, int splits, int M, int N) {
+  return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(ws) +
+                                         semaphore_offset(splits, M, N));
+}
+
+// Index of element (row, col) of split z's partial.
+CUDAL2_HD size_t partial_index(int z, int row, int col, int M, int N) {
+  return SPLITK_DETERMINISTIC ? ((size_t)z * (size_t)M + (size_t)row) * (size_t)N + (size_t)col
+                              : (size_t)row * (size_t)N + (size_t)col;
+}
+
+// The arrival that makes the count reach `splits` is the last one.
+CUDAL2_HD bool is_last_arrival(unsigned int before, int splits) {
+  return before == (unsigned int)(splits - 1);
+}
+
+// Loads that bypass L1 (the partials were written by other SMs) on the device.
+CUDAL2_HD float load_partial(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+// Split z's contribution to element (row, col).
+CUDAL2_HD void store_partial(float* ws, int z, int row, int col, int M, int N, float v) {
+  float* p = ws + partial_index(z, row, col, M, N);
+#if SPLITK_DETERMINISTIC
+  *p = v;
+#elif defined(__CUDA_ARCH__)
+  atomicAdd(p, v);
+#else
+  *p += v;
+#endif
+}
+
+// The sum of every split's contribution to (row, col), and the partials cleared back to zero.
+CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, int N) {
+  float sum = 0.f;
+#if SPLITK_DETERMINISTIC
+  for (int z = 0; z < splits; ++z) {      // split-index order, whoever arrived last
+    float* p = ws + partial_index(z, row, col, M, N);
+    sum += load_partial(p);
+    *p = 0.f;
+  }
+#else
+  float* p = ws + partial_index(0, row, col, M, N);
+  sum = load_partial(p);
+  *p = 0.f;
+#endif
+  return sum;
+}
+
+// The last CTA's share of the tile [m0, m0+rows) x [n0, n0+cols) (clipped to M x N): elements
+// first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host).
+CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, int rows,
+                           int cols, half* C, int ldc, int first, int stride) {
+  const int r_end = M - m0 < rows ? M - m0 : rows;
+  const int c_end = N - n0 < cols ? N - n0 : cols;
+  if (r_end <= 0 || c_end <= 0) return;
+  for (int i = first; i < r_end * c_end; i += stride) {
+    const int row = m0 + i / c_end, col = n0 + i % c_end;
+    C[(size_t)row * (size_t)ldc + col] = __float2half_rn(reduce_element(ws, splits, row, col, M, N));
+  }
+}
+
+#if defined(__CUDACC__)
+// Step 2 for the whole CTA (every thread calls it after storing its partials): true in the
+// CTA that arrived last, which then runs finish_tile and release_tile.
+__device__ __forceinline__ bool arrive(unsigned int* sem, int splits) {
+  __shared__ int s_last;
+  __syncthreads();                       // every partial of this CTA is stored
+  if (threadIdx.x == 0) {
+    __threadfence();                     // release: partials visible before the count moves
+    const unsigned int before = atomicAdd(sem, 1u);
+    if (before >= (unsigned int)splits) __trap();   // workspace not zero at entry: contract broken
+    s_last = is_last_arrival(before, splits);
+    if (s_last) __threadfence();         // acquire: the peers' partials before this CTA reads them
+  }
+  __syncthreads();                       // (the reads are ld.global.cg: L2, never a stale L1 line)
+  return s_last;
+}
+
+// After finish_tile: the semaphore back to 0 for the next call (no other CTA touches it now).
+__device__ __forceinline__ void release_tile(unsigned int* sem) {
+  if (threadIdx.x == 0) *sem = 0u;
+}
+#endif
+
+}  // namespace cudal2_splitk
+
+#endif  // CUDAL2_SPLITK_FIXUP_CUH

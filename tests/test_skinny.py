@@ -1,0 +1,191 @@
+"""The skinny family (cudal2/templates/skinny_hgemm.cuh, skinny.py): rules, builds (zero spills,
+one kernel, mma.sync f32 in the PTX, HMMA in the SASS where cuobjdump is installed), ABI 2 meta,
+the launcher's refusals, the audit; on a GPU, vs torch on decode, residue and RC shapes.
+
+The covering set is the family's defaults plus the corners of its space (each BM, the widest
+warp tile, the deepest pipeline); CUDAL2_SKINNY_ALL=1 builds every valid config of the space.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+
+import pytest
+
+from cudal2.templates import FAMILIES
+
+FAM = FAMILIES["skinny"]
+INVALID_VALUE = 1
+
+
+def _space() -> list:
+    names = sorted(FAM.space())
+    out = []
+    for values in itertools.product(*(FAM.space()[n] for n in names)):
+        for layout in ("RR", "RC"):
+            cfg = FAM.default().with_(**dict(zip(names, values)), LAYOUT=layout)
+            if FAM.valid(cfg):
+                out.append(cfg)
+    return out
+
+
+def _covering() -> list:
+    if os.environ.get("CUDAL2_SKINNY_ALL"):
+        return _space()
+    # BM = 32 (no default has it) with the deepest, widest-K pipeline of the space
+    return list(FAM.defaults()) + [FAM.config(BM=32, WM=32, BN=64, WN=16, BK=128, STAGES=6,
+                                              LAYOUT="RR")]
+
+
+# every config for sm_90a; sm_80 (claimed too) for the first default, or everything when asked
+CASES = [pytest.param(c, a, id=f"{c.label().split(':')[1]}-{a}") for c in _covering()
+         for a in (FAM.arches if c == FAM.default() or os.environ.get("CUDAL2_SKINNY_ALL")
+                   else ("sm_90a",))]
+
+
+def test_rules():
+    assert FAM.valid(FAM.default()) and FAM.default().get("LAYOUT") == "RC"
+    assert all(FAM.valid(c) for c in _covering())
+    assert "BM=128" in " ".join(FAM.problems(FAM.config(BM=128))) or FAM.problems(FAM.config(BM=128))
+    assert FAM.problems(FAM.config(BM=16, WM=32))            # warp tile taller than the tile
+    assert FAM.problems(FAM.config(BM=16, BK=128, BN=64, WN=16, STAGES=6)) == []
+    c = FAM.default()
+    assert FAM.accepts(c, 1, 4096, 4096) and FAM.accepts(c, 16, 4095, 4096)      # RC: any N
+    assert not FAM.accepts(c, 17, 4096, 4096) and not FAM.accepts(c, 8, 4096, 4100)
+    assert not FAM.accepts(c.with_(LAYOUT="RR"), 8, 4095, 4096)
+    assert FAM.option_space(c)[0] == {"splits": 0} and len(FAM.option_space(c)) == 8
+    assert FAM.option_problems(c, {"splits": 3})
+    assert len(_space()) > 100
+
+
+def _build(cfg, arch):
+    from cudal2.core.build import build
+    r = build(FAM.build_spec(cfg, arch))
+    assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-3000:]}"
+    return r
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_builds_one_kernel_without_spills(cfg, arch):
+    from test_wgmma import _cuobjdump
+    from cudal2.harness.audit import undefined_symbols
+    r = _build(cfg, arch)
+    assert r.spills == 0 and max(x.stack_bytes for x in r.resources) == 0, r.resources
+    ptx = r.ptx_path.read_text()
+    entries = re.findall(r"\.entry\s+(\w+)", ptx)
+    assert len(entries) == 1 and "hgemm_kernelILb1" in entries[0], entries   # 16-byte loads only
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "cp.async.cg.shared.global" in ptx and "atom.global.add.u32" in ptx
+    imports = undefined_symbols(r.so_path)
+    assert not [s for s in imports if "Memset" in s or "Memcpy" in s], imports
+    tool = _cuobjdump()
+    if tool:
+        sass = subprocess.run([tool, "-sass", str(r.so_path)], capture_output=True, text=True,
+                              check=True).stdout
+        assert "HMMA.16816.F32" in sass
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES[:3])   # RC on sm_80 and sm_90a, RR
+def test_meta_and_refusals(cfg, arch):
+    """Host-side: the meta, cudal2_workspace and every refusal come before any device access."""
+    from cudal2.core.abi import load_library
+    lib = load_library(_build(cfg, arch).so_path)
+    m, p = lib.meta, cfg.as_dict()
+    assert m["abi"] == 2 and m["family"] == "skinny" and m["acc"] == "f32" and m["arch"] == arch
+    assert m["max_m"] == p["BM"] and m["workspace_zero_init"] is True and m["any_shape"] is True
+    assert m["divisible"] == [1, 1 if p["LAYOUT"] == "RC" else 8, 8] and m["layout"] == p["LAYOUT"]
+    assert [o["name"] for o in m["options"]] == ["splits"] and m["params"] == p
+    rc = p["LAYOUT"] == "RC"
+    BM, BN = p["BM"], p["BN"]
+    tiles = -(-4096 // BN)
+    # an explicit split count sizes the workspace without asking the device
+    want = -(-4 * BM * 4096 * 4 // 16) * 16 + 4 * tiles
+    assert lib.workspace_bytes(BM, 4096, 4096, lib.options({"splits": 4})) == want
+    assert lib.workspace_bytes(BM, 4096, 4096, lib.options({"splits": 1})) == 0
+    P = 1 << 20
+    four = lib.options({"splits": 4})
+
+    def call(M, N=4096, K=4096, lda=4096, ldb=None, ldc=4096, a=P, b=P, c=P, ws=P, wsb=want,
+             options=four):
+        ldb = ldb or (K if rc else N)
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, ws, wsb, 0, options)
+    assert call(0) == 0 and call(BM, N=0) == 0
+    assert call(BM + 1) == INVALID_VALUE                       # M beyond the tile
+    assert call(-1) == INVALID_VALUE
+    assert call(BM, a=P + 2) == INVALID_VALUE                  # not 16-byte aligned
+    assert call(BM, b=P + 8) == INVALID_VALUE
+    assert call(BM, lda=4100) == INVALID_VALUE                 # ld not a multiple of 8
+    assert call(BM, ldb=4100) == INVALID_VALUE
+    assert call(BM, ldc=4095) == INVALID_VALUE
+    assert call(BM, wsb=want - 1) == INVALID_VALUE             # too small a workspace
+    assert call(BM, ws=P + 4) == INVALID_VALUE                 # misaligned workspace
+    assert call(BM, ws=0) == INVALID_VALUE
+    bad = (__import__("ctypes").c_int * 1)(3)
+    assert call(BM, options=bad) == INVALID_VALUE              # not a listed split count
+
+
+@pytest.mark.compile
+def test_passes_the_harness_audit():
+    from cudal2.core.abi import load_library
+    from cudal2.harness.audit import audit_build
+    cfg = FAM.default()
+    spec = FAM.build_spec(cfg, "sm_90a")
+    r = _build(cfg, "sm_90a")
+    res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
+    assert res.ok, res.reasons
+    assert res.mma, "the audit saw no tensor-core instruction"
+
+
+# ---- correctness on a GPU -----------------------------------------------------------------
+GPU_SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (7, 11008, 4096), (1, 1000, 8), (5, 72, 8200),
+              (13, 136, 264), (1, 8, 8), (16, 64, 0), (0, 64, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", list(FAM.defaults()), ids=lambda c: c.label().split(":")[1])
+def test_matches_torch(cfg):
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.toolchain import detect_arch
+    from test_templates import _run
+    arch = detect_arch()
+    if arch not in FAM.arches:
+        pytest.skip(f"skinny does not target {arch}")
+    lib = load_library(_build(cfg, arch).so_path)
+    meta = lib.meta
+    for M, N, K in GPU_SHAPES:
+        for splits in (0, 1, 4, 64):
+            if M <= cfg.get("BM") and FAM.accepts(cfg, M, N, K):
+                _run(lib, meta, M, N, K, options={"splits": splits})
+    _run(lib, meta, 9, 200, 72, ldc=203)                  # odd ldc: scalar stores
+    # bit-identical run to run (deterministic fixup), and the workspace reused with no memset
+    M, N, K = min(cfg.get("BM"), 8), 4096, 8192
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.float16)
+    b = w if meta["layout"] == "RC" else w.t().contiguous()
+    opts = lib.options({"splits": 0})
+    ws_bytes = lib.workspace_bytes(M, N, K, opts)
+    ws = torch.zeros(ws_bytes, dtype=torch.uint8, device="cuda")
+    outs = []
+    for _ in range(3):
+        c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+        assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, K, N,
+                          ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream,
+                          opts) == 0
+        outs.append(c)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs) and int(ws.count_nonzero()) == 0
+
+
+def test_max_m_bounds_what_is_served_and_the_edge_shapes():
+    from cudal2.core.abi import meta_accepts
+    from cudal2.harness.check import edge_shapes
+    meta = {"any_shape": True, "tile": [16, 128, 64], "max_m": 16, "divisible": [1, 1, 8]}
+    assert meta_accepts(meta, 16, 4097, 4096) and meta_accepts(meta, 1, 8, 8)
+    assert not meta_accepts(meta, 17, 4096, 4096) and not meta_accepts(meta, 16, 4096, 4095)
+    # the suite's edge shapes near a 16-row target stay at or below max_m
+    assert edge_shapes(16, 4096, 4096, (1, 1, 8), 16) == [(15, 4097, 4072), (16, 4095, 4136)]
