@@ -304,7 +304,7 @@ def write_outputs(reward, shapes, steps: list[dict], out: Path, cfg: RLConfig) -
                 per_shape.setdefault(a.shape, []).append(a)
     for s in shapes:
         atts = per_shape.get(s, [])
-        best = reward.best.get(s)
+        best = reward.best.get(s) or reward.best_estimated.get(s)   # estimated: a ranking, flagged
         fname = ""
         if best is not None and best.source:
             fname = f"kernels/{s[0]}_{s[1]}_{s[2]}.cu"
