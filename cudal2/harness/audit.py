@@ -42,6 +42,7 @@ from typing import Any
 from cudal2.core.abi import meta_problems
 from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
 from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness.metacheck import audit_meta
 from cudal2.harness.worker import WorkerPool, probe_library
 
 # ---- allowlists (why each entry is needed is in docs/harness.md) ------------------------------
@@ -176,6 +177,7 @@ class AuditResult:
     resources: list[dict] = field(default_factory=list)
     build: dict[str, Any] = field(default_factory=dict)
     load: dict[str, Any] = field(default_factory=dict)  # worker outcome of the meta probe
+    meta_verified: list[str] = field(default_factory=list)   # meta fields the binary confirmed (metacheck)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -441,6 +443,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
             r, n, res.mma = check_accumulator(Path(ptx_path).read_text(errors="replace"), meta["acc"])
             res.reasons += r
             res.notes += n
+        audit_meta(res, meta, build_result)      # threads / tile vs the binary (metacheck)
     res.ok = not res.reasons
     if res.ok:
         res.verdict = "ok"

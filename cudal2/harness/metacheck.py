@@ -1,0 +1,150 @@
+"""A kernel's meta against its binary: which of its claims the audit verified, which it could not.
+
+A meta is the kernel's own claim; dispatch (cudal2.runtime.plan) serves shapes by its tile, and
+reports read its threads. Where the built artefacts can confirm a claim, the audit checks it and
+rejects a lie; where they cannot, the claim is recorded as unverified (and dispatch serves the
+kernel only at the shapes it was measured at):
+
+- threads: every kernel entry's launch bounds (``.maxntid`` / ``.reqntid`` in the PTX, i.e.
+  ``__launch_bounds__``). When entries declare bounds, the meta's ``threads`` must equal one of
+  them (more threads than the bound cannot launch; fewer is a meta that describes another launch).
+- tile: the host entry's own shape guard, called without a GPU in a fresh worker that sees no
+  device (CUDA_VISIBLE_DEVICES=""), with null pointers, at the declared tile's shape (BM, BN, BK),
+  which the meta says the kernel serves. A kernel that refuses it (``cudaErrorInvalidValue``)
+  declares a tile finer than its code handles: rejected. One that goes past its guard reaches the
+  runtime, which answers no device (``cudaErrorNoDevice`` / ``cudaErrorInsufficientDriver``): the
+  tile is verified. Any other answer, a crash or a hang leaves it unverified. A declared tile
+  coarser than the code's only narrows where dispatch serves it: not a lie this can see, nor one
+  that can serve a wrong shape.
+- workspace: left to the GPU tier (a too-small workspace is only refused, or not, by a kernel
+  that gets past its guard to a launch, which needs a device); recorded as unverified when a
+  kernel declares one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_ENTRY = re.compile(r"^[ \t]*(?:\.(?:visible|weak)[ \t]+)?\.entry[ \t]+([\w$.]+)", re.M)
+_BOUNDS = re.compile(r"\.(maxntid|reqntid)\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+# cudaError_t values the probe reads
+INVALID_VALUE = 1                      # the ABI's refusal (docs/abi.md)
+NO_DEVICE = (100, 35)                  # cudaErrorNoDevice, cudaErrorInsufficientDriver: past the guard
+
+
+@dataclass
+class MetaCheck:
+    reasons: list[str] = field(default_factory=list)     # lies: the audit rejects
+    notes: list[str] = field(default_factory=list)       # what could not be checked, and why
+    verified: list[str] = field(default_factory=list)    # meta fields the binary confirmed
+
+
+def launch_bounds(ptx: str) -> dict[str, int]:
+    """{entry: threads per block} for each kernel entry of a PTX file that declares launch
+    bounds (.maxntid / .reqntid, x*y*z); entries without bounds are absent."""
+    out = {}
+    ms = list(_ENTRY.finditer(ptx))
+    for i, m in enumerate(ms):
+        end = ms[i + 1].start() if i + 1 < len(ms) else len(ptx)
+        head = ptx[m.start():end].split("{", 1)[0]            # directives precede the body
+        b = _BOUNDS.search(head)
+        if b:
+            n = 1
+            for g in b.groups()[1:]:
+                n *= int(g or 1)
+            out[m.group(1)] = n
+    return out
+
+
+def check_threads(meta: dict, ptx: str) -> MetaCheck:
+    res = MetaCheck()
+    if "threads" not in meta:
+        return res
+    t = meta["threads"]
+    if not (isinstance(t, int) and not isinstance(t, bool) and t > 0):
+        res.reasons.append(f"meta threads must be a positive int, got {t!r}")
+        return res
+    bounds = launch_bounds(ptx)
+    n_entries = len(_ENTRY.findall(ptx))
+    if not bounds:
+        res.notes.append("meta threads unverified: no kernel entry declares launch bounds "
+                         "(__launch_bounds__ / .maxntid)")
+    elif t in bounds.values():
+        res.verified.append("threads")
+    elif len(bounds) == n_entries:
+        res.reasons.append(f"meta declares threads {t} but the kernel's launch bounds are "
+                           + ", ".join(f"{n} ({e[:40]})" for e, n in sorted(bounds.items())[:3]))
+    else:
+        res.notes.append(f"meta threads {t} unverified: it matches none of the declared launch "
+                         f"bounds {sorted(set(bounds.values()))} and some entries declare none")
+    return res
+
+
+def probe_guard(so_path: str, M: int, N: int, K: int) -> int:
+    """Worker task (a worker that sees no GPU): cudal2_hgemm at (M, N, K), row-major RR leading
+    dimensions, null pointers and stream; returns its cudaError_t value."""
+    import ctypes
+    lib = ctypes.CDLL(str(so_path), mode=ctypes.RTLD_LOCAL)
+    fn = lib.cudal2_hgemm
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_size_t,
+                                                                  ctypes.c_void_p, ctypes.c_void_p]
+    return int(fn(None, None, None, M, N, K, K, N, N, None, 0, None, None))
+
+
+def check_tile(meta: dict, so_path, *, timeout_s: float = 30) -> MetaCheck:
+    """The declared tile against the host entry's shape guard (module docstring)."""
+    res = MetaCheck()
+    tile = meta.get("tile")
+    if meta.get("any_shape") or not (isinstance(tile, list) and len(tile) == 3
+                                      and all(isinstance(x, int) and x > 0 for x in tile)):
+        return res          # any_shape kernels take every shape; a malformed tile is abi's reason
+    from cudal2.harness.worker import WorkerPool
+    M, N, K = tile
+    with WorkerPool(max_tasks=1, device="") as pool:       # sees no GPU: nothing can launch
+        out = pool.run(probe_guard, str(so_path), M, N, K, timeout_s=timeout_s)
+    if out.status != "ok":
+        res.notes.append(f"meta tile unverified: calling cudal2_hgemm at {M}x{N}x{K} without a "
+                         f"device {out.status}: {out.detail[:200]}")
+    elif out.value == INVALID_VALUE:
+        res.reasons.append(f"meta declares tile {tile} (it serves multiples of it) but the kernel's "
+                           f"own guard refuses {M}x{N}x{K} (cudaErrorInvalidValue)")
+    elif out.value in NO_DEVICE:
+        res.verified.append("tile")
+    else:
+        res.notes.append(f"meta tile unverified: cudal2_hgemm at {M}x{N}x{K} without a device "
+                         f"returned {out.value}")
+    return res
+
+
+def check_meta_binary(meta: dict, build_result) -> MetaCheck:
+    """Every check above for a built kernel."""
+    res = MetaCheck()
+    ptx_path = getattr(build_result, "ptx_path", None)
+    if ptx_path and Path(ptx_path).is_file():
+        parts = [check_threads(meta, Path(ptx_path).read_text(errors="replace"))]
+    else:
+        parts = [MetaCheck(notes=["meta threads unverified: the build kept no PTX"])]
+    if build_result.so_path:
+        parts.append(check_tile(meta, build_result.so_path))
+    for p in parts:
+        res.reasons += p.reasons
+        res.notes += p.notes
+        res.verified += p.verified
+    if meta.get("workspace_bytes") or meta.get("abi") == 2:
+        res.notes.append("meta workspace unverified without a GPU (the GPU tier's checks call it "
+                         "with the workspace it asks for)")
+    return res
+
+
+def audit_meta(audit_result, meta: dict, build_result) -> None:
+    """The audit's hook (cudal2.harness.audit.audit_build): for a meta that keeps the ABI's rules,
+    add the binary's verdict on it to `audit_result` (reasons, notes, meta_verified)."""
+    if audit_result.reasons:
+        return
+    mc = check_meta_binary(meta, build_result)
+    audit_result.reasons += mc.reasons
+    audit_result.notes += mc.notes
+    audit_result.meta_verified = mc.verified
