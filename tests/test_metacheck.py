@@ -57,3 +57,24 @@ def test_audit_rejects_metas_the_binary_contradicts():
     fine = audit_file(DATA / "fine_tile.cu")                    # tile 32x32: its guard needs 64
     assert not fine.ok and any("tile [32, 32, 16]" in r and "refuses" in r for r in fine.reasons)
     assert fine.meta_verified == ["threads"]
+
+
+def test_dispatch_serves_an_unverified_tile_only_at_its_measured_shape():
+    """plan(verified=...): a kernel whose tile the audit did not confirm serves only the shape it
+    was measured at; a verified one also serves the nearest shapes its tile divides."""
+    from cudal2.runtime.plan import TableEntry, plan
+    def entry(M, N, K):
+        return TableEntry("sm_90a", "f32", "RR", M, N, K, f"sm_90a/f32_RR/{M}_{N}_{K}.cu",
+                          f"{M:04x}{N:04x}{K:04x}".ljust(64, "0"), tuned=True)
+    a, b = entry(256, 256, 256), entry(512, 512, 512)
+    t = {(e.arch, e.acc, e.layout, e.M, e.N, e.K): e for e in (a, b)}
+    metas = {e.sha256: {"any_shape": False, "tile": [64, 64, 16]} for e in (a, b)}
+    near = plan((384, 384, 384), "RR", "sm_90a", "f32", t, metas=metas)
+    assert near.kind == "nearest" and len(near.candidates) == 2          # trusting the meta
+    only_b = plan((384, 384, 384), "RR", "sm_90a", "f32", t, metas=metas,
+                  verified={b.sha256: ["threads", "tile"], a.sha256: ["threads"]})
+    assert only_b.kind == "nearest" and only_b.candidates == (b,)
+    none = plan((384, 384, 384), "RR", "sm_90a", "f32", t, metas=metas, verified={})
+    assert none.kind == "fallback"
+    exact = plan((256, 256, 256), "RR", "sm_90a", "f32", t, metas=metas, verified={})
+    assert exact.kind == "exact" and exact.candidates == (a,)

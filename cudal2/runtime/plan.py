@@ -42,7 +42,8 @@ class Decision:
 
 def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, table: Table, *,
          metas: Mapping[str, Mapping] | None = None, exclude: Iterable[str] = (),
-         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate") -> Decision:
+         k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate",
+         verified: Mapping[str, Iterable[str]] | None = None) -> Decision:
     """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`.
 
     exact:   a tuned kernel for this very (arch, acc, layout, M, N, K) (and, if its meta is known,
@@ -54,6 +55,9 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
     `metas` maps sha256 -> cudal2_meta for kernels loaded so far; a kernel whose meta is unknown
     is a candidate marked `unresolved` (unknown_meta="candidate") or skipped ("reject").
     `exclude` holds sha256s known not to work here (build/load failure, wrong meta).
+    `verified` maps sha256 -> the meta fields the audit confirmed against the binary
+    (AuditResult.meta_verified); when given, a kernel whose "tile" is not among them (absent
+    included) serves only its own measured shape (exact), never a nearest one.
     """
     M, N, K = (int(x) for x in shape)
     metas = metas or {}
@@ -81,6 +85,8 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
     cands, unresolved, dists = [], [], []
     for d, _, _, e in ranked:
+        if verified is not None and "tile" not in verified.get(e.sha256, ()):
+            continue                 # its tile is the kernel's claim only: exact shapes only
         meta = metas.get(e.sha256)
         if meta is None:
             if unknown_meta != "candidate":
