@@ -45,6 +45,16 @@ def test_threads_against_launch_bounds():
     assert not part.reasons and "unverified" in part.notes[0]
 
 
+def test_the_shape_a_meta_claims():
+    assert MC.claimed_shape({"tile": [64, 128, 16], "any_shape": False}) == (64, 128, 16)
+    assert MC.claimed_shape({"tile": [64, 128, 16], "any_shape": True, "divisible": [1, 8, 8]}) == (1, 8, 8)
+    assert MC.claimed_shape({"tile": [64, 128, 16], "any_shape": True}) == (1, 1, 1)
+    assert MC.claimed_shape({"tile": [64, 16], "any_shape": False}) is None
+    # a split-K kernel serves K multiples of BK * splits only
+    assert MC.claimed_shape({"tile": [64, 64, 32], "any_shape": False, "divisible": [1, 1, 128]}) \
+        == (64, 64, 128)
+
+
 @pytest.mark.compile
 def test_audit_rejects_metas_the_binary_contradicts():
     from cudal2.harness.audit import audit_file
@@ -57,6 +67,12 @@ def test_audit_rejects_metas_the_binary_contradicts():
     fine = audit_file(DATA / "fine_tile.cu")                    # tile 32x32: its guard needs 64
     assert not fine.ok and any("tile [32, 32, 16]" in r and "refuses" in r for r in fine.reasons)
     assert fine.meta_verified == ["threads"]
+    # any_shape claimed by a kernel whose guard wants multiples of 64
+    from cudal2.harness.audit import audit_source
+    src = (DATA / "honest.cu").read_text().replace('\\"any_shape\\": false', '\\"any_shape\\": true')
+    assert src != (DATA / "honest.cu").read_text()
+    anys = audit_source(src, name="any_shape_liar")
+    assert not anys.ok and any("any_shape" in r and "1x1x1" in r for r in anys.reasons)
 
 
 def test_dispatch_serves_an_unverified_tile_only_at_its_measured_shape():

@@ -443,7 +443,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
             r, n, res.mma = check_accumulator(Path(ptx_path).read_text(errors="replace"), meta["acc"])
             res.reasons += r
             res.notes += n
-        audit_meta(res, meta, build_result)      # threads / tile vs the binary (metacheck)
+        audit_meta(res, meta, build_result, pool)      # threads / tile vs the binary (metacheck)
     res.ok = not res.reasons
     if res.ok:
         res.verdict = "ok"
