@@ -22,6 +22,8 @@ be checked without running it, on the built artefacts rather than by guessing fr
 6. accumulator: every tensor-core instruction in the PTX (mma.sync, wgmma.mma_async, wmma.mma)
    with fp16 inputs must accumulate in the type the meta declares. CUDA-L2 shipped fp16-
    accumulate kernels labelled fp32.
+7. meta vs binary (cudal2.harness.metacheck): threads vs launch bounds, the claimed shapes vs the
+   host entry's own guard; AuditResult.meta_verified lists what the binary confirmed.
 
 Limits (said plainly): the audit stops lazy and accidental cheats, not determined ones; host code
 can still compute function addresses or obfuscate a driver name. Process isolation (worker.py)
