@@ -40,8 +40,8 @@ No cheaper path: a reward above -0.6 needs a build, an audit pass and (with a GP
 correctness checks and the timing, all in the harness. Without a GPU every kernel that built and
 passed the audit gets the same flat reward: a static estimate prices what the code contains, not
 what it executes, so dead tensor-core instructions, skipped K work or a flattering meta raised it
-(at 4096^3 the corpus WMMA kernel estimated 0.038x, the same with a never-executed wgmma 0.334x,
-a wrong one reusing the first K slice 0.519x; tests/test_rl_adversarial.py). The estimate stays
+(at 4096^3 the corpus WMMA kernel estimated 0.038x, the same with a never-executed wgmma 0.334x;
+the kernels are in tests/data/adversarial, tests/test_rl_adversarial.py). The estimate stays
 on the row (flagged estimated) for ranking where a GPU verdict follows; estimated rows are never
 verified, so they never become a shape's reference or best.
 
