@@ -13,9 +13,9 @@ verdict                             reward
 correct and measured (``ok``)       ``x / (1 + x)`` for x >= 0, ``x / (1 - x / 0.55)`` for x < 0:
                                     0 at the best known time, slope 1 around it, strictly
                                     increasing, inside the open interval (-0.55, 1.0)
-built + audited, no GPU             the same on the build-derived estimate (rl.estimate), flagged
-(``not_measured``)                  *estimated*; -0.55 (flat, estimated) when the device code
-                                    shows no arithmetic loop to price
+built + audited, no GPU             -0.55, flat (FLAT_ESTIMATE): with no measured time there is
+(``not_measured``)                  no speed term; the build-derived estimate (rl.estimate) is
+                                    recorded for ranking and search only, never rewarded
 wrong answer                        -0.6
 crash / timeout / out of memory     -0.7
 build failure                       -0.8  (a missing or misspelt header included)
@@ -37,9 +37,19 @@ the policy competes. Normalising by the best known time per shape puts each shap
 group's kernels the linear part of the curve.
 
 No cheaper path: a reward above -0.6 needs a build, an audit pass and (with a GPU) the
-correctness checks and the timing, all in the harness; an estimate is only ever given to a
-kernel that built and passed the audit, and it reads the build (PTX instruction mix, ptxas
-stats), never the kernel's meta (rl.estimate). With a GPU and group screening
+correctness checks and the timing, all in the harness. Without a GPU every kernel that built and
+passed the audit gets the same flat reward: a static estimate prices what the code contains, not
+what it executes, so dead tensor-core instructions, skipped K work or a flattering meta raised it
+(at 4096^3 the corpus WMMA kernel estimated 0.038x, the same with a never-executed wgmma 0.334x;
+the kernels are in tests/data/adversarial, tests/test_rl_adversarial.py). The estimate stays
+on the row (flagged estimated) for ranking where a GPU verdict follows; estimated rows are never
+verified, so they never become a shape's reference or best.
+
+Resolution: rewards of one group (shape, turn) whose speedups differ by less than the
+measurement's resolution (the recorded interval's half-width in log terms, at least
+RESOLUTION) are tied at the lowest of them (tie_within_resolution), so trl's per-group std
+normalisation cannot turn timing noise into an advantage: a group all within the resolution has
+zero spread and no advantage. With a GPU and group screening
 (rl.executor.LocalExecutor.evaluate_groups) the group's fastest screened kernel gets the full
 finals; the others keep a *screened* reward (smoke-checked, timed-output-verified), capped just
 below their finalist's, so no kernel outscores its group's fully checked kernel without the full
@@ -48,8 +58,8 @@ correctness suite.
 Winner's curse: a measured kernel whose speedup beats the shape's reference is re-measured in a
 fresh measurement run (a new finals session in a fresh worker, every baseline) before it counts:
 its reward, the reference and the export use the re-measurement (the newest row, which the
-cache serves from then on). Estimates are deterministic functions of the binary: nothing to
-re-measure, and nothing estimated is ever exported.
+cache serves from then on). Estimates are never re-measured, never references and never
+exported.
 
 Caching: the harness's one cache rule (cudal2.harness.pipeline.cached: same source, shape, arch,
 GPU model, options, and timed the same way) answers first. A kernel seen before is never rebuilt
@@ -99,6 +109,9 @@ CHEATING = ("too_fast", "audit_rejected")
 # Harness statuses reached only after a successful build.
 COMPILED = ("ok", "not_measured", "audit_rejected", "wrong", "crashed", "timeout", "oom", "too_fast")
 SCREENED_MARGIN = 1e-3       # a screened reward stays this far below its finalist's
+# Relative speed difference below which two measured kernels tie when a row records no interval:
+# finals stop once the speedup interval is 0.5% tight (cudal2.harness.measure).
+RESOLUTION = 0.005
 
 
 def correct_reward(x: float) -> float:
@@ -133,14 +146,55 @@ def reward_for(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE,
     status = ev.status
     if status in PENALTIES:
         return PENALTIES[status]
-    if status in ("ok", "not_measured"):
+    if status == "not_measured" or (status == "ok" and getattr(ev, "estimated", False)):
+        return FLAT_ESTIMATE        # no measured time: no speed term (the estimate ranks, never rewards)
+    if status == "ok":
         s = evaluation_speedup(ev, baseline, mode)
-        if s is None:
-            if status == "not_measured":      # built + audited, no arithmetic to price: flat
-                return FLAT_ESTIMATE
-            return None                       # ok without the chosen baseline timed: no number
-        return speedup_reward(s, reference)
+        return None if s is None else speedup_reward(s, reference)   # None: baseline not timed
     return None   # "error": the harness failed, not the kernel
+
+
+def measurement_resolution(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEFAULT_MODE) -> float:
+    """The resolution of a measured speedup in log terms: half the width of its recorded
+    interval (stats[mode]["speedup"][baseline] lo..hi), at least log(1 + RESOLUTION)."""
+    floor = math.log1p(RESOLUTION)
+    iv = ((((getattr(ev, "stats", None) or {}).get(mode) or {}).get("speedup") or {}).get(baseline)
+          or {})
+    lo, hi = iv.get("lo"), iv.get("hi")
+    if lo and hi and lo > 0 and hi >= lo:
+        return max(floor, 0.5 * math.log(hi / lo))
+    return floor
+
+
+def tie_within_resolution(attempts) -> int:
+    """Ties the rewards of measured kernels of one group (shape, turn) whose speedups lie within
+    the measurement's resolution of each other: sorted by speedup, each run of kernels within
+    the resolution of the run's slowest gets the run's lowest reward (a tie never raises a
+    reward). Only measured speedups take part (estimated rows already share the flat reward).
+    Changes `attempts` in place; returns how many rewards it lowered."""
+    groups: dict[tuple, list] = {}
+    for a in attempts:
+        if (a is not None and a.reward is not None and a.speedup and a.speedup > 0
+                and a.verdict == "ok" and not a.estimated):
+            groups.setdefault((a.shape, a.turn), []).append(a)
+    changed = 0
+    for members in groups.values():
+        members.sort(key=lambda a: a.speedup)
+        i = 0
+        while i < len(members):
+            anchor = members[i]
+            j = i + 1
+            while j < len(members) and math.log(members[j].speedup / anchor.speedup) < max(
+                    anchor.resolution, members[j].resolution):
+                j += 1
+            run = members[i:j]
+            low = min(a.reward for a in run)
+            for a in run:
+                if a.reward != low:
+                    a.reward = low
+                    changed += 1
+            i = j
+    return changed
 
 
 def add_estimate(ev, facts, baseline_us: dict[str, float], gpu_spec,
@@ -148,7 +202,8 @@ def add_estimate(ev, facts, baseline_us: dict[str, float], gpu_spec,
     """Fill a not_measured Evaluation's timings/speedups from the build-derived estimate
     (rl.estimate: `facts` are the build's BuildFacts, never the meta) and the baselines'
     predicted times; flag it estimated. Returns False (and says why in `detail`) when the
-    build shows nothing to price; the reward is then the flat FLAT_ESTIMATE."""
+    build shows nothing to price. Either way the reward is the flat FLAT_ESTIMATE: the estimate
+    ranks (search, outputs), it never rewards."""
     if ev.status != "not_measured":
         return False
     ev.estimated = True
@@ -183,10 +238,11 @@ class Attempt:
     winner_baseline: str = ""    # fastest baseline for this shape (when timed)
     source: str = ""
     stage: str = "final"         # "final" (full checks) | "screen" (smoke + timed-output checks)
-    verified: bool = False       # a measured speedup confirmed by a fresh re-measurement (or an estimate)
+    verified: bool = False       # a measured speedup confirmed by a fresh re-measurement
     reference: float = 1.0       # the shape's best known speedup the reward was taken against
     audit: list = field(default_factory=list)   # the audit's reasons / notes, for feedback
     turn: int = 1                # multi-turn refinement: which turn wrote it
+    resolution: float = 0.0      # the measured speedup's resolution in log terms (0: not measured)
 
     @property
     def compiled(self) -> bool:
@@ -288,7 +344,9 @@ class KernelReward:
         self._cost_model = cost_model
         self.n_measurements = 0
         self.attempts: list[list[Attempt]] = []     # one list per reward call (= per step)
-        self.best: dict[tuple[int, int, int], Attempt] = {}   # verified bests only
+        self.best: dict[tuple[int, int, int], Attempt] = {}   # verified (re-measured) bests only
+        # the fastest estimated kernel per shape: a ranking for outputs, never a reference
+        self.best_estimated: dict[tuple[int, int, int], Attempt] = {}
         self.n_evaluated = 0                        # harness calls (cache misses)
         self.n_cached = 0
         self.n_remeasured = 0
@@ -420,23 +478,28 @@ class KernelReward:
                     key[1], ev.status, r, evaluation_speedup(ev, self.baseline, self.mode),
                     bool(ev.estimated), key[0], ev.id, was_cached or j > 0, ev.detail,
                     dict(ev.build or {}), _winner_baseline(ev, self.mode), exts[i].source,
-                    ev.stage, self.verified(ev), ref, _audit_lines(ev), turn)
+                    ev.stage, self.verified(ev), ref, _audit_lines(ev), turn,
+                    0.0 if ev.estimated else measurement_resolution(ev, self.baseline, self.mode))
+        tie_within_resolution(attempts)
         with self._lock:
             self.attempts.append(attempts)
             for a in attempts:
-                if (a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured")
-                        or not a.verified):
+                if a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
                     continue
-                cur = self.best.get(a.shape)
+                # verified (re-measured) bests are references; estimates only rank, for outputs
+                bests = self.best if a.verified else self.best_estimated if a.estimated else None
+                if bests is None:
+                    continue
+                cur = bests.get(a.shape)
                 if cur is None or a.speedup > cur.speedup:
-                    self.best[a.shape] = a
+                    bests[a.shape] = a
         return attempts  # type: ignore[return-value]
 
     def verified(self, ev) -> bool:
-        """An estimate (deterministic), or a final measured row that is a re-measurement."""
-        if ev.status not in ("ok", "not_measured") or ev.stage != "final":
+        """A final measured row that is a re-measurement (an estimate never is)."""
+        if ev.status != "ok" or ev.stage != "final" or ev.estimated:
             return False
-        return bool(ev.estimated) or bool((ev.env or {}).get("rl_remeasure_of"))
+        return bool((ev.env or {}).get("rl_remeasure_of"))
 
     def _confirm(self, ev, source: str, shape):
         """A fresh re-measurement of a measured final that beats the shape's reference."""

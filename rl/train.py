@@ -139,12 +139,13 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
             state["seen"] = len(reward.attempts)
             attempts = [a for batch in new for a in batch if a is not None]
             summ = reward.step_summary(attempts) if attempts else {"n": 0}
-            best_now = {s: a for s, a in reward.best.items()}
+            # without a GPU: the best estimates, a ranking (flagged), never references
+            best_now = dict(reward.best_estimated if reward.estimated else reward.best)
             improved = [s for s, a in best_now.items()
                         if s not in state["best"] or a.speedup > state["best"][s]]
             state["best"] = {s: a.speedup for s, a in best_now.items()}
             best_txt = ", ".join(f"{_fmt_shape(s)} {best_now[s].speedup:.2f}x"
-                                 + ("" if best_now[s].estimated else " (re-measured)") if s in best_now
+                                 + (" (estimated)" if best_now[s].estimated else " (re-measured)") if s in best_now
                                  else f"{_fmt_shape(s)} -" for s in shapes[:8])
             if len(shapes) > 8:
                 best_txt += f", ... ({len(best_now)}/{len(shapes)} shapes with a verified kernel)"
@@ -315,7 +316,7 @@ def write_outputs(reward, shapes, steps: list[dict], out: Path, cfg: RLConfig) -
                 per_shape.setdefault(a.shape, []).append(a)
     for s in shapes:
         atts = per_shape.get(s, [])
-        best = reward.best.get(s)
+        best = reward.best.get(s) or reward.best_estimated.get(s)   # estimated: a ranking, flagged
         fname = ""
         if best is not None and best.source:
             fname = f"kernels/{s[0]}_{s[1]}_{s[2]}.cu"

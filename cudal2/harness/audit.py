@@ -22,6 +22,8 @@ be checked without running it, on the built artefacts rather than by guessing fr
 6. accumulator: every tensor-core instruction in the PTX (mma.sync, wgmma.mma_async, wmma.mma)
    with fp16 inputs must accumulate in the type the meta declares. CUDA-L2 shipped fp16-
    accumulate kernels labelled fp32.
+7. meta vs binary (cudal2.harness.metacheck): threads vs launch bounds, the claimed shapes vs the
+   host entry's own guard; AuditResult.meta_verified lists what the binary confirmed.
 
 Limits (said plainly): the audit stops lazy and accidental cheats, not determined ones; host code
 can still compute function addresses or obfuscate a driver name. Process isolation (worker.py)
@@ -42,6 +44,7 @@ from typing import Any
 from cudal2.core.abi import meta_problems
 from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
 from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness.metacheck import audit_meta
 from cudal2.harness.worker import WorkerPool, probe_library
 
 # ---- allowlists (why each entry is needed is in docs/harness.md) ------------------------------
@@ -176,6 +179,7 @@ class AuditResult:
     resources: list[dict] = field(default_factory=list)
     build: dict[str, Any] = field(default_factory=dict)
     load: dict[str, Any] = field(default_factory=dict)  # worker outcome of the meta probe
+    meta_verified: list[str] = field(default_factory=list)   # meta fields the binary confirmed (metacheck)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -496,6 +500,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
             r, n, res.mma = check_accumulator(Path(ptx_path).read_text(errors="replace"), meta["acc"])
             res.reasons += r
             res.notes += n
+        audit_meta(res, meta, build_result, pool)      # threads / tile vs the binary (metacheck)
     res.ok = not res.reasons
     if res.ok:
         res.verdict = "ok"

@@ -225,7 +225,7 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
                         pool=probe_pool, probe_timeout_s=probe_timeout_s)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
-                "mma": audit.mma, "load": audit.load}
+                "mma": audit.mma, "load": audit.load, "meta_verified": audit.meta_verified}
     ev.meta = audit.meta
     ev.acc = request.acc or audit.meta.get("acc", "") or ""
     ev.layout = audit.meta.get("layout", "") or ""

@@ -70,7 +70,7 @@ class Decision:
 def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, table: Table, *,
          metas: Mapping[str, Mapping] | None = None, exclude: Iterable[str] = (),
          k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate",
-         gpu: str | None = None) -> Decision:
+         gpu: str | None = None, verified: Mapping[str, Iterable[str]] | None = None) -> Decision:
     """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`,
     on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows
     first, any-GPU rows where it has none, never another GPU's).
@@ -86,6 +86,9 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
     `metas` maps sha256 -> cudal2_meta for kernels loaded so far; a kernel whose meta is unknown
     is a candidate marked `unresolved` (unknown_meta="candidate") or skipped ("reject").
     `exclude` holds sha256s known not to work here (build/load failure, wrong meta).
+    `verified` maps sha256 -> the meta fields the audit confirmed against the binary
+    (AuditResult.meta_verified); when given, a kernel whose "tile" is not among them (absent
+    included) serves only its own measured shape (exact), never a bucket or a nearest one.
     """
     M, N, K = (int(x) for x in shape)
     metas = metas or {}
@@ -114,7 +117,9 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
             meta = metas.get(e.sha256)
             if meta is None or meta_accepts(meta, M, N, K):
                 return Decision("exact", (e,), f"tuned kernel {e.file}", (e,) if meta is None else ())
-    b = bucket_match((M, N, K), same, metas)
+    # a kernel whose tile the audit did not confirm serves no other M than its own either
+    trusted = [e for e in same if verified is None or "tile" in verified.get(e.sha256, ())]
+    b = bucket_match((M, N, K), trusted, metas)
     if b is not None:
         return Decision("bucket", (b,), f"tuned kernel {b.file} (M={b.M}, bucket {b.m_bucket})",
                         (b,) if b.sha256 not in metas else ())
@@ -122,6 +127,8 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
     cands, unresolved, dists = [], [], []
     for d, _, _, e in ranked:
+        if verified is not None and "tile" not in verified.get(e.sha256, ()):
+            continue                 # its tile is the kernel's claim only: exact shapes only
         meta = metas.get(e.sha256)
         if meta is None:
             if unknown_meta != "candidate":
