@@ -110,7 +110,11 @@ def enumerate_space(family, *, arch: str | None = None, acc: str = "f32", layout
     space = family.space()
     names = sorted(space)
     size = math.prod(len(space[n]) for n in names)
-    default = family.default().with_(ACC=acc, LAYOUT=layout)
+    # a family without an ACC knob (skinny: f32 only) serves f32 targets only
+    default = templates.with_acc(family.default(), acc)
+    if default is None:
+        return []
+    default = default.with_(LAYOUT=layout)
     if size <= MAX_ENUMERATE:
         combos: Iterable = itertools.product(*(space[n] for n in names))
     else:
@@ -276,7 +280,8 @@ def _pick_per_family(fitting: list, shape: Shape, model: CostModel, quota: int, 
     for group in by_family.values():
         mine = _pick(group, shape, model, quota, chosen_elsewhere, times=times)
         fam, some = group[0][0], group[0][1]
-        default = fam.default().with_(ACC=some.get("ACC"), LAYOUT=some.get("LAYOUT"))
+        default = fam.default().with_(LAYOUT=some.get("LAYOUT"))
+        default = default.with_(ACC=some.get("ACC")) if "ACC" in some.as_dict() else default
         served = next((fc for fc in group if fc[1] == default), None)
         if served is not None and served not in mine:
             mine = (mine[:-1] if len(mine) >= quota else mine) + [served]
