@@ -316,11 +316,11 @@ def store(tmp_path, monkeypatch):
     idx = KernelIndex(root)
     metas = {}
 
-    def add(M, N, K, meta, layout="RR", arch="sm_90a", gpu=""):
+    def add(M, N, K, meta, layout="RR", arch="sm_90a", gpu="", verified=("threads", "tile")):
         src = f"// kernel {M} {N} {K} {layout} {arch} {gpu}\n"
         row = idx.add(src, arch=arch, acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
                       tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5},
-                      gpu=gpu)
+                      gpu=gpu, verified=verified)
         metas[src] = dict(meta, arch=arch, acc="f32", layout=layout, workspace_bytes=0)
         return row
 
@@ -347,6 +347,40 @@ def test_decide_bucket_serves_without_a_race(store, monkeypatch):
     monkeypatch.setattr(race, "race", lambda *a, **k: pytest.fail("a bucket kernel never races"))
     served = resolve.decide(0, 40, 256, 128, "RC", None, None)
     assert served is not resolve.TORCH and built == ["sm_90a/f32_RC/64_256_128.cu"]
+
+
+@pytest.mark.parametrize("trust", ["unverified", "audited", "instantiation", "old index"])
+def test_decide_serves_an_unconfirmed_tile_at_its_measured_shape_only(store, monkeypatch, trust):
+    """index.csv's config / verified columns reach plan(): a kernel whose tile the audit did not
+    confirm (a policy's claim) serves the shape it was measured at and nothing else, neither a
+    bucket neighbour nor a nearest shape; one whose tile the audit confirmed, or that is an
+    instantiation of our own families, serves both as before. An index written before the
+    columns reads, and its rows are unconfirmed."""
+    import csv
+    import dataclasses
+    idx, add, built = store
+    verified = {"audited": "threads;tile", "instantiation": ""}.get(trust, "threads")
+    row = add(64, 256, 128, ANY, verified=verified)
+    idx.replace_row(dataclasses.replace(
+        row, m_bucket="33-64", config="mma_sm90a_f32_rr_x" if trust == "instantiation" else ""))
+    idx.write()
+    if trust == "old index":             # the columns of before: no config, no verified
+        path = idx.root / "index.csv"
+        recs = list(csv.DictReader(path.open()))
+        cols = [c for c in recs[0] if c not in ("config", "verified")]
+        with path.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+            w.writeheader()
+            w.writerows(recs)
+        assert "verified" not in path.read_text()
+    trusted = trust in ("audited", "instantiation")
+    monkeypatch.setattr(race, "read_verdict", lambda key: {"key": key, "winner": row.sha256})
+    for shape in ((64, 256, 128), (40, 256, 128), (256, 256, 128)):   # exact, bucket, nearest
+        resolve.reset(resolve.state.loader)
+        resolve.state.arch[0] = "sm_90a"
+        resolve.state.env[0] = {"gpu": "FakeGPU", "torch": "t", "cuda": "c", "cublas": "b"}
+        served = resolve.decide(0, *shape, "RR", None, None)
+        assert (served is not resolve.TORCH) == (trusted or shape == (64, 256, 128)), shape
 
 
 def test_decide_serves_the_visible_gpus_own_row(store):
@@ -485,7 +519,7 @@ def test_nearest_keeps_each_shapes_options_apart(store):
     name (build, options) pairs, and the winner launches with its own shape's options."""
     idx, _, _ = store
     kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
-              mode="offline", report="synthetic", speedups={"torch": 1.5})
+              mode="offline", report="synthetic", speedups={"torch": 1.5}, verified="tile")
     near = idx.add("// one build\n", M=512, N=512, K=512, options={"swizzle": 1}, **kw)
     far = idx.add("// one build\n", M=8192, N=8192, K=8192, options={"swizzle": 8}, **kw)
     idx.write()

@@ -45,10 +45,14 @@ SPEEDUP_COLUMNS = (
 )
 COLUMNS = (
     "arch", "acc", "layout", "M", "N", "K", "file", "sha256", "family", "tuned", "mode",
-    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo", "m_bucket", "gpu",
+    *SPEEDUP_COLUMNS, "report", "options", "speedup_lo", "m_bucket", "gpu", "config", "verified",
 )
 # Columns added after the first release: an index without them still reads (empty values).
-OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket", "gpu")
+OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket", "gpu", "config", "verified")
+# The meta claims the audit can confirm against a kernel's binary (cudal2.harness.metacheck):
+# what index column `verified` may list. A row with a `config` (its source is an instantiation of
+# one of our own families, cudal2.templates.config_of) is trusted in all of them.
+META_FIELDS = ("threads", "tile", "workspace")
 SETTLED_NAME = "settled.csv"
 # One record per (row key, kept kernel, lost kernel): the rule that settled it and both figures.
 SETTLED_COLUMNS = (
@@ -109,6 +113,8 @@ class IndexRow:
     speedup_lo: float | None = None  # lower end of the speedup interval vs the best baseline
     m_bucket: str = ""          # 'lo-hi': the token counts M this row's kernel serves (vocab.m_bucket); '' = M only
     gpu: str = ""               # the GPU model measured on (vocab.gpu_key); '' = any GPU of the arch
+    config: str = ""            # KernelConfig.name() when the source is a family instantiation; '' = not one
+    verified: str = ""          # meta fields the audit confirmed against the binary: 'threads;tile'
 
     @property
     def key(self) -> tuple[str, str, str, int, int, int, str]:
@@ -140,6 +146,15 @@ class IndexRow:
     @property
     def options_dict(self) -> dict[str, int]:
         return parse_options(self.options)
+
+    @property
+    def trusted_meta(self) -> frozenset[str]:
+        """The meta fields dispatch may trust (META_FIELDS): all of them for an instantiation of
+        our own families (`config`), else those the audit confirmed (`verified`); a row of an
+        index written before these columns trusts none."""
+        if self.config:
+            return frozenset(META_FIELDS)
+        return frozenset(filter(None, self.verified.split(";")))
 
     def path(self, root: str | os.PathLike) -> Path:
         return Path(root) / self.file
@@ -203,6 +218,13 @@ class IndexRow:
             raise bad(f"m_bucket {self.m_bucket!r} must be empty or {want!r}, the bucket of M={self.M}")
         if not isinstance(self.gpu, str) or self.gpu != gpu_key(self.gpu):
             raise bad(f"gpu {self.gpu!r} must be a GPU name with single spaces (vocab.gpu_key) or empty")
+        if not isinstance(self.config, str) or not re.fullmatch(r"[a-z0-9_]*", self.config):
+            raise bad(f"config {self.config!r} must be empty or a config name ([a-z0-9_])")
+        fields = self.verified.split(";") if isinstance(self.verified, str) and self.verified else []
+        if (not isinstance(self.verified, str) or any(f not in META_FIELDS for f in fields)
+                or fields != sorted(set(fields))):
+            raise bad(f"verified {self.verified!r} must be empty or 'field;...' sorted, each one "
+                      f"of {META_FIELDS}")
         if self.tuned:
             # The library must never make a user slower: a tuned row carries the run that shows
             # it beating every baseline it was timed against.
@@ -251,6 +273,7 @@ class IndexRow:
             report=(rec.get("report") or "").strip(),
             options=(rec.get("options") or "").strip(), speedup_lo=as_float("speedup_lo"),
             m_bucket=(rec.get("m_bucket") or "").strip(), gpu=(rec.get("gpu") or "").strip(),
+            config=(rec.get("config") or "").strip(), verified=(rec.get("verified") or "").strip(),
         )
         row.validate(where)
         return row
@@ -403,9 +426,11 @@ class KernelIndex:
     def add(self, source: str, *, arch: str, acc: str, layout: str, M: int, N: int, K: int,
             family: str = "", tuned: bool = False, mode: str = "", report: str = "",
             speedups: dict[str, float] | None = None, options=None,
-            speedup_lo: float | None = None, m_bucket: str = "", gpu: str = "") -> IndexRow:
+            speedup_lo: float | None = None, m_bucket: str = "", gpu: str = "",
+            config: str = "", verified: Iterable[str] = ()) -> IndexRow:
         """Stage `source` as the kernel for one shape on `gpu` ('' = any GPU of the arch),
-        replacing that shape's row for that GPU, if any.
+        replacing that shape's row for that GPU, if any. `config`: the source's family config
+        name, if it is an instantiation; `verified`: the meta fields its audit confirmed.
 
         Identical sources under one <arch>/<acc>_<layout>/ directory share one file. Nothing
         touches the disk until write().
@@ -437,7 +462,9 @@ class KernelIndex:
                        family=family, tuned=bool(tuned), mode=mode, report=report, **sp,
                        options=format_options(options),
                        speedup_lo=None if speedup_lo is None else float(speedup_lo),
-                       m_bucket=m_bucket, gpu=gpu)
+                       m_bucket=m_bucket, gpu=gpu, config=config,
+                       verified=";".join(sorted(set(
+                           verified.split(";") if isinstance(verified, str) else verified) - {""})))
         row.validate(f"add {row.label()}")
         self._rows[key] = row
         self._pending[file] = source

@@ -157,6 +157,11 @@ def decide(dev, M, N, K, layout, a, b):
     arch = device_arch(dev)
     acc = "f32"  # torch.matmul accumulates fp16 GEMMs in fp32; f16-accumulate kernels never serve
     tbl = table()
+    # what the audit confirmed of each kernel's meta (index columns config / verified): a kernel
+    # whose tile is only its own claim serves the shape it was measured at, nothing else
+    verified: dict[str, set[str]] = {}
+    for e in tbl.values():
+        verified.setdefault(e.sha256, set()).update(e.trusted_meta)
     probes = 0
     # plan() is pure; a kernel's meta (tile, any_shape) is known only once it is loaded, so load
     # what plan() marks unresolved and plan again. Each round learns a meta or marks a kernel
@@ -164,7 +169,7 @@ def decide(dev, M, N, K, layout, a, b):
     while True:
         d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas, exclude=state.broken,
                  unknown_meta="candidate" if probes < MAX_PROBES else "reject",
-                 gpu=device_gpu(dev))   # this GPU's rows, then any-GPU rows
+                 gpu=device_gpu(dev), verified=verified)   # this GPU's rows, then any-GPU rows
         if d.kind in ("exact", "bucket") and d.candidates[0].sha256 not in state.metas:
             pending = d.candidates
         elif d.kind == "nearest" and d.unresolved:

@@ -343,3 +343,29 @@ def instantiate(config: KernelConfig) -> str:
     defines = [f"#define {m} {v}" for m, v in fam.macros(config)]
     body = _inline(fam.header, ())
     return "\n".join(banner + defines) + "\n\n" + body.rstrip() + "\n"
+
+
+_CONFIG_LINE_RE = re.compile(r"^// config: ([a-z0-9_]+):([A-Za-z0-9_=,.\-]*)$", re.M)
+
+
+def config_of(source: str) -> KernelConfig | None:
+    """The config whose instantiation `source` is, byte for byte; None when it is not one (no
+    "// config:" banner line, an unknown family, an invalid config, or any byte changed: a
+    kernel that only looks like ours). Our own families' code is ours, not a generated claim,
+    so dispatch trusts such a kernel's meta in full (docs/dispatch.md)."""
+    if not isinstance(source, str):
+        return None
+    m = _CONFIG_LINE_RE.search(source)
+    if m is None or m.group(1) not in FAMILIES:
+        return None
+    params = []
+    for part in filter(None, m.group(2).split(",")):
+        k, eq, v = part.partition("=")
+        if not eq:
+            return None
+        params.append((k, int(v) if re.fullmatch(r"-?[0-9]+", v) else v))
+    try:
+        config = KernelConfig(m.group(1), tuple(params))
+        return config if instantiate(config) == source else None
+    except ValueError:
+        return None
