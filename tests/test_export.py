@@ -296,3 +296,48 @@ def test_export_keeps_each_rows_m_bucket_and_old_rows_read_without_one(tmp_path)
     from cudal2.core.store import KernelIndexError, with_fields
     with pytest.raises(KernelIndexError, match="m_bucket '1-64' must be empty or '33-64'"):
         with_fields(idx.get("sm_90a", "f32", "RR", 64, 4096, 4096, GPU), m_bucket="1-64")
+
+
+def test_config_of_names_only_byte_identical_instantiations():
+    """templates.config_of: an instantiation of a family config gives that config back; a source
+    that only carries the banner (one byte changed, a banner for another config, an invalid or
+    unknown config) gives None."""
+    from cudal2.templates import config_of, default_configs, instantiate
+    for config in default_configs():
+        assert config_of(instantiate(config)) == config, config.label()
+    src = instantiate(default_configs()[0])
+    assert config_of(src + " ") is None
+    assert config_of(src.replace("#define", "#define  ", 1)) is None
+    other = default_configs()[1]
+    assert config_of(src.replace(default_configs()[0].label(), other.label(), 1)) is None
+    assert config_of(src.replace("config: mma:", "config: nosuch:", 1)) is None
+    assert config_of(src.replace("BM=", "BM=x", 1)) is None
+    assert config_of("// config: mma:BM=128\n") is None and config_of(SRC["a"]) is None
+
+
+def test_export_writes_config_and_what_the_audit_verified(tmp_path):
+    """Columns config and verified: the winner's audit record (meta_verified) travels to its row;
+    a family instantiation is named by its config (its meta is ours), a source that only looks
+    like one is not; a row already in the table gets its config when its source is one."""
+    from cudal2.templates import FAMILIES, instantiate
+    config = FAMILIES["mma"].default()
+    inst = instantiate(config)
+    srcs = {sha256_text(s): s for s in (SRC["a"], inst, inst + "static const int kEdited = 1;\n")}
+    policy = ev("a", (64, 64, 64), 9.0, BASE)
+    policy.audit = {"ok": True, "meta_verified": ["threads"]}
+    ours = ev("a", (128, 64, 64), 9.0, BASE)
+    ours.source_sha, ours.audit = sha256_text(inst), {"ok": True, "meta_verified": ["tile", "threads"]}
+    lookalike = ev("a", (256, 64, 64), 9.0, BASE)
+    lookalike.source_sha = sha256_text(inst + "static const int kEdited = 1;\n")
+    root = tmp_path / "gk"
+    old = KernelIndex(root)                      # a row written before the column: no config
+    old.add(inst, arch="sm_90a", acc="f32", layout="RR", M=512, N=512, K=512, family="mma")
+    old.write()
+    export([policy, ours, lookalike], srcs.get, root=root, report="synthetic")
+    idx = KernelIndex.load(root)
+    got = {r.M: (r.config, r.verified, sorted(r.trusted_meta)) for r in idx.rows}
+    assert got == {64: ("", "threads", ["threads"]),
+                   128: (config.name(), "threads;tile", ["threads", "tile", "workspace"]),
+                   256: ("", "", []),
+                   512: (config.name(), "", ["threads", "tile", "workspace"])}
+    assert (root / "index.csv").read_text().splitlines()[0].endswith(",config,verified")

@@ -18,13 +18,19 @@ options, figure, report and DB) is recorded in generated_kernels/settled.csv. So
 through cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with
 tuned=1, the median speedup against every baseline, the interval's lower end, the options and the
 report the numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket):
-dispatch serves the kernel at the other M of that bucket it accepts. A tuned row whose kernel was
-measured again in these rows and now fails the rule leaves the table. Everything refused is listed
-with its reason.
+dispatch serves the kernel at the other M of that bucket it accepts. Each row also carries what
+dispatch may trust of the kernel's meta: `config`, the family config name when the source is an
+instantiation of one of our families byte for byte (cudal2.templates.config_of; its meta is ours,
+trusted in full), and `verified`, the meta fields the winning row's audit confirmed against the
+binary (cudal2.harness.metacheck); a kernel whose tile is neither serves only the shape it was
+measured at (docs/dispatch.md). Rows of the table without a `config` get one when their source is
+an instantiation. A tuned row whose kernel was measured again in these rows and now fails the rule
+leaves the table. Everything refused is listed with its reason.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +42,7 @@ from cudal2.core.store import SPEEDUP_COLUMNS, IndexRow, KernelIndex, format_opt
 from cudal2.core.vocab import WIN_MARGIN, gpu_key, m_bucket
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
+from cudal2.templates import config_of
 
 DEFAULT_MARGIN = WIN_MARGIN  # the same rule the runtime's first-call race applies
 E2E_PREFIX = "e2e_"
@@ -55,6 +62,7 @@ class Decision:
     removed: str = ""               # a tuned row that left the table (its file), if any
     gpu: str = ""                   # the GPU model the rows were measured on (vocab.gpu_key)
     kept: str = ""                  # the table's row (its file) that this winner did not beat
+    verified: tuple = ()            # meta fields the winning row's audit confirmed (metacheck)
 
 
 @dataclass
@@ -139,7 +147,8 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         cand = ev.timings[mode]["candidate"]["median_us"]
         worst = min(sp, key=sp.get) if sp else ""
         out.append(Decision(key, ev.source_sha, ok, (f"{cand:.2f} us, " if ok else "") + why, cand,
-                            worst, sp, lo, dict(ev.options or {}), gpu=gpu))
+                            worst, sp, lo, dict(ev.options or {}), gpu=gpu,
+                            verified=tuple((ev.audit or {}).get("meta_verified") or ())))
     return out
 
 
@@ -201,10 +210,32 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
                 mode=mode, report=report, speedups={k: round(v, 4) for k, v in d.speedups.items()
                                                      if f"speedup_{k}" in SPEEDUP_COLUMNS},
                 options=d.options, speedup_lo=round(d.speedup_lo, 4),
-                m_bucket="-".join(map(str, m_bucket(M))), gpu=d.gpu)
+                m_bucket="-".join(map(str, m_bucket(M))), gpu=d.gpu,
+                config=config_name(src), verified=d.verified)
         changed = True
+    changed = fill_configs(idx) > 0 or changed
     path = idx.write(prune=True) if changed and not dry_run else None
     return ExportResult(decisions, path)
+
+
+def config_name(source: str) -> str:
+    """index column `config`: KernelConfig.name() of the config `source` instantiates byte for
+    byte (cudal2.templates.config_of), '' when it is not an instantiation."""
+    config = config_of(source)
+    return config.name() if config is not None else ""
+
+
+def fill_configs(idx: KernelIndex) -> int:
+    """Give every row without a `config` (an index written before the column) its config name
+    when its source is an instantiation; returns how many rows changed."""
+    n = 0
+    for row in idx.rows:
+        if not row.config:
+            name = config_name(idx.source(row))
+            if name:
+                idx.replace_row(dataclasses.replace(row, config=name))
+                n += 1
+    return n
 
 
 def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report: str,
