@@ -124,6 +124,9 @@ def _good_row(root, **over):
     ({"sha256": "0" * 64}, "hashes to"),
     ({"file": "sm_90a/f32_RR/missing.cu"}, "does not exist"),
     ({"gpu": "NVIDIA  H100"}, "gpu 'NVIDIA  H100' must be a GPU name with single spaces"),
+    ({"config": "mma:BM=128"}, "config 'mma:BM=128' must be empty or a config name"),
+    ({"verified": "tile;size"}, "verified 'tile;size' must be empty or 'field;...' sorted"),
+    ({"verified": "tile;threads"}, "verified 'tile;threads' must be empty or 'field;...' sorted"),
 ])
 def test_validation_names_file_line_and_problem(tmp_path, over, message):
     _write_index(tmp_path, [_good_row(tmp_path), _good_row(tmp_path, **{"M": "128", **over})])
@@ -154,6 +157,24 @@ def test_options_column_roundtrips_and_old_indexes_read(tmp_path):
     assert [x.options for x in KernelIndex.load(tmp_path).rows] == ["", ""]
     assert [(x.m_bucket, x.bucket) for x in KernelIndex.load(tmp_path).rows] == [("", None)] * 2
     assert [x.gpu for x in KernelIndex.load(tmp_path).rows] == ["", ""]     # any GPU of the arch
+    # no config, nothing verified: dispatch trusts none of these kernels' metas
+    assert [(x.config, x.verified, x.trusted_meta) for x in KernelIndex.load(tmp_path).rows] == [
+        ("", "", frozenset())] * 2
+
+
+def test_config_and_verified_columns_roundtrip(tmp_path):
+    """What dispatch may trust of a kernel's meta: every field for a family instantiation
+    (config), the audit's confirmed fields otherwise (verified, one canonical spelling)."""
+    idx = KernelIndex(tmp_path)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64,
+            verified=["tile", "threads"], **TUNED)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=64, K=64,
+            config="mma_sm80_f32_rr_128x128x32_w64x64_s3_g8_k1", **TUNED)
+    idx.write()
+    back = {r.M: r for r in KernelIndex.load(tmp_path).rows}
+    assert (back[64].verified, back[64].config) == ("threads;tile", "")
+    assert back[64].trusted_meta == {"threads", "tile"}
+    assert back[128].trusted_meta == set(KI.META_FIELDS) and back[128].verified == ""
 
 
 @pytest.mark.parametrize("options,message", [
@@ -228,6 +249,17 @@ def test_shipped_store_is_valid_and_seeds_never_serve():
     untuned = [r for r in idx.rows if not r.tuned]
     table = planmod.table_from_index(idx)
     assert all(r.key not in table for r in untuned)
+
+
+def test_shipped_rows_name_their_config_exactly_when_their_source_is_an_instantiation():
+    """The shipped table's trust: a row's config is the family config its source instantiates
+    byte for byte (those kernels' metas are ours), empty for a source that is not one (it
+    serves its measured shape only)."""
+    from cudal2.core import knobs
+    from cudal2.runs.export import config_name
+    idx = KernelIndex.load(knobs.repo_root() / "generated_kernels")
+    assert [(r.file, r.config) for r in idx.rows] == [(r.file, config_name(idx.source(r)))
+                                                      for r in idx.rows]
 
 
 def test_write_seeds_into_a_fresh_store_keeps_tuned_rows(tmp_path):
