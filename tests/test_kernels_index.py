@@ -270,6 +270,7 @@ def test_write_seeds_into_a_fresh_store_keeps_tuned_rows(tmp_path):
     back = KernelIndex.load(tmp_path)
     assert back.source(back.get("sm_90a", "f32", "RR", 128, 128, 128)) == "// measured\n"
     assert back.get("sm_90a", "f32", "RR", 1024, 1024, 1024).family == "mma"
+    assert back.get("sm_90a", "f32", "RR", 1024, 1024, 1024).config.startswith("mma_")
     assert KI.main([str(tmp_path)]) == 0
 
 

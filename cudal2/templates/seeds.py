@@ -35,5 +35,6 @@ def write_seeds(root: str | os.PathLike | None = None) -> Path:
             old = idx.get(arch, acc, layout, M, N, K)
             if old is not None and old.tuned:
                 continue  # a measured kernel is never replaced by a seed
-            idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family)
+            idx.add(src, arch=arch, acc=acc, layout=layout, M=M, N=N, K=K, family=family,
+                    config=config.name())
     return idx.write(prune=True)
