@@ -3,7 +3,8 @@
 A meta is the kernel's own claim; dispatch (cudal2.runtime.plan) serves shapes by its tile, and
 reports read its threads. Where the built artefacts can confirm a claim, the audit checks it and
 rejects a lie; where they cannot, the claim is recorded as unverified (and dispatch serves the
-kernel only at the shapes it was measured at):
+kernel only at the shapes it was measured at). What it confirmed (AuditResult.meta_verified, names
+among cudal2.core.store.META_FIELDS) is exported with the kernel as index.csv's `verified` column:
 
 - threads: every kernel entry's launch bounds (``.maxntid`` / ``.reqntid`` in the PTX, i.e.
   ``__launch_bounds__``). When entries declare bounds, the meta's ``threads`` must equal one of
