@@ -220,23 +220,25 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     rl_run = X.read_rl_run(rl_out / "log.jsonl")
     assert rl_run.shapes == {(256, 256, 512)} and rl_run.evaluations >= 1
     pool = tmp_path / "pool.csv"
-    pool.write_text("M,N,K\n256,256,512\n1024,512,2048\n1024,1024,1024\n")
+    pool.write_text("M,N,K\n256,256,512\n1000,520,2000\n1000,1000,1000\n")      # two off the grid
     out = tmp_path / "exp"
     rc = X.main(["--rl-policy", str(rl_out / "policy"), "--sft-policy", str(small_policy),
                  "--shapes", str(pool), "--heldout", "2", "--budget", "3", "--families", "mma",
-                 "--exhaustive-max", "1", "--jobs", "2", "--out", str(out), "--seed", "0"])
+                 "--exhaustive-max", "1", "--jobs", "2", "--out", str(out), "--seed", "0", "--seeds", "0"])
     assert rc == 0
     doc = json.loads((out / "experiment.json").read_text())
     held = {tuple(s) for s in doc["heldout"]}
-    assert held == {(1024, 512, 2048), (1024, 1024, 1024)}                  # the training shape is out
+    assert held == {(1000, 520, 2000), (1000, 1000, 1000)}                  # the training shape is out
+    assert doc["heldout_excluded"]["the grid"] == 1000 and doc["seeds"] == [0]
     assert doc["estimated"] and doc["gpu"] == ""
     charge = math.ceil(rl_run.evaluations / 2)
-    assert doc["budget"]["allowance"] == {"rl": max(0, 3 - charge), "sft": 3, "tune": 3, "random": 3}
+    assert doc["budget"]["allowance"] == {"rl": max(0, 3 - charge), "rl_full": max(0, 3 - rl_run.evaluations),
+                                          "sft": 3, "tune": 3, "tune_policy": 3, "random": 3}
     per = list(csv.DictReader((out / "per_shape.csv").open()))
-    assert len(per) == 2 * 4 and {r["values"] for r in per} == {"estimated"}
+    assert len(per) == 2 * 6 and {r["values"] for r in per} == {"estimated"}
     for r in per:
         assert int(r["fresh"]) <= int(r["budget"])
-        if r["arm"] in ("tune", "random"):
+        if r["arm"] in ("tune", "tune_policy", "random"):
             assert int(r["fresh"]) == 3                  # template arms spend the whole budget
         if r["arm"] in ("rl", "sft"):
             assert int(r["samples"]) >= int(r["fresh"])
@@ -253,7 +255,7 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     assert "not affordable" in md                         # exhaustive skipped, and said so
     assert (out / "experiment.png").stat().st_size > 1000
     table = list(csv.DictReader((out / "table.csv").open()))
-    assert {r["arm"] for r in table} == {"rl", "sft", "tune", "random"}
+    assert {r["arm"] for r in table} == {"rl", "rl_full", "sft", "tune", "tune_policy", "random"}
     assert {r["values"] for r in table} == {"estimated"}
 
 
