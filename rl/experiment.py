@@ -6,9 +6,12 @@ evaluations per shape, and the best kernel each arm found is re-measured against
     rl       the RL-trained policy (--rl-policy, the `policy/` folder of a cudal2_rl.train run),
              best of its samples; its training evaluations (read from the run's log.jsonl) are
              charged to it: ceil(training evaluations / held-out shapes) per shape
+    rl_full  derived: the RL arm's search cut where a budget charged its whole training on every
+             shape would end (its first budget - training evaluations fresh ones)
     sft      the SFT-only policy (--sft-policy, e.g. `builtin`), best of its samples
     tune     `cudal2 tune`'s search (cudal2.search.tune.search: exhaustive when the space fits
              the budget, else evolutionary) over the template families (--families)
+    tune_policy  the same over the policy's own action space (--policy-families)
     random   configs drawn uniformly from the same families' space (seeded)
 
 plus, where affordable (a family's whole space for the shape within --exhaustive-max), an
@@ -22,6 +25,12 @@ charged; a row from before the experiment is `cached`, not fresh and not charged
 row another arm made during this experiment is charged to this arm too (every arm pays as if it
 ran alone). Extraction failures (no kernel in a completion) never reach the harness and cost no
 evaluation, only a sample (reported).
+
+Held-out shapes leave out the grid, every policy arm's warm-start shapes and the RL run's
+training shapes (each checked); every arm searches once per --seeds seed; the paired table gives
+per-shape time ratios of each policy arm vs each tune arm with a bootstrap over shapes x seeds,
+and the table fast_1 per arm (docs/experiment.md, "The decisive rules"). A kernel that differs
+from one the arm asked for only in its meta or comments (identity.device_sha) is a repeat.
 
 Every candidate goes through the harness (cudal2.harness.pipeline: build, audit and, on a GPU,
 screening; one results DB, written only by pipeline.record). On a GPU each arm's winner per shape
