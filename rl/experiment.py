@@ -227,7 +227,7 @@ def stratified(shapes, n: int, seed: int) -> list[Shape]:
 
 def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
                    baseline: str = "cublaslt_autotuned", keep_launch_bound: bool = False,
-                   explicit: str | None = None, log=print) -> list[Shape]:
+                   explicit: str | None = None, log=print, what: str = "training") -> list[Shape]:
     """The held-out shapes: `explicit` (a shape file, used as is) or `n` drawn from
     `shapes_file`, stratified by size bucket with `seed`, after leaving out `exclude` (training
     shapes) and, unless kept, launch-bound shapes (as training does). Disjointness from
@@ -235,7 +235,7 @@ def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
     exclude = {_key(s) for s in exclude}
     if explicit:
         out = sorted(read_shapes(explicit))
-        check_disjoint(out, exclude)
+        check_disjoint(out, exclude, what)
         return out
     pool = [s for s in read_shapes(shapes_file) if _key(s) not in exclude]
     if not keep_launch_bound:
@@ -249,7 +249,7 @@ def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
                          f"{len(exclude)} training shape(s) and launch-bound ones; --heldout {n} "
                          "needs more (another --shapes file, or --keep-launch-bound)")
     out = stratified(pool, n, seed)
-    check_disjoint(out, exclude)
+    check_disjoint(out, exclude, what)
     return out
 
 
@@ -986,7 +986,8 @@ def run(args, *, command: str = "") -> dict:
         exclude |= v
     heldout = choose_heldout(shapes_file=args.shapes, n=args.heldout, seed=args.seed, exclude=exclude,
                              arch=args.arch, baseline=args.baseline, keep_launch_bound=args.keep_launch_bound,
-                             explicit=args.heldout_shapes, log=log)
+                             explicit=args.heldout_shapes, log=log,
+                             what="grid, warm-start or training")
     if rl_run is not None:
         check_disjoint(heldout, rl_run.shapes, "RL training")
     for what, shapes_w in warm.items():

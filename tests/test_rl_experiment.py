@@ -376,6 +376,14 @@ def test_heldout_leaves_out_grid_and_warm_start_shapes(tmp_path):
         X.check_disjoint(X.read_shapes(str(f)), grid, "the grid")
 
 
+def test_a_grid_shape_held_out_is_a_clear_cli_error(tmp_path, capsys):
+    held = tmp_path / "held.csv"
+    held.write_text("M,N,K\n1000,1000,1000\n4096,4096,4096\n")
+    rc = X.main(["--arms", "tune", "--heldout-shapes", str(held), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "grid, warm-start or training shapes on 1 shape" in err and "4096x4096x4096" in err
+
+
 def test_policy_action_space_families():
     assert X.policy_families("builtin", "sm_90a") == ["mma", "ptx"]
     assert X.policy_families("smollm2", "sm_90a") == ["mma", "ptx"]      # the adapter's wmma + ptx corpus
