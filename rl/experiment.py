@@ -185,12 +185,12 @@ def warm_start_shapes(name: str, *, small_builtin: bool = False) -> tuple[set, s
         f"{recipe} (re-drawn: {args.get('shapes', 160)} grid shapes, seed {args.get('seed', 0)})"
 
 
-def policy_families(name: str, arch: str) -> list[str]:
+def policy_families(name: str, arch: str, *, small_builtin: bool = False) -> list[str]:
     """The template families whose kernels the policy writes (its action space): the built-in
     policy's recipe families; a corpus-taught policy's corpus styles, mapped to the template
     families of that style (CORPUS_FAMILIES)."""
     if is_builtin(name):
-        fams = list(BuiltinRecipe().families)
+        fams = list((SMALL_RECIPE if small_builtin else BuiltinRecipe()).families)
     else:
         from cudal2_rl.corpus import SMALL_TEMPLATES
         from cudal2_rl.policy import ADAPTER_DIR
@@ -1031,7 +1031,8 @@ def run(args, *, command: str = "") -> dict:
                      f"temperature {pa.temperature:g}, min_p {pa.min_p:g})")
     if "tune_policy" in arms:
         own = args.policy_families or policy_families(
-            (rl_run.config.get("policy") if rl_run else "") or args.sft_policy or "builtin", args.arch)
+            (rl_run.config.get("policy") if rl_run else "") or args.sft_policy or "builtin", args.arch,
+            small_builtin=args.small_builtin)
         notes.append(f"tune_policy searches the policy's own action space: {' '.join(own)}")
     if "rl" in arms:
         arms.insert(arms.index("rl") + 1, RL_FULL)
