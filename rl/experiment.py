@@ -6,9 +6,12 @@ evaluations per shape, and the best kernel each arm found is re-measured against
     rl       the RL-trained policy (--rl-policy, the `policy/` folder of a cudal2_rl.train run),
              best of its samples; its training evaluations (read from the run's log.jsonl) are
              charged to it: ceil(training evaluations / held-out shapes) per shape
+    rl_full  derived: the RL arm's search cut where a budget charged its whole training on every
+             shape would end (its first budget - training evaluations fresh ones)
     sft      the SFT-only policy (--sft-policy, e.g. `builtin`), best of its samples
     tune     `cudal2 tune`'s search (cudal2.search.tune.search: exhaustive when the space fits
              the budget, else evolutionary) over the template families (--families)
+    tune_policy  the same over the policy's own action space (--policy-families)
     random   configs drawn uniformly from the same families' space (seeded)
 
 plus, where affordable (a family's whole space for the shape within --exhaustive-max), an
@@ -22,6 +25,12 @@ charged; a row from before the experiment is `cached`, not fresh and not charged
 row another arm made during this experiment is charged to this arm too (every arm pays as if it
 ran alone). Extraction failures (no kernel in a completion) never reach the harness and cost no
 evaluation, only a sample (reported).
+
+Held-out shapes leave out the grid, every policy arm's warm-start shapes and the RL run's
+training shapes (each checked); every arm searches once per --seeds seed; the paired table gives
+per-shape time ratios of each policy arm vs each tune arm with a bootstrap over shapes x seeds,
+and the table fast_1 per arm (docs/experiment.md, "The decisive rules"). A kernel that differs
+from one the arm asked for only in its meta or comments (identity.device_sha) is a repeat.
 
 Every candidate goes through the harness (cudal2.harness.pipeline: build, audit and, on a GPU,
 screening; one results DB, written only by pipeline.record). On a GPU each arm's winner per shape
@@ -50,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cudal2.core.build import BuildSpec, build, build_many
-from cudal2.core.identity import source_sha
+from cudal2.core.identity import device_sha, source_sha
 from cudal2.harness import provenance
 from cudal2.harness.baselines import BaselineError, build_baselines
 from cudal2.harness.db import ResultsDB
@@ -70,7 +79,8 @@ from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, d
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import add_estimate, launch_bound
 
-ARMS = ("rl", "sft", "tune", "random")
+ARMS = ("rl", "sft", "tune", "tune_policy", "random")
+RL_FULL = "rl_full"        # the RL arm with its whole training charged to every shape (derived)
 POLICY_ARMS = ("rl", "sft")
 REFERENCE = "exhaustive"
 MODE = "offline"
@@ -150,6 +160,54 @@ def check_disjoint(heldout, training, what: str = "training") -> None:
                          + (" ..." if len(both) > 8 else ""))
 
 
+def warm_start_shapes(name: str, *, small_builtin: bool = False) -> tuple[set, str]:
+    """(shapes, where from) a policy's warm start paired with prompts: the built-in policy's
+    SFT covers the whole grid (policy.grid_shapes); the smollm2 adapter's corpus warm start is a
+    seeded draw from the grid, named by its recipe.json (its `shapes` list where recorded, else
+    re-drawn from its `args` as warmstart.corpus_pairs draws it); a local model folder with a
+    recipe.json the same; any other policy: none known (said)."""
+    from cudal2_rl.policy import ADAPTER_DIR
+    folder = ADAPTER_DIR if name in ("smollm2", "") else Path(name).expanduser()
+    recipe = folder / "recipe.json"
+    rec = json.loads(recipe.read_text()) if name != "builtin" and recipe.is_file() else {}
+    if rec.get("shapes") is not None:
+        return {tuple(int(x) for x in s) for s in rec["shapes"]}, f"{recipe} (its shapes)"
+    if is_builtin(name) and "args" not in rec:        # a warmstart recipe has args, the built-in's not
+        return set(_grid()), "the built-in policy's SFT (the whole grid)"
+    if not rec:
+        return set(), f"no recipe.json in {folder}: no warm-start shapes known"
+    args = rec.get("args") or {}
+    if args.get("db"):
+        raise ValueError(f"{recipe}: warm-started on the measured winners of {args['db']} and records "
+                         "no shapes; the held-out set cannot be checked against them")
+    rng = random.Random(int(args.get("seed", 0)))
+    return set(rng.sample(_grid(), int(args.get("shapes", 160)))), \
+        f"{recipe} (re-drawn: {args.get('shapes', 160)} grid shapes, seed {args.get('seed', 0)})"
+
+
+def policy_families(name: str, arch: str, *, small_builtin: bool = False) -> list[str]:
+    """The template families whose kernels the policy writes (its action space): the built-in
+    policy's recipe families; a corpus-taught policy's corpus styles, mapped to the template
+    families of that style (CORPUS_FAMILIES)."""
+    if is_builtin(name):
+        fams = list((SMALL_RECIPE if small_builtin else BuiltinRecipe()).families)
+    else:
+        from cudal2_rl.corpus import SMALL_TEMPLATES
+        from cudal2_rl.policy import ADAPTER_DIR
+        folder = ADAPTER_DIR if name in ("smollm2", "") else Path(name).expanduser()
+        recipe = folder / "recipe.json"
+        rec = json.loads(recipe.read_text()) if recipe.is_file() else {}
+        templates = rec.get("templates") or SMALL_TEMPLATES
+        fams = list(dict.fromkeys(CORPUS_FAMILIES[t] for t in templates if t in CORPUS_FAMILIES))
+    return [f.name for f in families_for(arch, fams)]
+
+
+# corpus template -> the template family written in the same style (rl/corpus.py's metas:
+# wmma* and ptx* are raw mma / inline-PTX mma kernels, cutlass a CUTLASS 3 builder kernel)
+CORPUS_FAMILIES = {"wmma": "mma", "wmma_pipe": "mma", "ptx": "ptx", "ptx_pipe": "ptx",
+                   "cutlass": "cutlass_sm90"}
+
+
 def stratified(shapes, n: int, seed: int) -> list[Shape]:
     """n shapes spread over the size buckets (cudal2.runs.report.BUCKETS): each bucket's shapes
     in a seeded order, taken round-robin from the smallest bucket up; sorted."""
@@ -169,7 +227,7 @@ def stratified(shapes, n: int, seed: int) -> list[Shape]:
 
 def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
                    baseline: str = "cublaslt_autotuned", keep_launch_bound: bool = False,
-                   explicit: str | None = None, log=print) -> list[Shape]:
+                   explicit: str | None = None, log=print, what: str = "training") -> list[Shape]:
     """The held-out shapes: `explicit` (a shape file, used as is) or `n` drawn from
     `shapes_file`, stratified by size bucket with `seed`, after leaving out `exclude` (training
     shapes) and, unless kept, launch-bound shapes (as training does). Disjointness from
@@ -177,7 +235,7 @@ def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
     exclude = {_key(s) for s in exclude}
     if explicit:
         out = sorted(read_shapes(explicit))
-        check_disjoint(out, exclude)
+        check_disjoint(out, exclude, what)
         return out
     pool = [s for s in read_shapes(shapes_file) if _key(s) not in exclude]
     if not keep_launch_bound:
@@ -191,7 +249,7 @@ def choose_heldout(*, shapes_file: str, n: int, seed: int, exclude, arch: str,
                          f"{len(exclude)} training shape(s) and launch-bound ones; --heldout {n} "
                          "needs more (another --shapes file, or --keep-launch-bound)")
     out = stratified(pool, n, seed)
-    check_disjoint(out, exclude)
+    check_disjoint(out, exclude, what)
     return out
 
 
@@ -205,6 +263,7 @@ class Budget:
     ceil(rl_training_evaluations / held-out shapes)."""
 
     def __init__(self, per_shape: int, n_shapes: int, *, rl_training_evaluations: int = 0):
+        # fully charged (RL_FULL): every shape carries the whole training, T, not ceil(T / n)
         if per_shape < 1:
             raise ValueError(f"--budget must be >= 1 fresh evaluation per shape, got {per_shape}")
         if n_shapes < 1:
@@ -217,13 +276,16 @@ class Budget:
         self.counts: dict[tuple, dict[str, int]] = {}
 
     def allowance(self, arm: str) -> int:
-        return max(0, self.per_shape - (self.rl_charge if arm == "rl" else 0))
+        charge = {"rl": self.rl_charge, RL_FULL: self.rl_training_evaluations}.get(arm, 0)
+        return max(0, self.per_shape - charge)
 
     def left(self, arm: str, shape) -> int:
         return self.allowance(arm) - self.spent.get((arm, _key(shape)), 0)
 
     def admit(self, arm: str, shape, sha: str, *, preexisting: bool) -> str:
-        """Classify (and charge) one request of `arm` for kernel `sha` on `shape`."""
+        """Classify (and charge) one request of `arm` for kernel `sha` on `shape`; the Harness
+        passes the kernel's device_sha, so a kernel that differs from one the arm asked for only
+        in its meta or comments is a repeat."""
         k = (arm, _key(shape))
         c = self.counts.setdefault(k, {FRESH: 0, REPEAT: 0, CACHED: 0, OVER: 0})
         seen = self.seen.setdefault(k, set())
@@ -276,6 +338,7 @@ class Harness:
         self.builds: dict[str, object] = {}                # sha -> BuildResult (GPU path)
         self.rows: dict[tuple, Evaluation] = {}            # (sha, shape) -> row made or found here
         self.arm_rows: dict[tuple, list] = {}              # (arm, shape) -> [(sha, verdict, row)]
+        self.first_of: dict[tuple, str] = {}               # (arm, shape, device_sha) -> first sha
         self.reference_evaluations = 0
         self._model = None
         self._pools: dict[bool, object] = {}
@@ -326,9 +389,19 @@ class Harness:
         out: list = [None] * len(sources)
         todo: dict[str, list[int]] = {}
         ledger: list[tuple[str, str, int]] = []
+        alias: list[tuple[int, str]] = []
         for i, src in enumerate(sources):
             sha = source_sha(src)
             self.sources.setdefault(sha, src)
+            dev = device_sha(src)
+            first = self.first_of.get((arm, _key(shape), dev))
+            if first is not None and first != sha and arm != REFERENCE:
+                # the same device code as a kernel the arm asked for (only the meta or comments
+                # differ): a repeat, answered by that kernel's row, neither charged nor run
+                verdict = self.budget.admit(arm, shape, dev, preexisting=False)
+                ledger.append((first, verdict, i))
+                alias.append((i, first))
+                continue
             row = self.rows.get((sha, shape))
             pre = None
             if row is None:
@@ -338,9 +411,10 @@ class Harness:
             if arm == REFERENCE:
                 verdict = CACHED if pre is not None else FRESH
             else:
-                verdict = self.budget.admit(arm, shape, sha, preexisting=pre is not None)
+                verdict = self.budget.admit(arm, shape, dev, preexisting=pre is not None)
             if verdict == OVER:
                 continue
+            self.first_of.setdefault((arm, _key(shape), dev), sha)
             ledger.append((sha, verdict, i))
             if row is not None or pre is not None:
                 out[i] = self.rows[(sha, shape)] = row if row is not None else pre
@@ -355,6 +429,8 @@ class Harness:
                 self.rows[(sha, shape)] = row
                 for i in todo[sha]:
                     out[i] = row
+        for i, first in alias:
+            out[i] = self.rows.get((first, shape))
         self.arm_rows.setdefault((arm, _key(shape)), []).extend((sha, v, out[i]) for sha, v, i in ledger)
         return out
 
@@ -373,6 +449,24 @@ class Harness:
         if ref.get("torch_us"):       # measured once per shape, reused by later screens
             self.torch_us.setdefault(_key(shape), ref["torch_us"])
         return rows
+
+    def derive_prefix(self, arm: str, of: str, shape: Shape) -> None:
+        """`arm` = what `of` had found when its first allowance(arm) fresh evaluations were spent
+        (RL_FULL: the RL arm's search cut where a budget charged the whole training would end).
+        Its ledger counts come from that prefix; nothing is run."""
+        k = (of, _key(shape))
+        limit, rows, fresh = self.budget.allowance(arm), [], 0
+        c = {FRESH: 0, REPEAT: 0, CACHED: 0, OVER: 0}
+        for sha, verdict, row in self.arm_rows.get(k, []):
+            if verdict == FRESH:
+                if fresh >= limit:
+                    break
+                fresh += 1
+            rows.append((sha, verdict, row))
+            c[verdict] += 1
+        self.arm_rows[(arm, _key(shape))] = rows
+        self.budget.counts[(arm, _key(shape))] = c
+        self.budget.spent[(arm, _key(shape))] = fresh
 
     def best(self, arm: str, shape: Shape):
         """(row, sha) of the arm's fastest kernel for `shape` (screened or estimated), or (None, '')."""
@@ -508,11 +602,13 @@ def run_random_arm(shape: Shape, harness: Harness, *, arch: str, acc: str, famil
     harness.run("random", shape, [fam.instantiate(c) for fam, c in picks], trusted=True)
 
 
-def run_tune_arm(shape: Shape, harness: Harness, *, arch: str, acc: str, families, seed: int, log):
-    """cudal2.search.tune.search with the experiment's harness as its evaluate function."""
+def run_tune_arm(shape: Shape, harness: Harness, *, arch: str, acc: str, families, seed: int, log,
+                 arm: str = "tune"):
+    """cudal2.search.tune.search with the experiment's harness as its evaluate function (arm
+    tune_policy: the same over the policy's own families)."""
 
     def evaluate(req, db=None, pool=None):
-        row = harness.run("tune", shape, [req.source], trusted=True)[0]
+        row = harness.run(arm, shape, [req.source], trusted=True)[0]
         if row is None:      # search never asks past its budget_evals; say so if it did
             return Evaluation(status="error", source_sha=source_sha(req.source), shape=shape,
                               arch=arch, detail="experiment budget spent")
@@ -523,7 +619,7 @@ def run_tune_arm(shape: Shape, harness: Harness, *, arch: str, acc: str, familie
         return row
 
     model = CostModel.default(arch=arch)
-    return search(shape, arch, families=families, acc=acc, budget_evals=harness.budget.left("tune", shape),
+    return search(shape, arch, families=families, acc=acc, budget_evals=harness.budget.left(arm, shape),
                   budget_s=1e9, strategy="auto", seed=seed, model=model, modes=(MODE,),
                   baselines=(harness.baseline,), db=None, evaluate=evaluate, log=log)
 
@@ -559,6 +655,31 @@ def reference_note(reference: dict, cap: int) -> str:
 
 
 # ---- results ------------------------------------------------------------------------------------
+def shape_rows(shape: Shape, seed: int, fin: dict, arms, budget: Budget, policies: dict,
+               baseline: str) -> list[dict]:
+    """per_shape.csv's rows for one (seed, shape): each arm's winner (its finals row on a GPU)."""
+    out = []
+    ref_us = candidate_us(fin.get(REFERENCE))
+    for arm in arms:
+        ev = fin.get(arm)
+        s, lo, hi = speedup_of(ev, baseline)
+        c = budget.counts.get((arm, _key(shape)), {})
+        us = candidate_us(ev)
+        pa = policies.get(arm)
+        out.append({
+            "M": shape.M, "N": shape.N, "K": shape.K, "bucket": size_bucket(shape.M, shape.N, shape.K),
+            "seed": seed, "arm": arm, "budget": budget.allowance(arm), "fresh": budget.fresh(arm, shape),
+            "cached": c.get(CACHED, 0), "repeats": c.get(REPEAT, 0), "over": c.get(OVER, 0),
+            "samples": pa.samples.get(shape, 0) if pa else "", "no_code": pa.no_code.get(shape, 0) if pa else "",
+            "winner_sha": ev.source_sha[:16] if ev is not None else "",
+            "winner_status": ev.status if ev is not None else "no kernel",
+            "correct": correct(ev), "vs_lt": speedup_of(ev, FAST_BASELINE)[0],
+            "time_us": us, "speedup": s, "lo": lo, "hi": hi,
+            "regret": (us / ref_us - 1.0) if us and ref_us else None,
+            "row_id": ev.id if ev is not None else ""})
+    return out
+
+
 def speedup_of(ev, baseline: str) -> tuple[float | None, float | None, float | None]:
     """(speedup, lo, hi) vs `baseline` of a finals row (the paired-ratio median and its
     bootstrap interval) or an estimated row (no interval)."""
@@ -591,12 +712,78 @@ def summarise(per_shape: list[dict], arms, *, seed: int = 0) -> list[dict]:
             if sp:
                 g, lo, hi = bootstrap_geomean_ci(sp, seed=seed)
             reg = [r["regret"] for r in sub if r["regret"] is not None]
+            f1, _n = fast_1(sub, arm)
             rows.append({"arm": arm, "bucket": bucket, "shapes": len(sub), "with_kernel": len(sp),
+                         "fast_1": f1,
                          "geomean_speedup": g, "lo": lo, "hi": hi,
                          "mean_regret": sum(reg) / len(reg) if reg else None, "regret_shapes": len(reg),
                          "fresh_per_shape": sum(r["fresh"] for r in sub) / len(sub),
                          "budget_per_shape": sub[0]["budget"]})
     return rows
+
+
+FAST_BASELINE = "cublaslt_autotuned"      # KernelBench's fast_1 is against the strongest library
+
+
+def correct(ev) -> bool:
+    """The winner passed: a measured final row (status ok), or, without a GPU, a built and
+    audited kernel whose estimate stands in (status not_measured, estimated)."""
+    return ev is not None and (ev.status == "ok" or (ev.status == "not_measured" and bool(ev.estimated)))
+
+
+def fast_1(per_shape: list[dict], arm: str) -> tuple[float | None, int]:
+    """(fraction, n) of the arm's (shape, seed) rows whose winner is correct and faster than
+    cuBLASLt autotuned (KernelBench's fast_1; no kernel counts as not fast)."""
+    mine = [r for r in per_shape if r["arm"] == arm]
+    if not mine:
+        return None, 0
+    return sum(1 for r in mine if r.get("correct") and (r.get("vs_lt") or 0) > 1.0) / len(mine), len(mine)
+
+
+def paired(per_shape: list[dict], a: str, b: str, *, seed: int = 0, n_boot: int = 2000) -> dict | None:
+    """Arm `a` vs arm `b` on the same (shape, seed): ratio = b's winner time / a's (> 1: a is
+    faster), both against the same baseline. Geomean over every pair with a percentile bootstrap
+    over shapes x seeds: shapes resampled, then each drawn shape's seeds resampled."""
+    t = {(r["M"], r["N"], r["K"], r.get("seed", 0), r["arm"]): r.get("time_us") for r in per_shape}
+    by_shape: dict[tuple, list[float]] = {}
+    unpaired = 0
+    for (m, n, k, sd, arm), ta in t.items():
+        if arm != a:
+            continue
+        tb = t.get((m, n, k, sd, b))
+        if ta and tb:
+            by_shape.setdefault((m, n, k), []).append(math.log(tb / ta))
+        elif (m, n, k, sd, b) in t:
+            unpaired += 1
+    if not by_shape:
+        return None
+    logs = [x for v in by_shape.values() for x in v]
+    g = math.exp(sum(logs) / len(logs))
+    rng = random.Random(seed)
+    shapes = list(by_shape.values())
+    means = []
+    for _ in range(n_boot):
+        draw = []
+        for _s in range(len(shapes)):
+            v = shapes[rng.randrange(len(shapes))]
+            draw += [v[rng.randrange(len(v))] for _ in v]
+        means.append(sum(draw) / len(draw))
+    means.sort()
+    lo, hi = means[int(0.025 * (n_boot - 1))], means[int(math.ceil(0.975 * (n_boot - 1)))]
+    return {"a": a, "b": b, "ratio": g, "lo": math.exp(lo), "hi": math.exp(hi), "pairs": len(logs),
+            "shapes": len(by_shape), "unpaired": unpaired,
+            "a_faster": sum(1 for x in logs if x > 0)}
+
+
+def paired_table(per_shape: list[dict], arms, *, seed: int = 0) -> list[dict]:
+    """Every policy arm (rl, rl_full, sft) against every tune arm present."""
+    out = []
+    for a in (x for x in ("rl", RL_FULL, "sft") if x in arms):
+        for b in (x for x in ("tune", "tune_policy") if x in arms):
+            p = paired(per_shape, a, b, seed=seed)
+            if p is not None:
+                out.append(p)
+    return out
 
 
 def _f(x, spec=".3f") -> str:
@@ -608,31 +795,31 @@ def write_outputs(out: Path, *, per_shape: list[dict], table: list[dict], estima
     est = " (ESTIMATED, no GPU: not measurements)" if estimated else ""
     kind = "estimated" if estimated else "measured"
     with (out / "per_shape.csv").open("w", newline="") as f:
-        cols = ["M", "N", "K", "bucket", "arm", "budget", "fresh", "cached", "repeats", "over",
-                "samples", "no_code", "winner_sha", "winner_status", "time_us", "speedup", "lo", "hi",
+        cols = ["M", "N", "K", "bucket", "seed", "arm", "budget", "fresh", "cached", "repeats", "over",
+                "samples", "no_code", "winner_sha", "winner_status", "correct", "vs_lt", "time_us", "speedup", "lo", "hi",
                 "regret", "row_id", "values"]
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
         for r in per_shape:
-            w.writerow({**r, "values": kind, **{k: _f(r[k], ".4f") for k in ("time_us", "speedup", "lo", "hi", "regret")}})
+            w.writerow({**r, "values": kind, **{k: _f(r[k], ".4f") for k in ("time_us", "speedup", "lo", "hi", "regret", "vs_lt")}})
     with (out / "table.csv").open("w", newline="") as f:
-        cols = ["arm", "bucket", "shapes", "with_kernel", "geomean_speedup", "lo", "hi",
+        cols = ["arm", "bucket", "shapes", "with_kernel", "fast_1", "geomean_speedup", "lo", "hi",
                 "mean_regret", "regret_shapes", "fresh_per_shape", "budget_per_shape", "values"]
         w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
         w.writeheader()
         for r in table:
             w.writerow({**r, "values": kind, **{k: _f(r[k], ".4f") for k in
-                                                 ("geomean_speedup", "lo", "hi", "mean_regret", "fresh_per_shape")}})
+                                                 ("geomean_speedup", "lo", "hi", "mean_regret", "fresh_per_shape", "fast_1")}})
     title = f"RL vs search on {meta['n_shapes']} held-out shapes: geomean speedup vs {baseline}{est}"
     md = [f"# {title}", ""]
     if estimated:
         md += [f"**{ESTIMATED_NOTE}**", ""]
-    md += ["| arm | bucket | shapes | with a kernel | geomean speedup | 95% interval | mean regret (shapes) | fresh evals / shape (budget) |",
-           "|---|---|---|---|---|---|---|---|"]
+    md += ["| arm | bucket | shapes x seeds | with a kernel | fast_1 | geomean speedup | 95% interval | mean regret (shapes) | fresh evals / shape (budget) |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         iv = f"[{_f(r['lo'])}, {_f(r['hi'])}]" if r["lo"] is not None else ""
         reg = f"{_f(r['mean_regret'])} ({r['regret_shapes']})" if r["mean_regret"] is not None else "n/a"
-        md.append(f"| {r['arm']} | {r['bucket']} | {r['shapes']} | {r['with_kernel']} | "
+        md.append(f"| {r['arm']} | {r['bucket']} | {r['shapes']} | {r['with_kernel']} | {_f(r.get('fast_1'), '.2f')} | "
                   f"{_f(r['geomean_speedup'])} | {iv} | {reg} | {_f(r['fresh_per_shape'], '.1f')} ({r['budget_per_shape']}) |")
     md += ["", "Speedup = " + ("the estimated baseline time / the estimated kernel time of each arm's "
                                "best-estimated kernel" if estimated else
@@ -641,6 +828,17 @@ def write_outputs(out: Path, *, per_shape: list[dict], table: list[dict], estima
            + "; geomean over shapes with a kernel, interval = percentile bootstrap over those shapes "
            "(cudal2.timing.stats.bootstrap_geomean_ci). Regret = the arm's winner time / the exhaustive "
            "winner's - 1, only where an exhaustive search was affordable.", ""]
+    if meta.get("paired"):
+        md += ["## Paired: the same shape and seed, the same baseline", "",
+               "| arm | vs | geomean time ratio (>1: arm faster) | 95% interval (shapes x seeds) | pairs (shapes) | arm faster | unpaired |",
+               "|---|---|---|---|---|---|---|"]
+        md += [f"| {p['a']} | {p['b']} | {_f(p['ratio'])} | [{_f(p['lo'])}, {_f(p['hi'])}] | {p['pairs']} "
+               f"({p['shapes']}) | {p['a_faster']} | {p['unpaired']} |" for p in meta["paired"]]
+        md += ["", "Ratio = the tune arm's winner time / the policy arm's on the same (shape, seed); "
+               "interval = percentile bootstrap resampling shapes, then each drawn shape's seeds. "
+               "Unpaired: (shape, seed) where one of the two found no kernel (fast_1 counts those). "
+               f"fast_1 = the fraction of (shape, seed) whose winner is correct and faster than {FAST_BASELINE} "
+               "(KernelBench)" + (" -- estimated: 'correct' means built and audited" if estimated else "") + ".", ""]
     md += [f"- {line}" for line in meta["notes"]]
     md += ["", f"Made by: `{command}`"]
     (out / "table.md").write_text("\n".join(md) + "\n")
@@ -703,8 +901,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    "folder, or a HF name in the local cache ('' = leave the SFT arm out)")
     p.add_argument("--small-builtin", action="store_true", help="'builtin' means the small test recipe")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="arms to run")
-    p.add_argument("--shapes", default="shapes/stratified_100.csv", help="shapes to draw the held-out set from")
-    p.add_argument("--heldout", type=int, default=8, help="held-out shapes drawn (stratified by size bucket)")
+    p.add_argument("--shapes", default="shapes/llm_trace.csv", help="shapes to draw the held-out set from "
+                   "(grid shapes and every policy's warm-start shapes are left out)")
+    p.add_argument("--heldout", type=int, default=32, help="held-out shapes drawn (stratified by size bucket)")
     p.add_argument("--heldout-shapes", default=None, help="an explicit held-out shape file instead of drawing")
     p.add_argument("--exclude-shapes", nargs="*", default=[], help="more training shape files to keep out "
                    "of the held-out set (e.g. an SFT corpus's shapes)")
@@ -716,6 +915,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    "that repeats itself")
     p.add_argument("--families", nargs="+", default=["mma", "ptx"], help="template families for tune, "
                    "random and exhaustive (default: the built-in policy's families)")
+    p.add_argument("--policy-families", nargs="+", default=None, help="the tune_policy arm's families: "
+                   "the policy's own action space (default: what the RL (else SFT) policy was taught to "
+                   "write, policy_families)")
     p.add_argument("--exhaustive-max", type=int, default=64, help="exhaustive search of a family's space "
                    "for a shape only up to this many configs")
     p.add_argument("--arch", default="sm_90a")
@@ -730,7 +932,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=None, help="results DB (default --out/results.db)")
     p.add_argument("--budget-s", type=float, default=0, help="wall-clock limit: shapes not started by then "
                    "are left out of every arm and listed (0 = none)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the held-out draw's seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="each arm's search is run once "
+                   "per seed (policy sampling, tune, random); intervals are over shapes x seeds")
     p.add_argument("--out", default="runs/experiment")
 
 
@@ -771,15 +975,29 @@ def run(args, *, command: str = "") -> dict:
                         "evaluations" if rl_run.estimated else ""))
     for f in args.exclude_shapes:
         exclude |= {_key(s) for s in read_shapes(f)}
+    # held out from every warm start: the grid (the built-in SFT's) and each policy's own
+    warm: dict[str, set] = {"the grid": set(_grid())}
+    for arm, name in (("sft", args.sft_policy), ("rl", rl_run.config.get("policy") if rl_run else None)):
+        if arm in arms and name:
+            shapes_w, where = warm_start_shapes(name)
+            warm[f"{arm} warm start"] = shapes_w
+            notes.append(f"{arm} warm-start shapes: {len(shapes_w)} from {where}")
+    for v in warm.values():
+        exclude |= v
     heldout = choose_heldout(shapes_file=args.shapes, n=args.heldout, seed=args.seed, exclude=exclude,
                              arch=args.arch, baseline=args.baseline, keep_launch_bound=args.keep_launch_bound,
-                             explicit=args.heldout_shapes, log=log)
+                             explicit=args.heldout_shapes, log=log,
+                             what="grid, warm-start or training")
     if rl_run is not None:
         check_disjoint(heldout, rl_run.shapes, "RL training")
+    for what, shapes_w in warm.items():
+        check_disjoint(heldout, shapes_w, what)
     notes.append(f"held-out: {len(heldout)} shape(s) "
                  + (f"from {args.heldout_shapes}" if args.heldout_shapes else
                     f"drawn from {args.shapes} (stratified by size bucket, seed {args.seed})")
-                 + f", disjoint from {len(exclude)} training shape(s) (checked)")
+                 + f", disjoint from {len(exclude)} grid, warm-start and training shape(s) (checked: "
+                 + ", ".join(f"{w} {len(v)}" for w, v in warm.items())
+                 + (f", RL training {len(rl_run.shapes)}" if rl_run else "") + ")")
     budget = Budget(args.budget, len(heldout),
                     rl_training_evaluations=rl_run.evaluations if rl_run else 0)
     notes.append(f"budget: {args.budget} fresh harness evaluations per arm per shape"
@@ -811,6 +1029,16 @@ def run(args, *, command: str = "") -> dict:
             pa.min_p = args.min_p
         notes.append(f"{pa.arm} policy {pa.name} ({pa.style} prompts, {pa.max_new_tokens} new tokens, "
                      f"temperature {pa.temperature:g}, min_p {pa.min_p:g})")
+    if "tune_policy" in arms:
+        own = args.policy_families or policy_families(
+            (rl_run.config.get("policy") if rl_run else "") or args.sft_policy or "builtin", args.arch,
+            small_builtin=args.small_builtin)
+        notes.append(f"tune_policy searches the policy's own action space: {' '.join(own)}")
+    if "rl" in arms:
+        arms.insert(arms.index("rl") + 1, RL_FULL)
+        notes.append(f"{RL_FULL}: the RL arm's search cut where a budget charged its whole training "
+                     f"({budget.rl_training_evaluations} evaluations) on every shape would end: "
+                     f"{budget.allowance(RL_FULL)} fresh per shape (rl: amortised, {budget.rl_charge} per shape)")
     notes.append(f"tune, random and exhaustive search the families {' '.join(args.families)} on {args.arch}")
 
     db_path = Path(args.db) if args.db else out / "results.db"
@@ -821,65 +1049,62 @@ def run(args, *, command: str = "") -> dict:
         f"({', '.join(map(str, heldout))}), {args.budget} fresh evaluations per arm and shape, "
         f"{'GPU ' + gpu if gpu else 'no GPU (estimated)'}; results DB {db_path}")
     samples = args.samples or args.budget
-    finals: dict[tuple, dict] = {}
     reference: dict[tuple, dict] = {}
-    cut: list[Shape] = []
+    cut: list[tuple] = []
+    per_shape: list[dict] = []
+    ledger: list[dict] = []
     lt_known = db.baseline_choices()
+    seeds = list(dict.fromkeys(args.seeds))
+    todo = [(sd, shape) for sd in seeds for shape in heldout]
     try:
-        for i, shape in enumerate(heldout, 1):
+        for i, (sd, shape) in enumerate(todo, 1):
             if args.budget_s and time.time() - t0 > args.budget_s:
-                cut = heldout[i - 1:]
-                log(f"--budget-s {args.budget_s:g} reached: {len(cut)} shape(s) not started, left out of every arm")
+                cut = [(x, _key(s)) for x, s in todo[i - 1:]]
+                log(f"--budget-s {args.budget_s:g} reached: {len(cut)} (seed, shape) run(s) not started, "
+                    "left out of every arm")
                 break
+            if shape == heldout[0]:          # a seed starts: every arm searches afresh
+                budget = Budget(args.budget, len(heldout), rl_training_evaluations=budget.rl_training_evaluations)
+                harness.budget = budget
+                harness.arm_rows = {k: v for k, v in harness.arm_rows.items() if k[0] == REFERENCE}
+                harness.first_of = {}
+                for pa in policies.values():
+                    pa.samples, pa.no_code = {}, {}
             ts = time.time()
             for arm in arms:
                 if arm in policies:
                     run_policy_arm(policies[arm], shape, harness, samples=samples, max_rounds=args.max_rounds,
-                                   arch=args.arch, acc=args.acc, baseline=args.baseline, seed=args.seed)
-                elif arm == "tune":
-                    run_tune_arm(shape, harness, arch=args.arch, acc=args.acc, families=args.families,
-                                 seed=args.seed, log=lambda *a: None)
+                                   arch=args.arch, acc=args.acc, baseline=args.baseline, seed=sd)
+                    if arm == "rl":
+                        harness.derive_prefix(RL_FULL, "rl", shape)
+                elif arm in ("tune", "tune_policy"):
+                    run_tune_arm(shape, harness, arch=args.arch, acc=args.acc, seed=sd, log=lambda *a: None,
+                                 families=args.families if arm == "tune" else own, arm=arm)
                 elif arm == "random":
                     run_random_arm(shape, harness, arch=args.arch, acc=args.acc, families=args.families,
-                                   seed=args.seed)
-            reference[_key(shape)] = run_reference(shape, harness, arch=args.arch, acc=args.acc,
-                                                   families=args.families, cap=args.exhaustive_max)
+                                   seed=sd)
+            if _key(shape) not in reference:
+                reference[_key(shape)] = run_reference(shape, harness, arch=args.arch, acc=args.acc,
+                                                       families=args.families, cap=args.exhaustive_max)
             winners = {a: harness.best(a, shape)[1] for a in arms + [REFERENCE]}
             winners = {a: s for a, s in winners.items() if s}
             if gpu and winners:
-                finals[_key(shape)] = harness.finals(shape, winners, lt_known)
+                fin = harness.finals(shape, winners, lt_known)
             else:
-                finals[_key(shape)] = {a: harness.best(a, shape)[0] for a in winners}
-            log(f"[{i}/{len(heldout)}] {shape} ({size_bucket(shape.M, shape.N, shape.K)}) in "
+                fin = {a: harness.best(a, shape)[0] for a in winners}
+            per_shape += shape_rows(shape, sd, fin, arms, budget, policies, args.baseline)
+            ledger += [{"arm": a, "seed": sd, "shape": list(_key(shape)), **budget.counts.get((a, _key(shape)), {}),
+                        "fresh_charged": budget.fresh(a, shape)} for a in arms]
+            log(f"[{i}/{len(todo)}] seed {sd} {shape} ({size_bucket(shape.M, shape.N, shape.K)}) in "
                 f"{time.time() - ts:.0f}s: " + "; ".join(
                     f"{a} {budget.fresh(a, shape)}/{budget.allowance(a)} fresh, "
-                    + (f"{_f(speedup_of(finals[_key(shape)].get(a), args.baseline)[0])}x"
-                       if finals[_key(shape)].get(a) is not None else "no kernel")
+                    + (f"{_f(speedup_of(fin.get(a), args.baseline)[0])}x" if fin.get(a) is not None else "no kernel")
                     for a in arms))
     finally:
         harness.close()
-    done = [s for s in heldout if s not in cut]
-    per_shape = []
-    for shape in done:
-        f = finals[_key(shape)]
-        ref_us = candidate_us(f.get(REFERENCE))
-        for arm in arms:
-            ev = f.get(arm)
-            s, lo, hi = speedup_of(ev, args.baseline)
-            c = budget.counts.get((arm, _key(shape)), {})
-            us = candidate_us(ev)
-            pa = policies.get(arm)
-            per_shape.append({
-                "M": shape.M, "N": shape.N, "K": shape.K, "bucket": size_bucket(shape.M, shape.N, shape.K),
-                "arm": arm, "budget": budget.allowance(arm), "fresh": budget.fresh(arm, shape),
-                "cached": c.get(CACHED, 0), "repeats": c.get(REPEAT, 0), "over": c.get(OVER, 0),
-                "samples": pa.samples.get(shape, 0) if pa else "", "no_code": pa.no_code.get(shape, 0) if pa else "",
-                "winner_sha": ev.source_sha[:16] if ev is not None else "",
-                "winner_status": ev.status if ev is not None else "no kernel",
-                "time_us": us, "speedup": s, "lo": lo, "hi": hi,
-                "regret": (us / ref_us - 1.0) if us and ref_us else None,
-                "row_id": ev.id if ev is not None else ""})
+    done = [s for s in heldout if any(r["M"] == s.M and r["N"] == s.N and r["K"] == s.K for r in per_shape)]
     table = summarise(per_shape, arms, seed=args.seed)
+    pairs = paired_table(per_shape, arms, seed=args.seed)
     notes.append("regret: " + reference_note(reference, args.exhaustive_max))
     notes.append(f"reference (exhaustive) evaluations, not charged to any arm: {harness.reference_evaluations}")
     if gpu:
@@ -889,20 +1114,22 @@ def run(args, *, command: str = "") -> dict:
         notes.append("no finals: no GPU (winners are each arm's best-estimated kernel)")
     notes += harness.finals_notes
     if cut:
-        notes.append(f"--budget-s cut {len(cut)} shape(s), left out of every arm: " + ", ".join(map(str, cut)))
+        notes.append(f"--budget-s cut {len(cut)} (seed, shape) run(s), left out of every arm: "
+                     + ", ".join(f"seed {x} {m}x{n}x{k}" for x, (m, n, k) in cut))
     cmd = command or "python -m cudal2_rl.experiment " + " ".join(sys.argv[1:])
-    meta = {"n_shapes": len(done), "notes": notes}
+    meta = {"n_shapes": len(done), "notes": notes, "seeds": seeds, "paired": pairs}
     res = write_outputs(out, per_shape=per_shape, table=table, estimated=estimated, baseline=args.baseline,
                         meta=meta, command=cmd)
     doc = {"command": cmd, "estimated": estimated, "gpu": gpu, "arms": arms, "config": vars(args),
-           "heldout": [_key(s) for s in done], "cut": [_key(s) for s in cut],
+           "heldout": [_key(s) for s in done], "cut": [[x, *s] for x, s in cut], "seeds": seeds,
+           "heldout_excluded": {w: len(v) for w, v in warm.items()},
+           "paired": pairs,
            "training_shapes_excluded": sorted(exclude),
            "rl_run": dataclasses.asdict(rl_run) if rl_run else None,
            "budget": {"per_shape": budget.per_shape, "rl_charge": budget.rl_charge,
                       "rl_training_evaluations": budget.rl_training_evaluations,
                       "allowance": {a: budget.allowance(a) for a in arms},
-                      "ledger": [{"arm": a, "shape": list(s), **c, "fresh_charged": budget.fresh(a, s)}
-                                 for (a, s), c in budget.counts.items()]},
+                      "ledger": ledger},
            "reference": {f"{m}x{n}x{k}": v for (m, n, k), v in reference.items()},
            "reference_evaluations": harness.reference_evaluations,
            "per_shape": per_shape, "table": table, "notes": notes, "log": log_lines,

