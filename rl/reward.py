@@ -305,6 +305,20 @@ def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASE
     return out
 
 
+def note_bests(attempts, best: dict, best_estimated: dict) -> None:
+    """Fold a batch of attempts into the best per shape: verified (re-measured) bests are
+    references; estimates only rank, for outputs."""
+    for a in attempts:
+        if a is None or a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
+            continue
+        bests = best if a.verified else best_estimated if a.estimated else None
+        if bests is None:
+            continue
+        cur = bests.get(a.shape)
+        if cur is None or a.speedup > cur.speedup:
+            bests[a.shape] = a
+
+
 class KernelReward:
     """trl reward function: ``reward(prompts, completions, M, N, K, **columns) -> list[float|None]``.
 
@@ -483,16 +497,7 @@ class KernelReward:
         tie_within_resolution(attempts)
         with self._lock:
             self.attempts.append(attempts)
-            for a in attempts:
-                if a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
-                    continue
-                # verified (re-measured) bests are references; estimates only rank, for outputs
-                bests = self.best if a.verified else self.best_estimated if a.estimated else None
-                if bests is None:
-                    continue
-                cur = bests.get(a.shape)
-                if cur is None or a.speedup > cur.speedup:
-                    bests[a.shape] = a
+            note_bests(attempts, self.best, self.best_estimated)
         return attempts  # type: ignore[return-value]
 
     def verified(self, ev) -> bool:

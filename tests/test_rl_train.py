@@ -130,3 +130,40 @@ def test_checkpoints_only_when_asked():
     assert checkpoint_args(asked) == {"save_strategy": "steps", "save_steps": 2, "save_total_limit": 2}
     assert checkpoint_args(RLConfig(steps=200, resume=True))["save_steps"] == 50
     assert checkpoint_args(RLConfig(steps=200, save_checkpoints=True, save_steps=7))["save_steps"] == 7
+
+
+def test_grpo_under_accelerate_two_processes(tmp_path, small_policy):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU: two gloo processes train one
+    GRPO step; rank 0 alone evaluates both ranks' completions and writes the DB and the log."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate is not installed (pip install accelerate)")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n64,128,256\n")
+    out = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDAL2_BUILD_JOBS": "1"}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           "-m", "cudal2_rl.train", "--policy", str(small_policy), "--shapes", str(shapes),
+           "--steps", "1", "--out", str(out), "--num-generations", "2", "--prompts-per-step", "1",
+           "--jobs", "1", "--launch-bound", "keep", "--kernels-dir", str(tmp_path / "gk"), "--seed", "0"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    dist = [r for r in recs if r.get("type") == "distributed"]
+    assert len(dist) == 1 and dist[0]["processes"] == 2 and dist[0]["backend"] == "gloo"
+    assert len([r for r in recs if r.get("type") == "setup"]) == 1       # one writer
+    steps = [r for r in recs if r.get("type") == "step"]
+    assert [r["step"] for r in steps] == [1]
+    assert steps[0]["summary"]["n"] == 2            # one completion per rank, both scored by rank 0
+    from cudal2.harness.db import ResultsDB
+    rows = ResultsDB(out / "results.db").rows()
+    assert len(rows) == len({a["sha"] for a in steps[0]["attempts"] if a["sha"]})
+    assert (out / "policy" / "config.json").is_file()
