@@ -167,3 +167,43 @@ def test_grpo_under_accelerate_two_processes(tmp_path, small_policy):
     rows = ResultsDB(out / "results.db").rows()
     assert len(rows) == len({a["sha"] for a in steps[0]["attempts"] if a["sha"]})
     assert (out / "policy" / "config.json").is_file()
+
+
+def test_any_causal_lm_folder_loads_offline_or_names_what_is_missing(tmp_path, small_policy):
+    """--policy PATH: a transformers causal-LM folder (here the test policy saved as a plain
+    model, no recipe) loads offline with its chat template; a folder missing the tokenizer, the
+    chat template or the weights is refused with an error naming it."""
+    import shutil
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from cudal2_rl.policy import default_style, is_builtin, load_policy
+    folder = tmp_path / "my-model"
+    AutoModelForCausalLM.from_pretrained(small_policy).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(small_policy).save_pretrained(folder)
+    assert not is_builtin(str(folder)) and default_style(str(folder)) == "full"
+    model, tok = load_policy(str(folder), log=lambda *a: None)
+    text = tok.apply_chat_template([{"role": "user", "content": "hgemm M=64 N=64 K=64"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|assistant|>")
+    ids = tok(text, return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(folder, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="cannot load a causal LM"):
+        load_policy(str(no_weights), log=lambda *a: None)
+    no_template = tmp_path / "no-template"
+    shutil.copytree(folder, no_template)
+    for f in no_template.glob("*chat_template*"):
+        f.unlink()
+    cfg = json.loads((no_template / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no chat template"):
+        load_policy(str(no_template), log=lambda *a: None)
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    shutil.copy(folder / "config.json", no_tokenizer)
+    shutil.copy(folder / "model.safetensors", no_tokenizer)
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_policy(str(no_tokenizer), log=lambda *a: None)
