@@ -207,3 +207,35 @@ def test_any_causal_lm_folder_loads_offline_or_names_what_is_missing(tmp_path, s
     shutil.copy(folder / "model.safetensors", no_tokenizer)
     with pytest.raises(ValueError, match="tokenizer"):
         load_policy(str(no_tokenizer), log=lambda *a: None)
+
+
+def test_warm_start_sft_step_on_a_results_db_measured_winners(tmp_path, small_policy):
+    """python -m cudal2_rl.warmstart --db --base: the test policy takes one LoRA SFT step on the
+    measured winners of a small results DB (estimated rows never enter)."""
+    import math
+    from safetensors.torch import load_file
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.types import Evaluation, Shape
+    from cudal2_rl import warmstart
+    from cudal2_rl.reward import source_sha
+    k1 = '#define BM 64\n#define BN 64\n#include "mma_hgemm.cuh"\n'
+    k2 = '#define BM 128\n#define BN 256\n#include "wgmma_hgemm.cuh"\n'
+    db = ResultsDB(tmp_path / "r.db")
+    for src, shape, speedup, est in ((k1, (256, 256, 256), 1.2, False), (k2, (256, 256, 256), 0.9, False),
+                                     (k2, (4096, 4096, 4096), 1.3, False), (k1, (4096, 4096, 4096), 5.0, True)):
+        e = Evaluation(status="not_measured" if est else "ok", source_sha=source_sha(src), shape=Shape(*shape),
+                       arch="sm_90a", acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"},
+                       estimated=est, stage="final")
+        e.timings = {"offline": {"candidate": {"median_us": 100.0 / speedup}}}
+        e.speedups = {"offline": {"cublaslt_autotuned": speedup}}
+        db.add(e, source=src)
+    out = tmp_path / "adapter"
+    assert warmstart.main(["--base", str(small_policy), "--db", str(tmp_path / "r.db"), "--steps", "1",
+                           "--threads", "1", "--out", str(out)]) == 0
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["pairs"] == 2 and recipe["steps_done"] == 1 and recipe["base"] == str(small_policy)
+    assert math.isfinite(recipe["losses"][0])
+    lora_b = [t for k, t in load_file(str(out / "adapter_model.safetensors")).items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)       # the step moved the adapter
+    with pytest.raises(SystemExit, match="--base"):
+        warmstart.main(["--base", str(tmp_path / "missing"), "--db", str(tmp_path / "r.db"), "--steps", "1"])
