@@ -488,9 +488,12 @@ def run(cfg: RLConfig) -> dict:
     from trl import GRPOConfig, GRPOTrainer
     per_step = cfg.prompts_per_step or min(len(shapes), 4)
     use_cpu = not torch.cuda.is_available()
-    # --prompts-per-step counts shapes per optimiser step over all processes where it divides
+    # --prompts-per-step counts shapes per optimiser step over all processes where it divides;
+    # multi-turn rollouts build trajectories from whole groups, so there each rank holds whole groups
     world = pstate.num_processes if pstate is not None else 1
     batch = per_step * cfg.num_generations
+    if cfg.turns > 1 and (batch // world) % cfg.num_generations:
+        world = 1
     gargs = GRPOConfig(
         output_dir=str(out / "checkpoints"), max_steps=cfg.steps,
         per_device_train_batch_size=batch // world if batch % world == 0 else batch,
