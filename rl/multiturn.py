@@ -3,8 +3,9 @@
 Each GRPO group of ``num_generations`` samples for a shape holds ``num_generations / N``
 trajectories of N turns. Turn 1 answers the prompt; turn t+1 sees the conversation so far plus
 feedback on turn t's kernel: the verdict, the compiler's error lines, ptxas registers / shared
-memory / spills, the audit's findings, the correctness failure, and the speed (measured, or
-flagged estimated / screened). Every turn's kernel goes through the reward like any completion
+memory / spills, the audit's findings, the correctness failure, the speed and time (measured, or
+flagged estimated / screened) and bottleneck hints (rl.reward.bottleneck_hints: spills, register
+pressure, where the measured time sits against the GPU's roofline, or the estimate's terms). Every turn's kernel goes through the reward like any completion
 (its own results-DB row, cached like the rest). Each turn is its own training sample (prompt =
 the conversation up to it, completion = its answer) with the discounted return of its
 trajectory from that turn on:
@@ -76,6 +77,9 @@ def feedback(a, style: str = "full") -> str:
     if speed:
         lines.append(f"- speed: {speed}" + (" (the best known for this shape is "
                                               f"{a.reference:.2f}x)" if a.reference > 1 else ""))
+    if getattr(a, "time_us", None):
+        lines.append(f"- time: {a.time_us:.1f} us" + (" (estimated, no GPU)" if a.estimated else
+                                                         " (screened)" if a.stage == "screen" else " (measured)"))
     if a.verdict == "build_error":
         lines += [f"- compiler: {_trim(l, 300)}" for l in _error_lines(b.get("log_tail", ""))]
     if b.get("registers") is not None and a.compiled:
@@ -83,6 +87,8 @@ def feedback(a, style: str = "full") -> str:
                      f"shared memory, {b.get('spills', 0)} B spills")
     for r in getattr(a, "audit", None) or []:
         lines.append(f"- audit: {_trim(r, 300)}")
+    for h in getattr(a, "hints", None) or []:
+        lines.append(f"- bottleneck: {_trim(h, 300)}")
     if a.verdict in ("wrong", "crashed", "timeout", "oom", "too_fast", "audit_rejected",
                      "no_code", "two_files", "not_abi") and a.detail:
         lines.append(f"- why: {_trim(a.detail, 400)}")

@@ -371,7 +371,10 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path
         raise ValueError(f"policy {name!r}: its tokenizer has no chat template (trl's GRPO needs one)")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:    # no weights, or a config that is not a causal LM
+        raise ValueError(f"policy {name!r}: cannot load a causal LM from it: {exc}") from None
     if name == DEFAULT_POLICY:
         from cudal2.core import knobs
         from_knob = not adapter and knobs.adapter_dir() is not None

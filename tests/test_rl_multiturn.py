@@ -55,3 +55,35 @@ def test_two_turn_grpo_step(tmp_path):
     # 2 shapes x 2 trajectories x 2 turns, each its own scored sample
     assert step["summary"]["n"] == 8
     assert {a["turn"] for a in step["attempts"]} == {1, 2}
+
+
+def test_feedback_carries_time_and_bottleneck_hints():
+    """The next turn is told the kernel's time and what limits it: spills, register pressure,
+    and where a measured time sits against the measured GPU's roofline."""
+    from cudal2.harness.types import Evaluation, Shape
+    from cudal2_rl.reward import bottleneck_hints
+    ev = Evaluation(status="ok", source_sha="x", shape=Shape(4096, 4096, 4096), arch="sm_90a",
+                    acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"}, stage="final",
+                    build={"registers": 232, "spills": 64, "shared_bytes": 0})
+    ev.timings = {"offline": {"candidate": {"median_us": 1374.0}}}      # ~100 TFLOP/s at 4096^3
+    hints = bottleneck_hints(ev)
+    assert any("spills 64 B" in h for h in hints)
+    assert any("232 registers" in h and "8 warps" in h for h in hints)
+    roof = [h for h in hints if h.startswith("compute-bound")]
+    assert roof and "of H100" in roof[0] and "feed the tensor cores" in roof[0]
+    a = Attempt((4096, 4096, 4096), "ok", 0.1, speedup=0.14, time_us=1374.0, hints=hints)
+    text = feedback(a)
+    assert "- time: 1374.0 us (measured)" in text and text.count("- bottleneck:") == len(hints)
+    # a skinny shape's time is priced against DRAM bandwidth: memory-bound
+    ev2 = Evaluation(status="ok", source_sha="y", shape=Shape(16, 8192, 8192), arch="sm_90a",
+                     acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"}, stage="final")
+    ev2.timings = {"offline": {"candidate": {"median_us": 100.0}}}
+    assert bottleneck_hints(ev2)[0].startswith("memory-bound")
+    # no GPU: the estimate's terms (an FMA-only loop, a poorly filled last wave)
+    ev3 = Evaluation(status="not_measured", source_sha="z", shape=Shape(256, 256, 256), arch="sm_90a",
+                     acc="f32", layout="RR", env={"estimate": {"kind": "fma", "wave_eff": 0.1}},
+                     estimated=True)
+    h3 = bottleneck_hints(ev3)
+    assert any("no tensor-core instruction" in h for h in h3) and any("10% of the last wave" in h for h in h3)
+    est = Attempt((256, 256, 256), "not_measured", -0.2, speedup=0.6, estimated=True, time_us=12.0, hints=h3)
+    assert "(estimated, no GPU)" in feedback(est)

@@ -130,3 +130,112 @@ def test_checkpoints_only_when_asked():
     assert checkpoint_args(asked) == {"save_strategy": "steps", "save_steps": 2, "save_total_limit": 2}
     assert checkpoint_args(RLConfig(steps=200, resume=True))["save_steps"] == 50
     assert checkpoint_args(RLConfig(steps=200, save_checkpoints=True, save_steps=7))["save_steps"] == 7
+
+
+def test_grpo_under_accelerate_two_processes(tmp_path, small_policy):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU: two gloo processes train one
+    GRPO step; rank 0 alone evaluates both ranks' completions and writes the DB and the log."""
+    import os
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate is not installed (pip install accelerate)")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n64,128,256\n")
+    out = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDAL2_BUILD_JOBS": "1"}
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           "-m", "cudal2_rl.train", "--policy", str(small_policy), "--shapes", str(shapes),
+           "--steps", "1", "--out", str(out), "--num-generations", "2", "--prompts-per-step", "1",
+           "--jobs", "1", "--launch-bound", "keep", "--kernels-dir", str(tmp_path / "gk"), "--seed", "0"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    dist = [r for r in recs if r.get("type") == "distributed"]
+    assert len(dist) == 1 and dist[0]["processes"] == 2 and dist[0]["backend"] == "gloo"
+    assert len([r for r in recs if r.get("type") == "setup"]) == 1       # one writer
+    steps = [r for r in recs if r.get("type") == "step"]
+    assert [r["step"] for r in steps] == [1]
+    assert steps[0]["summary"]["n"] == 2            # one completion per rank, both scored by rank 0
+    from cudal2.harness.db import ResultsDB
+    rows = ResultsDB(out / "results.db").rows()
+    assert len(rows) == len({a["sha"] for a in steps[0]["attempts"] if a["sha"]})
+    assert (out / "policy" / "config.json").is_file()
+
+
+def test_any_causal_lm_folder_loads_offline_or_names_what_is_missing(tmp_path, small_policy):
+    """--policy PATH: a transformers causal-LM folder (here the test policy saved as a plain
+    model, no recipe) loads offline with its chat template; a folder missing the tokenizer, the
+    chat template or the weights is refused with an error naming it."""
+    import shutil
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from cudal2_rl.policy import default_style, is_builtin, load_policy
+    folder = tmp_path / "my-model"
+    AutoModelForCausalLM.from_pretrained(small_policy).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(small_policy).save_pretrained(folder)
+    assert not is_builtin(str(folder)) and default_style(str(folder)) == "full"
+    model, tok = load_policy(str(folder), log=lambda *a: None)
+    text = tok.apply_chat_template([{"role": "user", "content": "hgemm M=64 N=64 K=64"}],
+                                   add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|assistant|>")
+    ids = tok(text, return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] > ids.shape[1]
+
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(folder, no_weights)
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="cannot load a causal LM"):
+        load_policy(str(no_weights), log=lambda *a: None)
+    no_template = tmp_path / "no-template"
+    shutil.copytree(folder, no_template)
+    for f in no_template.glob("*chat_template*"):
+        f.unlink()
+    cfg = json.loads((no_template / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (no_template / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no chat template"):
+        load_policy(str(no_template), log=lambda *a: None)
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    shutil.copy(folder / "config.json", no_tokenizer)
+    shutil.copy(folder / "model.safetensors", no_tokenizer)
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_policy(str(no_tokenizer), log=lambda *a: None)
+
+
+def test_warm_start_sft_step_on_a_results_db_measured_winners(tmp_path, small_policy):
+    """python -m cudal2_rl.warmstart --db --base: the test policy takes one LoRA SFT step on the
+    measured winners of a small results DB (estimated rows never enter)."""
+    import math
+    from safetensors.torch import load_file
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.types import Evaluation, Shape
+    from cudal2_rl import warmstart
+    from cudal2_rl.reward import source_sha
+    k1 = '#define BM 64\n#define BN 64\n#include "mma_hgemm.cuh"\n'
+    k2 = '#define BM 128\n#define BN 256\n#include "wgmma_hgemm.cuh"\n'
+    db = ResultsDB(tmp_path / "r.db")
+    for src, shape, speedup, est in ((k1, (256, 256, 256), 1.2, False), (k2, (256, 256, 256), 0.9, False),
+                                     (k2, (4096, 4096, 4096), 1.3, False), (k1, (4096, 4096, 4096), 5.0, True)):
+        e = Evaluation(status="not_measured" if est else "ok", source_sha=source_sha(src), shape=Shape(*shape),
+                       arch="sm_90a", acc="f32", layout="RR", env={"gpu": "NVIDIA H100 80GB HBM3"},
+                       estimated=est, stage="final")
+        e.timings = {"offline": {"candidate": {"median_us": 100.0 / speedup}}}
+        e.speedups = {"offline": {"cublaslt_autotuned": speedup}}
+        db.add(e, source=src)
+    out = tmp_path / "adapter"
+    assert warmstart.main(["--base", str(small_policy), "--db", str(tmp_path / "r.db"), "--steps", "1",
+                           "--threads", "1", "--out", str(out)]) == 0
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["pairs"] == 2 and recipe["steps_done"] == 1 and recipe["base"] == str(small_policy)
+    assert math.isfinite(recipe["losses"][0])
+    lora_b = [t for k, t in load_file(str(out / "adapter_model.safetensors")).items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)       # the step moved the adapter
+    with pytest.raises(SystemExit, match="--base"):
+        warmstart.main(["--base", str(tmp_path / "missing"), "--db", str(tmp_path / "r.db"), "--steps", "1"])
