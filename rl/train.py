@@ -7,7 +7,8 @@ reward mean/std/max, trl's reward_std / frac_reward_zero_std / grad_norm / loss,
 compiled / correct / faster than the baseline, best verified speedup so far per shape, fresh
 evaluations per GPU-minute), appends it to log.jsonl and exports each step's new verified
 winners (re-measured in a fresh run) into generated_kernels/ through cudal2.runs.export (the tuner's
-path). Without a GPU kernel times are estimated from each build and every line says so; nothing
+path). Without a GPU every kernel that builds and passes the audit gets one flat reward; times
+estimated from each build rank kernels in the logs, every such line says so, and nothing
 estimated is ever exported. Launch-bound shapes are left out with the reason logged
 (--launch-bound). --turns N: multi-turn refinement (rl/multiturn.py).
 
@@ -480,8 +481,9 @@ def run(cfg: RLConfig) -> dict:
             executor=executor.describe(), db=str(db_path), shapes=[list(s) for s in shapes],
             policy=cfg.policy, style=style, config=vars(cfg))
     if main and reward.estimated:
-        log("rewards are ESTIMATED: no GPU is visible here, so kernels are built and audited but not "
-            "run; kernel times are estimated from each build " + reward.estimate_note()
+        log("rewards are FLAT without a GPU: no GPU is visible here, so kernels are built and audited "
+            "but not run, and every kernel that passes gets one reward; kernel times estimated from "
+            "each build rank them in the logs only " + reward.estimate_note()
             + ". Kernels already measured on a GPU reuse their DB rows. "
             + executor.throughput(), type="estimated")
 

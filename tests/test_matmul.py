@@ -281,9 +281,10 @@ def gpu_store(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
     idx = KernelIndex(root)
     for layout in ("RR", "RC"):
-        src = instantiate(FAMILIES["mma"].default().with_(LAYOUT=layout))
-        idx.add(src, arch=arch, acc="f32", layout=layout, M=256, N=256, K=256, family="mma",
-                tuned=True, mode="offline", report="test fixture", speedups={"torch": 1.01})
+        cfg = FAMILIES["mma"].default().with_(LAYOUT=layout)
+        idx.add(instantiate(cfg), arch=arch, acc="f32", layout=layout, M=256, N=256, K=256,
+                family="mma", tuned=True, mode="offline", report="test fixture",
+                speedups={"torch": 1.01}, config=cfg.name())   # trusted: serves nearest shapes
     idx.write()
     resolve.reset()
     yield root

@@ -82,7 +82,8 @@ def served(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
     idx = KernelIndex(root)
     kw = dict(arch="sm_90a", acc="f32", layout="RC", family="mma", tuned=True, mode="offline",
-              report="synthetic", speedups={"torch": 1.2})
+              report="synthetic", speedups={"torch": 1.2},
+              verified=("tile",))   # the audit confirmed their tiles: they may serve a bucket
     for n, k in ((128, 64), (64, 64), (256, 64), (64, 128)):
         idx.add("// k4\n", M=4, N=n, K=k, m_bucket="3-4", **kw)
     idx.add("// k16\n", M=16, N=128, K=64, m_bucket="9-16", **kw)
@@ -182,9 +183,11 @@ def test_gpu_patched_model_in_a_cuda_graph_serves_its_bucket(tmp_path, monkeypat
     monkeypatch.setenv("CUDAL2_KERNELS", str(root))
     monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
     idx = KernelIndex(root)
-    idx.add(instantiate(FAMILIES["mma"].default().with_(LAYOUT="RC")), arch=arch, acc="f32",
-            layout="RC", M=256, N=256, K=256, family="mma", tuned=True, mode="offline",
-            report="test fixture", speedups={"torch": 1.01}, m_bucket="129-256")
+    cfg = FAMILIES["mma"].default().with_(LAYOUT="RC")
+    idx.add(instantiate(cfg), arch=arch, acc="f32", layout="RC", M=256, N=256, K=256,
+            family="mma", tuned=True, mode="offline", report="test fixture",
+            speedups={"torch": 1.01}, m_bucket="129-256",
+            config=cfg.name())        # our own instantiation: its meta is trusted for the bucket
     idx.write()
     resolve.reset()
     try:
