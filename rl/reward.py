@@ -365,6 +365,17 @@ def note_bests(attempts, best: dict, best_estimated: dict) -> None:
             bests[a.shape] = a
 
 
+def trl_rewards(score_attempts, completions, M, N, K, columns) -> list[float | None]:
+    """trl's reward-function call: the M, N, K dataset columns as shapes, scored by
+    `score_attempts`; a multi-turn rollout's returns (scored during the rollout) as they are."""
+    if completions is None or M is None or N is None or K is None:
+        raise ValueError("KernelReward needs completions and the M, N, K dataset columns")
+    if columns.get("turn_return") is not None:
+        return [None if r is None else float(r) for r in columns["turn_return"]]
+    shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
+    return [a.reward for a in score_attempts(completions, shapes)]
+
+
 class KernelReward:
     """trl reward function: ``reward(prompts, completions, M, N, K, **columns) -> list[float|None]``.
 
@@ -463,12 +474,7 @@ class KernelReward:
 
     # -- scoring ----------------------------------------------------------------------------
     def __call__(self, prompts=None, completions=None, M=None, N=None, K=None, **columns):
-        if completions is None or M is None or N is None or K is None:
-            raise ValueError("KernelReward needs completions and the M, N, K dataset columns")
-        if columns.get("turn_return") is not None:     # multi-turn: scored during the rollout
-            return [None if r is None else float(r) for r in columns["turn_return"]]
-        shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
-        return self.score(completions, shapes)
+        return trl_rewards(self.score_attempts, completions, M, N, K, columns)
 
     def _request(self, source: str, shape, *, every_baseline: bool = False):
         return EvalRequest(source=source, shape=Shape(*shape), arch=self.arch, modes=(self.mode,),

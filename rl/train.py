@@ -37,7 +37,7 @@ from cudal2_rl.multiturn import make_rollout
 from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, default_style,
                               is_builtin, load_policy)
 from cudal2_rl.prompts import make_prompt
-from cudal2_rl.reward import Attempt, KernelReward, launch_bound, note_bests
+from cudal2_rl.reward import Attempt, KernelReward, launch_bound, note_bests, trl_rewards
 
 
 class RunLog:
@@ -80,12 +80,7 @@ class RankZeroReward:
         return self._estimated
 
     def __call__(self, prompts=None, completions=None, M=None, N=None, K=None, **columns):
-        if completions is None or M is None or N is None or K is None:
-            raise ValueError("KernelReward needs completions and the M, N, K dataset columns")
-        if columns.get("turn_return") is not None:     # multi-turn: scored during the rollout
-            return [None if r is None else float(r) for r in columns["turn_return"]]
-        shapes = [(int(m), int(n), int(k)) for m, n, k in zip(M, N, K)]
-        return [a.reward for a in self.score_attempts(completions, shapes)]
+        return trl_rewards(self.score_attempts, completions, M, N, K, columns)
 
     def score_attempts(self, completions, shapes, *, turn: int = 1) -> list:
         from accelerate.utils import broadcast_object_list, gather_object
