@@ -391,3 +391,20 @@ def test_prior_knows_the_skinny_family_and_the_in_kernel_fixup():
     diff = cm.predict_us(new, None, shape) - cm.predict_us(old, None, shape)
     assert abs(diff - (fixup_us - 0.5 * h100.launch_us)) < 1e-9, diff
     assert kernel_facts(mma).fixup_in_kernel and not kernel_facts(old).fixup_in_kernel
+
+
+def test_prior_prices_the_mirror_as_the_skinny_kernel_on_the_transposed_shape():
+    from cudal2.search.costmodel import CostModel, kernel_facts
+    from cudal2.templates import FAMILIES
+    cm = CostModel.default(gpu="H100")
+    sk, sn = FAMILIES["skinny"].default(), FAMILIES["skinny_n"].default()   # same params, RC
+    assert kernel_facts(sn).mirror and kernel_facts(sn).skinny and not kernel_facts(sk).mirror
+    for M, N, K in ((16, 4096, 4096), (8, 8192, 4096), (1, 11008, 4096)):
+        assert cm.predict_us(sn, None, (N, M, K)) == cm.predict_us(sk, None, (M, N, K))
+    # a built mirror's meta gives its tile in C's terms: the facts keep the kernel's
+    meta = {"style": "mma", "family": "skinny_n", "tile": [128, 16, 64], "threads": 128,
+            "workspace_zero_init": True, "params": sn.as_dict()}
+    f = kernel_facts(meta)
+    assert (f.BM, f.BN, f.mirror) == (16, 128, True)
+    assert cm.predict_us(meta, None, (4096, 16, 4096)) == cm.predict_us(
+        {**meta, "family": "skinny", "tile": [16, 128, 64]}, None, (16, 4096, 4096))

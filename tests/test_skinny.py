@@ -1,9 +1,11 @@
-"""The skinny family (cudal2/templates/skinny_hgemm.cuh, skinny.py): rules, builds (zero spills,
-one kernel, mma.sync f32 in the PTX, HMMA in the SASS where cuobjdump is installed), ABI 2 meta,
-the launcher's refusals, the audit; on a GPU, vs torch on decode, residue and RC shapes.
+"""The skinny families (cudal2/templates/skinny_hgemm.cuh, skinny.py): skinny (M <= 64) and its
+mirror skinny_n (N <= 64, B column-major, C = (B^T A^T)^T stored transposed): rules, builds (zero
+spills, one kernel, mma.sync f32 in the PTX, HMMA in the SASS where cuobjdump is installed), ABI 2
+meta, the launcher's refusals, the audit; on a GPU, vs torch on decode, residue and RC shapes.
 
-The covering set is the family's defaults plus the corners of its space (each BM, the widest
-warp tile, the deepest pipeline); CUDAL2_SKINNY_ALL=1 builds every valid config of the space.
+The covering set is each family's defaults plus the corners of its space (each BM, the widest
+warp tile, the deepest pipeline); CUDAL2_SKINNY_ALL=1 builds every valid config of the space
+(`cudal2 templates --build-space skinny skinny_n` records the same as a CSV).
 """
 from __future__ import annotations
 
@@ -16,38 +18,42 @@ import pytest
 
 from cudal2.templates import FAMILIES
 
-FAM = FAMILIES["skinny"]
+FAM, MIRROR = FAMILIES["skinny"], FAMILIES["skinny_n"]
 INVALID_VALUE = 1
 
 
-def _space() -> list:
-    names = sorted(FAM.space())
+def _space(fam=FAM) -> list:
+    names = sorted(fam.space())
     out = []
-    for values in itertools.product(*(FAM.space()[n] for n in names)):
-        for layout in ("RR", "RC"):
-            cfg = FAM.default().with_(**dict(zip(names, values)), LAYOUT=layout)
-            if FAM.valid(cfg):
+    for values in itertools.product(*(fam.space()[n] for n in names)):
+        for layout in fam.choices()["LAYOUT"]:
+            cfg = fam.default().with_(**dict(zip(names, values)), LAYOUT=layout)
+            if fam.valid(cfg):
                 out.append(cfg)
     return out
 
 
 def _covering() -> list:
     if os.environ.get("CUDAL2_SKINNY_ALL"):
-        return _space()
+        return _space(FAM) + _space(MIRROR)
     # BM = 32 (no default has it) with the deepest, widest-K pipeline of the space
     return list(FAM.defaults()) + [FAM.config(BM=32, WM=32, BN=64, WN=16, BK=128, STAGES=6,
-                                              LAYOUT="RR")]
+                                              LAYOUT="RR")] + list(MIRROR.defaults())
 
 
-# every config for sm_90a; sm_80 (claimed too) for the first default, or everything when asked
-CASES = [pytest.param(c, a, id=f"{c.label().split(':')[1]}-{a}") for c in _covering()
-         for a in (FAM.arches if c == FAM.default() or os.environ.get("CUDAL2_SKINNY_ALL")
+def _first_default(cfg) -> bool:
+    return cfg == FAMILIES[cfg.family].default()
+
+
+# every config for sm_90a; sm_80 (claimed too) for each family's first default, or everything
+CASES = [pytest.param(c, a, id=f"{c.family}-{c.label().split(':')[1]}-{a}") for c in _covering()
+         for a in (FAMILIES[c.family].arches if _first_default(c) or os.environ.get("CUDAL2_SKINNY_ALL")
                    else ("sm_90a",))]
 
 
 def test_rules():
     assert FAM.valid(FAM.default()) and FAM.default().get("LAYOUT") == "RC"
-    assert all(FAM.valid(c) for c in _covering())
+    assert all(FAMILIES[c.family].valid(c) for c in _covering())
     assert "BM=128" in " ".join(FAM.problems(FAM.config(BM=128))) or FAM.problems(FAM.config(BM=128))
     assert FAM.problems(FAM.config(BM=16, WM=32))            # warp tile taller than the tile
     assert FAM.problems(FAM.config(BM=16, BK=128, BN=64, WN=16, STAGES=6)) == []
@@ -58,6 +64,17 @@ def test_rules():
     assert FAM.option_space(c)[0] == {"splits": 0} and len(FAM.option_space(c)) == 8
     assert FAM.option_problems(c, {"splits": 3})
     assert len(_space()) > 100
+
+
+def test_the_mirror_serves_small_n_with_b_column_major():
+    c = MIRROR.default()
+    assert MIRROR.valid(c) and MIRROR.choices()["LAYOUT"] == ["RC"] and MIRROR.space() == FAM.space()
+    assert c.name() == "skinny_n_sm80_f32_rc_16x128x64_w16x32_s4"
+    assert MIRROR.accepts(c, 4096, 16, 4096) and MIRROR.accepts(c, 4095, 1, 8)      # any M
+    assert not MIRROR.accepts(c, 4096, 17, 4096) and not MIRROR.accepts(c, 16, 16, 4100)
+    assert MIRROR.problems(c.with_(LAYOUT="RR"))                      # row-major B: not served
+    assert MIRROR.option_space(c) == FAM.option_space(FAM.default())
+    assert len(_space(MIRROR)) == len([x for x in _space(FAM) if x.get("LAYOUT") == "RC"])
 
 
 def _build(cfg, arch):
@@ -88,39 +105,54 @@ def test_builds_one_kernel_without_spills(cfg, arch):
         assert "HMMA.16816.F32" in sass
 
 
+def _meta_cases():
+    # RC on sm_80 and sm_90a, RR, and the mirror
+    return CASES[:3] + [c for c in CASES if c.values[0].family == "skinny_n"][:1]
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("cfg,arch", CASES[:3])   # RC on sm_80 and sm_90a, RR
+@pytest.mark.parametrize("cfg,arch", _meta_cases())
 def test_meta_and_refusals(cfg, arch):
-    """Host-side: the meta, cudal2_workspace and every refusal come before any device access."""
+    """Host-side: the meta, cudal2_workspace and every refusal come before any device access.
+    The mirror's small dimension is N: its meta says max_n and gives the tile in C's terms."""
     from cudal2.core.abi import load_library
     lib = load_library(_build(cfg, arch).so_path)
     m, p = lib.meta, cfg.as_dict()
-    assert m["abi"] == 2 and m["family"] == "skinny" and m["acc"] == "f32" and m["arch"] == arch
-    assert m["max_m"] == p["BM"] and m["workspace_zero_init"] is True and m["any_shape"] is True
+    mirror = cfg.family == "skinny_n"
+    assert m["abi"] == 2 and m["family"] == cfg.family and m["acc"] == "f32" and m["arch"] == arch
+    BM, BN = p["BM"], p["BN"]
+    if mirror:
+        assert m["max_n"] == BM and "max_m" not in m and m["tile"] == [BN, BM, p["BK"]]
+    else:
+        assert m["max_m"] == BM and "max_n" not in m and m["tile"] == [BM, BN, p["BK"]]
+    assert m["workspace_zero_init"] is True and m["any_shape"] is True
     assert m["divisible"] == [1, 1 if p["LAYOUT"] == "RC" else 8, 8] and m["layout"] == p["LAYOUT"]
     assert [o["name"] for o in m["options"]] == ["splits"] and m["params"] == p
     rc = p["LAYOUT"] == "RC"
-    BM, BN = p["BM"], p["BN"]
     tiles = -(-4096 // BN)
-    # an explicit split count sizes the workspace without asking the device
+    # an explicit split count sizes the workspace without asking the device; the mirror's
+    # tiles run along M
     want = -(-4 * BM * 4096 * 4 // 16) * 16 + 4 * tiles
-    assert lib.workspace_bytes(BM, 4096, 4096, lib.options({"splits": 4})) == want
-    assert lib.workspace_bytes(BM, 4096, 4096, lib.options({"splits": 1})) == 0
+    small = (4096, BM) if mirror else (BM, 4096)
+    assert lib.workspace_bytes(*small, 4096, lib.options({"splits": 4})) == want
+    assert lib.workspace_bytes(*small, 4096, lib.options({"splits": 1})) == 0
     P = 1 << 20
     four = lib.options({"splits": 4})
 
-    def call(M, N=4096, K=4096, lda=4096, ldb=None, ldc=4096, a=P, b=P, c=P, ws=P, wsb=want,
+    def call(S, big=4096, K=4096, lda=4096, ldb=None, ldc=None, a=P, b=P, c=P, ws=P, wsb=want,
              options=four):
+        """S: the small dimension (M, or N for the mirror); big: the other one."""
+        M, N = (big, S) if mirror else (S, big)
         ldb = ldb or (K if rc else N)
-        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc, ws, wsb, 0, options)
-    assert call(0) == 0 and call(BM, N=0) == 0
-    assert call(BM + 1) == INVALID_VALUE                       # M beyond the tile
+        return lib.launch(a, b, c, M, N, K, lda, ldb, ldc or max(N, 1), ws, wsb, 0, options)
+    assert call(0) == 0 and call(BM, big=0) == 0
+    assert call(BM + 1) == INVALID_VALUE                       # the small side beyond the tile
     assert call(-1) == INVALID_VALUE
     assert call(BM, a=P + 2) == INVALID_VALUE                  # not 16-byte aligned
     assert call(BM, b=P + 8) == INVALID_VALUE
     assert call(BM, lda=4100) == INVALID_VALUE                 # ld not a multiple of 8
     assert call(BM, ldb=4100) == INVALID_VALUE
-    assert call(BM, ldc=4095) == INVALID_VALUE
+    assert call(BM, ldc=(BM - 1) if mirror else 4095) == INVALID_VALUE
     assert call(BM, wsb=want - 1) == INVALID_VALUE             # too small a workspace
     assert call(BM, ws=P + 4) == INVALID_VALUE                 # misaligned workspace
     assert call(BM, ws=0) == INVALID_VALUE
@@ -129,10 +161,11 @@ def test_meta_and_refusals(cfg, arch):
 
 
 @pytest.mark.compile
-def test_passes_the_harness_audit():
+@pytest.mark.parametrize("fam", [FAM, MIRROR], ids=lambda f: f.name)
+def test_passes_the_harness_audit(fam):
     from cudal2.core.abi import load_library
     from cudal2.harness.audit import audit_build
-    cfg = FAM.default()
+    cfg = fam.default()
     spec = FAM.build_spec(cfg, "sm_90a")
     r = _build(cfg, "sm_90a")
     res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
@@ -146,24 +179,34 @@ GPU_SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (7, 11008, 4096), (1, 1000, 8),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", list(FAM.defaults()), ids=lambda c: c.label().split(":")[1])
+@pytest.mark.parametrize("cfg", list(FAM.defaults()) + list(MIRROR.defaults()),
+                         ids=lambda c: f"{c.family}-{c.label().split(':')[1]}")
 def test_matches_torch(cfg):
     import torch
     from cudal2.core.abi import load_library
     from cudal2.core.toolchain import detect_arch
     from test_templates import _run
+    fam = FAMILIES[cfg.family]
+    mirror = fam is MIRROR
     arch = detect_arch()
-    if arch not in FAM.arches:
-        pytest.skip(f"skinny does not target {arch}")
+    if arch not in fam.arches:
+        pytest.skip(f"{fam.name} does not target {arch}")
     lib = load_library(_build(cfg, arch).so_path)
     meta = lib.meta
-    for M, N, K in GPU_SHAPES:
+    # the mirror serves the transposed shapes (N small, M large)
+    shapes = [(n, m, k) for m, n, k in GPU_SHAPES] if mirror else GPU_SHAPES
+    for M, N, K in shapes:
         for splits in (0, 1, 4, 64):
-            if M <= cfg.get("BM") and FAM.accepts(cfg, M, N, K):
+            if fam.accepts(cfg, M, N, K):
                 _run(lib, meta, M, N, K, options={"splits": splits})
-    _run(lib, meta, 9, 200, 72, ldc=203)                  # odd ldc: scalar stores
+    if mirror:
+        _run(lib, meta, 200, 9, 72, ldc=11)               # odd ldc: the transposed 2-byte stores
+        _run(lib, meta, 8192, min(cfg.get("BM"), 16), 4096)   # LoRA down-projection, rank 16
+    else:
+        _run(lib, meta, 9, 200, 72, ldc=203)              # odd ldc: scalar stores
     # bit-identical run to run (deterministic fixup), and the workspace reused with no memset
-    M, N, K = min(cfg.get("BM"), 8), 4096, 8192
+    small, big, K = min(cfg.get("BM"), 8), 4096, 8192
+    M, N = (big, small) if mirror else (small, big)
     a = torch.randn(M, K, device="cuda", dtype=torch.float16)
     w = torch.randn(N, K, device="cuda", dtype=torch.float16)
     b = w if meta["layout"] == "RC" else w.t().contiguous()
@@ -173,12 +216,14 @@ def test_matches_torch(cfg):
     outs = []
     for _ in range(3):
         c = torch.empty(M, N, device="cuda", dtype=torch.float16)
-        assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, K, N,
+        assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, b.stride(0), N,
                           ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream,
                           opts) == 0
         outs.append(c)
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs) and int(ws.count_nonzero()) == 0
+    ref = a.double() @ w.double().t()
+    assert (outs[0].double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item() + 1e-3
 
 
 def test_max_m_bounds_what_is_served_and_the_edge_shapes():
@@ -189,3 +234,13 @@ def test_max_m_bounds_what_is_served_and_the_edge_shapes():
     assert not meta_accepts(meta, 17, 4096, 4096) and not meta_accepts(meta, 16, 4096, 4095)
     # the suite's edge shapes near a 16-row target stay at or below max_m
     assert edge_shapes(16, 4096, 4096, (1, 1, 8), 16) == [(15, 4097, 4072), (16, 4095, 4136)]
+
+
+def test_max_n_bounds_what_the_mirror_serves_and_the_edge_shapes():
+    from cudal2.core.abi import meta_accepts
+    from cudal2.harness.check import edge_shapes
+    meta = {"any_shape": True, "tile": [128, 16, 64], "max_n": 16, "divisible": [1, 1, 8]}
+    assert meta_accepts(meta, 4097, 16, 4096) and meta_accepts(meta, 1, 1, 8)
+    assert not meta_accepts(meta, 4096, 17, 4096) and not meta_accepts(meta, 4096, 16, 4095)
+    # near a 16-column target the suite's edge shapes keep N at or below max_n
+    assert edge_shapes(4096, 16, 4096, (1, 1, 8), None, 16) == [(4095, 16, 4072), (4097, 15, 4136)]

@@ -177,6 +177,14 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(tmp_path):
         assert (rc, launches, memsets) == (0, 1, 0), (M, N, K, got)
         assert grid == [-(-N // BN), skinny_splits(N, K, BN, BK, sms, opt), 1], (M, N, K, grid)
     assert [g[3][1] for g in got] == [8, 4, 64, 16, 1, 5]   # 32, 86, 1, 32, 32, 32 N tiles
+    # the mirror (N small, M large): its tiles and splits run along M, still one launch
+    sn = build(FAMILIES["skinny_n"].build_spec(FAMILIES["skinny_n"].default(), "sm_90a"))
+    calls = [[4096, 16, 4096, 132, 0], [8192, 8, 4096, 132, 0], [4096, 17, 4096, 132, 0]]
+    got = _fake_calls(tmp_path, sn.so_path, calls)
+    for (M, N, K, sms, opt), (rc, launches, memsets, grid) in zip(calls[:2], got):
+        assert (rc, launches, memsets) == (0, 1, 0), (M, N, K, got)
+        assert grid == [-(-M // BN), skinny_splits(M, K, BN, BK, sms, opt), 1], (M, N, K, grid)
+    assert got[2][:3] == [1, 0, 0]                   # N beyond BM: refused, nothing launched
 
 
 @pytest.mark.gpu

@@ -273,3 +273,21 @@ def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
                 assert default in mine, (s, n)
     big = FAMILIES["wgmma"].default().with_(LAYOUT=layout)
     assert big.get("BN") == 256 and any(c.config == big for c in p.candidates)
+
+
+def test_plan_packs_the_mirror_for_few_output_features_with_b_column_major():
+    """N <= 64 with B column-major (a LoRA down-projection, a router): the skinny mirror is
+    planned beside the rest; with B row-major, or N > 64, it serves nothing."""
+    from cudal2.templates import FAMILIES
+    lora, router, wide = Shape(8192, 16, 4096), Shape(2048, 8, 4096), Shape(8192, 128, 4096)
+    rc = tune.plan([lora, router, wide], "sm_90a", limit_per_shape=8, per_family=2,
+                   model=_CheapModel(), layout="RC", max_options=1)
+    for s in (lora, router):
+        fams = [c.family for c in rc.per_shape[s]]
+        assert fams.count("skinny_n") >= 2 and "skinny" not in fams, (s, fams)
+        assert all(FAMILIES["skinny_n"].serves(c.config, s.M, s.N, s.K)
+                   for c in rc.per_shape[s] if c.family == "skinny_n")
+    assert "skinny_n" not in {c.family for c in rc.per_shape[wide]}
+    rr = tune.plan([lora], "sm_90a", limit_per_shape=8, per_family=2, model=_CheapModel(),
+                   layout="RR", max_options=1)
+    assert "skinny_n" not in {c.family for c in rr.per_shape[lora]}

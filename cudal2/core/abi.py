@@ -61,11 +61,13 @@ def option_values(meta, chosen=None) -> list[int]:
 def meta_accepts(meta, M: int, N: int, K: int) -> bool:
     """Does a kernel (by its cudal2_meta) handle this shape? M, N, K multiples of `divisible`,
     then any_shape or multiples of its tile; ABI 1 split-K kernels also declare the largest M*N
-    their workspace covers (splitk_max_mn), skinny kernels the largest M (max_m)."""
+    their workspace covers (splitk_max_mn), skinny kernels the largest M (max_m) or N (max_n)."""
     limit = meta.get("splitk_max_mn")
     if limit and M * N > int(limit):
         return False
     if meta.get("max_m") is not None and M > int(meta["max_m"]):   # skinny kernels
+        return False
+    if meta.get("max_n") is not None and N > int(meta["max_n"]):   # their mirror (skinny_n)
         return False
     div = meta.get("divisible")
     if isinstance(div, (list, tuple)) and len(div) == 3 and any(

@@ -376,15 +376,17 @@ class Suite:
 
     def run(self, M: int, N: int, K: int, *, seeds: int = 3, any_shape: bool = False,
             tile: tuple[int, int, int] | None = None,
-            divisible: tuple[int, int, int] = (1, 1, 1), max_m: int | None = None) -> CheckReport:
+            divisible: tuple[int, int, int] = (1, 1, 1), max_m: int | None = None,
+            max_n: int | None = None) -> CheckReport:
         try:
             self._run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
-                      max_m=max_m)
+                      max_m=max_m, max_n=max_n)
         except LaunchError:
             pass
         return self.report
 
-    def _run(self, M, N, K, *, seeds, any_shape, tile, divisible=(1, 1, 1), max_m=None):
+    def _run(self, M, N, K, *, seeds, any_shape, tile, divisible=(1, 1, 1), max_m=None,
+             max_n=None):
         if not any_shape and tile:
             bm, bn, bk = tile
             if M % bm or N % bn or K % bk:
@@ -421,7 +423,7 @@ class Suite:
         c = self.call(ops, f"{target} padded ld")
         self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K)
         if any_shape:
-            for (m, n, k) in edge_shapes(M, N, K, divisible, max_m):
+            for (m, n, k) in edge_shapes(M, N, K, divisible, max_m, max_n):
                 where = f"{m}x{n}x{k}"
                 ops, a, b = self.fresh(m, n, k, "ones")
                 self._score("edge_shapes", self.call(ops, where), a, b, True, where, k)
@@ -430,16 +432,18 @@ class Suite:
 
 
 def edge_shapes(M: int, N: int, K: int, divisible: tuple[int, int, int] = (1, 1, 1),
-                max_m: int | None = None) -> list[tuple[int, int, int]]:
+                max_m: int | None = None, max_n: int | None = None) -> list[tuple[int, int, int]]:
     """Odd shapes near the target, clipped at 1, without the target itself or repeats. A
     dimension the kernel declares `divisible` by d moves in steps of d (TMA needs N and K
     multiples of 8: N+1 would be a shape the kernel rightly refuses, not an edge it mishandles);
-    M stays at or below the meta's max_m (skinny kernels)."""
+    M and N stay at or below the meta's max_m and max_n (skinny kernels and their mirror)."""
     out = []
     for steps in ((-1, 1, -3), (1, -1, 5)):
         s = tuple(max(d, v + step * d) for v, step, d in zip((M, N, K), steps, divisible))
         if max_m is not None and s[0] > max_m:
             s = (max_m,) + s[1:]
+        if max_n is not None and s[1] > max_n:
+            s = (s[0], max_n, s[2])
         if s != (M, N, K) and s not in out:
             out.append(s)
     return out
@@ -455,14 +459,15 @@ def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: st
                  tile: tuple[int, int, int] | None = None, seeds: int = 3, device="cpu",
                  seed: int = 0, divisible: tuple[int, int, int] = (1, 1, 1),
                  workspace: Callable[[int, int, int], int] | None = None,
-                 ws_zero_init: bool = False, max_m: int | None = None) -> CheckReport:
+                 ws_zero_init: bool = False, max_m: int | None = None,
+                 max_n: int | None = None) -> CheckReport:
     """The whole correctness suite for one kernel and shape. divisible: the meta's (M, N, K)
     divisors, which the edge shapes keep; workspace(M, N, K): bytes for shapes other than the
     target (default: ws_bytes for every shape)."""
     suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed,
                   workspace=workspace, ws_zero_init=ws_zero_init)
     return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
-                     max_m=max_m)
+                     max_m=max_m, max_n=max_n)
 
 
 def so_launcher(lib) -> Launch:

@@ -572,7 +572,7 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
                                         divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
                                         workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts),
                                         ws_zero_init=bool(meta.get("workspace_zero_init")),
-                                        max_m=meta.get("max_m"))
+                                        max_m=meta.get("max_m"), max_n=meta.get("max_n"))
         base["correctness"] = report.to_dict()
         base["call_guard"] = call_record(guard)
         if base["call_guard"].get("refused"):

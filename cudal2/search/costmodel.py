@@ -131,8 +131,9 @@ class KernelFacts:
     splits: int = 1      # CUTLASS runtime K splits (stream-K builds)
     decomposition: int = 0   # CUTLASS runtime decomposition: 0 heuristic, 1 DP, 2 split-K, 3 stream-K
     fixup_in_kernel: bool = False   # split-K reduced inside the kernel (workspace_zero_init): one launch
-    skinny: bool = False     # the skinny family: split count chosen per call (skinny_splits)
+    skinny: bool = False     # the skinny families: split count chosen per call (skinny_splits)
     skinny_splits: int = 0   # its "splits" option (0 = the kernel's choice)
+    mirror: bool = False     # skinny_n: the kernel computes C^T (its BM bounds N; shapes swap M, N)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -162,8 +163,13 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
         meta = d
     meta = dict(meta or {})
     tile = meta.get("tile")
+    family = _meta_get(meta, "family", "style")
+    skinny = family in ("skinny", "skinny_n")
+    mirror = family == "skinny_n"
     if tile and len(tile) >= 2:
         BM, BN = int(tile[0]), int(tile[1])
+        if mirror:      # a meta's tile is in C's terms; the facts keep the kernel's (C^T's)
+            BM, BN = BN, BM
         BK = int(tile[2]) if len(tile) > 2 else 32
     else:
         BM = int(_meta_get(meta, "BM", "bm", default=128))
@@ -212,16 +218,16 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
         scheduler = str(_meta_get(meta, "scheduler", "SCHEDULER",
                                   default=params.get("SCHEDULER", "persistent")))
     streamk = scheduler == "streamk"
-    skinny = _meta_get(meta, "family", "style") == "skinny"
     # an in-kernel fixup: declared by a build's meta; a config of a family that has one (mma/ptx)
     fixup = bool(meta.get("workspace_zero_init")) or (
-        "workspace_bytes" not in meta and style in ("mma", "ptx", "skinny"))
+        "workspace_bytes" not in meta and style in ("mma", "ptx", "skinny", "skinny_n"))
     return KernelFacts(style, max(BM, 1), max(BN, 1), max(BK, 1), max(int(threads), 32),
                        max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0),
                        max(int(swizzle or 1), 1), max(cm, 1), max(cn, 1), int(opts.get("raster", 0) or 0),
                        scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
                        int(opts.get("decomposition", 0) or 0) if streamk else 0,
-                       fixup or skinny, skinny, int(opts.get("splits", 0) or 0) if skinny else 0)
+                       fixup or skinny, skinny, int(opts.get("splits", 0) or 0) if skinny else 0,
+                       mirror)
 
 
 def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
@@ -408,6 +414,9 @@ def _cutlass_compute(f: KernelFacts, shape, gpu: GpuSpec, sm_tflops: float) -> t
 def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     """(prior_us, feature vector in FEATURES order)."""
     M, N, K = _shape(shape)
+    if f.mirror:        # skinny_n runs the skinny kernel on C^T = B^T A^T
+        M, N = N, M
+        shape = (M, N, K)
     occ = occupancy(f, gpu)
     # Compute: padded tile work, spread over the SMs actually busy in each wave.
     eff = STYLE_EFF_BY_GPU.get(gpu.name, STYLE_EFF).get(f.style, 0.5)

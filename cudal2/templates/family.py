@@ -157,7 +157,10 @@ class Family:
                 out.append(f"{k}={v!r} must be a positive int")
         if out:
             return out
-        return self._problems(self, p, arch)
+        # a requirement the family does not offer (skinny_n with row-major B)
+        return self._problems(self, p, arch) + [
+            f"{k}={p[k]!r}: family {self.name} offers {k} {', '.join(map(str, v))} only"
+            for k, v in self._fixed.items() if p[k] not in v]
 
     def valid(self, config: KernelConfig, arch: str | None = None) -> bool:
         return not self.problems(config, arch)

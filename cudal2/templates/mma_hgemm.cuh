@@ -9,7 +9,8 @@
 // shared memory (rows padded by 16 bytes, so the 8 row addresses of every ldmatrix hit distinct
 // bank groups), grouped threadblock raster (SWIZZLE) and optional split-K (SPLITK) with fp32
 // partial sums in the caller's workspace reduced inside the same kernel by the last CTA of each
-// tile (splitk_fixup.cuh): one launch per call, no memset, no second kernel.
+// tile (splitk_fixup.cuh): one launch per call, no memset, no second kernel. CUDAL2_STORE_CT
+// stores the product transposed (the skinny_n family computes C^T and writes row-major C).
 //
 // Any M, N, K: tile loads are predicated and zero-filled (cp.async src-size), stores are
 // predicated. When A/B are not 16-byte aligned or lda/ldb are not multiples of 8 elements the
@@ -53,6 +54,9 @@
 #endif
 #ifndef CUDAL2_RUNTIME_SPLITK
 #define CUDAL2_RUNTIME_SPLITK 0   // 1: the split count is gridDim.y, chosen per call (skinny)
+#endif
+#ifndef CUDAL2_STORE_CT
+#define CUDAL2_STORE_CT 0   // 1: the kernel computes C^T and stores it transposed (skinny_n)
 #endif
 #ifndef SPLITK_MAX_MN
 #define SPLITK_MAX_MN 2097152   // split-K serves M*N up to this; sizes the declared workspace
@@ -366,8 +370,18 @@ __global__ void CUDAL2_HGEMM_BOUNDS
         const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
 #endif
         if (splits > 1) {
+#if CUDAL2_STORE_CT   // partials indexed by C's own (row, col): the fixup writes C row-major
+          if (col < N) cudal2_splitk::store_partial(part, z, col, row, N, M, v0);
+          if (col + 1 < N) cudal2_splitk::store_partial(part, z, col + 1, row, N, M, v1);
+#else
           if (col < N) cudal2_splitk::store_partial(part, z, row, col, M, N, v0);
           if (col + 1 < N) cudal2_splitk::store_partial(part, z, row, col + 1, M, N, v1);
+#endif
+        } else if (CUDAL2_STORE_CT) {
+          // element (row, col) of this kernel's product is C[col][row]: lanes g = 0..7 of one t
+          // write 8 consecutive halfs of a row of C
+          if (col < N) C[(size_t)col * (size_t)ldc + row] = __float2half_rn(v0);
+          if (col + 1 < N) C[(size_t)(col + 1) * (size_t)ldc + row] = __float2half_rn(v1);
         } else {
           half* c = C + (size_t)row * (size_t)ldc + col;
           if (c_vec2 && col + 1 < N) {
@@ -387,7 +401,11 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   if (splits > 1) {   // in-kernel split-K fixup: the last CTA of this tile writes C
     unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
     if (cudal2_splitk::arrive(sem, splits)) {
+#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
+      cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#else
       cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+#endif
       cudal2_splitk::release_tile(sem);
     }
   }

@@ -1,10 +1,12 @@
-"""The skinny family (skinny_hgemm.cuh): M <= 64, bandwidth-bound shapes such as LLM decode.
+"""The skinny families (skinny_hgemm.cuh): M <= 64, bandwidth-bound shapes such as LLM decode
+("skinny"), and its mirror N <= 64 with B column-major ("skinny_n", skinny_n_hgemm.cuh).
 
 One CTA row covers every row of A (BM = 16, 32 or 64, M padded with zero rows), so B is streamed
 from HBM exactly once with 16-byte cp.async; K is split across the SMs at run time (ABI 2 option
 "splits", 0 = chosen from the shape and the SM count) and reduced in fp32 inside the kernel
-(splitk_fixup.cuh). Importing this module registers the family (cudal2/templates/__init__.py
-does).
+(splitk_fixup.cuh). The mirror runs the same kernel on C^T = B^T A^T, streaming A once and
+storing C transposed. Importing this module registers both families
+(cudal2/templates/__init__.py does).
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
     return M <= p["BM"] and K % 8 == 0 and (p["LAYOUT"] == "RC" or N % 8 == 0)
 
 
+# BM: the largest small dimension served (M for skinny, N for skinny_n)
+_SKINNY_SPACE = {"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
+                 "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)}
 _SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC")
 
 
@@ -59,12 +64,30 @@ _register(Family(
     description="M <= 64 (decode): B streamed once from HBM by 16-byte cp.async, mma.sync "
                 "m16n8k16 f32 with M padded to BM rows, K split across the SMs at run time (ABI 2 "
                 "option splits) and reduced inside the kernel; K % 8 == 0 (and N % 8 == 0 for RR)",
-    _space={"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
-            "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)},
+    _space=_SKINNY_SPACE,
     _fixed={"LAYOUT": ("RR", "RC")},
     _defaults=(_SKINNY_DEFAULT, {**_SKINNY_DEFAULT, "LAYOUT": "RR"},
                {**_SKINNY_DEFAULT, "BM": 64, "WM": 32, "BN": 128, "WN": 32, "STAGES": 4}),
     _problems=_skinny_problems, _name=_skinny_name,
     _accepts=_skinny_accepts,
+    _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
+    instruction="mma.sync"))
+
+
+def _skinny_n_accepts(p: dict, M: int, N: int, K: int) -> bool:
+    # 16-byte loads of dense operands: lda = K and ldb = K (B column-major) multiples of 8
+    return N <= p["BM"] and K % 8 == 0
+
+
+_register(Family(
+    name="skinny_n", arches=("sm_80", "sm_90a"), header="skinny_n_hgemm.cuh", style="mma", flags=(),
+    description="N <= 64 with B column-major (few output features: LoRA down-projection, router, "
+                "classifier head): the skinny kernel on C^T = B^T A^T, A streamed once from HBM, C "
+                "stored transposed; K split across the SMs at run time (option splits); K % 8 == 0",
+    _space=_SKINNY_SPACE,
+    _fixed={"LAYOUT": ("RC",)},
+    _defaults=(_SKINNY_DEFAULT, {**_SKINNY_DEFAULT, "BM": 64, "WM": 32, "BN": 128, "WN": 32}),
+    _problems=_skinny_problems, _name=_skinny_name,
+    _accepts=_skinny_n_accepts,
     _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
     instruction="mma.sync"))

@@ -18,8 +18,15 @@
 // runtime-split hook); this file adds the ABI 2 entry points. It serves only what its 16-byte
 // loads serve and refuses the rest with cudaErrorInvalidValue: M > BM, A or B not 16-byte
 // aligned, lda or ldb not a multiple of 8, too small or misaligned a workspace, an unlisted
-// option. The mirror (N <= 64, M large) is not served: with row-major C it needs a transposed
-// store and A as the streamed operand, a kernel of its own.
+// option.
+//
+// The mirror, family "skinny_n" (skinny_n_hgemm.cuh sets CUDAL2_SKINNY_N): N <= BM with M large
+// and B column-major (x @ W.t() with few output features: a LoRA down-projection, a router, a
+// classifier head). It runs the same kernel on C^T = B^T A^T: B^T (N x K, B's own storage) is
+// the small on-chip operand, A (M x K row-major, which is A^T column-major) the streamed one, and
+// the epilogue and the split-K fixup store C transposed back into row-major C
+// (CUDAL2_STORE_CT). Row-major B (RR) would need column-major loads of the small operand: not
+// served.
 
 #ifndef BM
 #define BM 16           // rows of the padded M tile: the largest M served (16, 32 or 64)
@@ -48,7 +55,18 @@
 #define SPLITK_MAX_MN 1
 #define CUDAL2_RUNTIME_SPLITK 1
 #define CUDAL2_STYLE "mma"
+#ifndef CUDAL2_SKINNY_N
+#define CUDAL2_SKINNY_N 0   // 1: the mirror (N <= BM, B column-major), family skinny_n
+#endif
+#if CUDAL2_SKINNY_N
+#define CUDAL2_FAMILY "skinny_n"
+#define CUDAL2_STORE_CT 1
+#if !LAYOUT_RC
+#error "skinny_n serves B column-major only (LAYOUT_RC 1)"
+#endif
+#else
 #define CUDAL2_FAMILY "skinny"
+#endif
 
 #if BM > 64
 #error "the skinny family serves M <= 64 (BM 16, 32 or 64)"
@@ -104,20 +122,30 @@ static size_t workspace_for(int M, int N, int K, const int* options, int sms) {
   return cudal2_splitk::workspace_bytes(splits, M, N, (N + BN - 1) / BN);
 }
 
+// The call's shape in the kernel's own terms: (M, N) of the product it computes (the mirror
+// computes C^T, N x M).
+struct KernelShape { int M, N; };
+static KernelShape kernel_shape(int M, int N) {
+  return CUDAL2_SKINNY_N ? KernelShape{N, M} : KernelShape{M, N};
+}
+
 static const char* build_meta() {
   static char buf[1536];
+  // the tile in C's terms: the mirror's BM bounds N and its BN tiles M
   snprintf(buf, sizeof(buf),
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"abi\": 2, \"acc\": \"f32\", "
            "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"warp_tile\": [%d, %d], \"warps\": %d, "
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
-           "\"max_m\": %d, \"divisible\": [1, %d, 8], "
+           "\"%s\": %d, \"divisible\": [1, %d, 8], "
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
            "\"splitk_fixup\": \"%s\", \"options\": [{\"name\": \"splits\", "
            "\"values\": [0, 1, 2, 4, 8, 16, 32, 64], \"default\": 0}], "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
            "\"STAGES\": %d, \"LAYOUT\": \"%s\"}}",
-           CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR", BM, BN, BK, WM, WN,
-           kWarpsM * kWarpsN, kThreads, STAGES, (int)kSmemBytes, BM, LAYOUT_RC ? 1 : 8,
+           CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR",
+           CUDAL2_SKINNY_N ? BN : BM, CUDAL2_SKINNY_N ? BM : BN, BK, WM, WN,
+           kWarpsM * kWarpsN, kThreads, STAGES, (int)kSmemBytes,
+           CUDAL2_SKINNY_N ? "max_n" : "max_m", BM, LAYOUT_RC ? 1 : 8,
            // for information: a 64 x 16384 x 16384 call at the most splits
            (unsigned long long)cudal2_splitk::workspace_bytes(kMaxSplits, BM, 16384,
                                                               (16384 + BN - 1) / BN),
@@ -131,10 +159,11 @@ static const char* build_meta() {
 extern "C" size_t cudal2_workspace(int M, int N, int K, const int* options) {
   using namespace cudal2_skinny;
   if (M <= 0 || N <= 0 || K <= 0 || !option_ok(options)) return 0;
+  const KernelShape k = kernel_shape(M, N);
   const int sms = (options && options[0] > 0) ? 1 : sm_count();   // the SMs matter for 0 only
   // no device to ask: the bound over every split count the launcher could pick
-  return sms > 0 ? workspace_for(M, N, K, options, sms)
-                 : cudal2_splitk::workspace_bytes(kMaxSplits, M, N, (N + BN - 1) / BN);
+  return sms > 0 ? workspace_for(k.M, k.N, K, options, sms)
+                 : cudal2_splitk::workspace_bytes(kMaxSplits, k.M, k.N, (k.N + BN - 1) / BN);
 }
 
 extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
@@ -142,7 +171,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
                             void* stream, const int* options) {
   using namespace cudal2_skinny;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (M < 0 || N < 0 || K < 0 || M > BM || !option_ok(options)) return cudaErrorInvalidValue;
+  const KernelShape k = kernel_shape(M, N);
+  if (M < 0 || N < 0 || K < 0 || k.M > BM || !option_ok(options)) return cudaErrorInvalidValue;
   if (M == 0 || N == 0) return cudaSuccess;
   if (C == nullptr || ldc < N || reinterpret_cast<uintptr_t>(C) % 2 != 0) return cudaErrorInvalidValue;
   // 16-byte loads only: both operands aligned, leading dimensions multiples of 8 elements
@@ -150,25 +180,30 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
                 lda % 8 != 0 || ldb % 8 != 0 ||
                 (reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0))
     return cudaErrorInvalidValue;
-  const long long tiles = (N + BN - 1) / BN;
+  const long long tiles = (k.N + BN - 1) / BN;
   int splits = 1, k_chunk = 0;
   if (K > 0) {
     const int sms = (options && options[0] > 0) ? 1 : sm_count();   // the SMs matter for 0 only
     if (sms <= 0) return cudaErrorInvalidDevice;
-    plan(N, K, options ? options[0] : 0, sms, splits, k_chunk);
+    plan(k.N, K, options ? options[0] : 0, sms, splits, k_chunk);
   }
   void* ws = nullptr;
   if (splits > 1) {
-    if (workspace == nullptr || workspace_bytes < cudal2_splitk::workspace_bytes(splits, M, N, tiles) ||
+    if (workspace == nullptr ||
+        workspace_bytes < cudal2_splitk::workspace_bytes(splits, k.M, k.N, tiles) ||
         reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
       return cudaErrorInvalidValue;
     ws = workspace;
   }
-  int c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
-  const half* a = reinterpret_cast<const half*>(A);
-  const half* b = reinterpret_cast<const half*>(B);
+  // the mirror stores C transposed, two bytes at a time
+  int c_vec2 = !CUDAL2_SKINNY_N && (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
+  // the mirror's small operand is B (its N x K storage is B^T row-major), its streamed one A
+  const half* a = reinterpret_cast<const half*>(CUDAL2_SKINNY_N ? B : A);
+  const half* b = reinterpret_cast<const half*>(CUDAL2_SKINNY_N ? A : B);
+  int lda_k = CUDAL2_SKINNY_N ? ldb : lda, ldb_k = CUDAL2_SKINNY_N ? lda : ldb;
+  int m_k = k.M, n_k = k.N;
   half* c = reinterpret_cast<half*>(C);
-  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2};
+  void* args[] = {&a, &b, &c, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2};
   return launch_gemm<true>(dim3((unsigned)tiles, (unsigned)splits), args, s);   // one launch
 }
 
