@@ -44,6 +44,10 @@ def test_prefill_lists_the_gpu_tests_kernels():
     # the split-K GPU case (builds are named by KernelConfig.name(): ..._k<SPLITK>)
     assert any(l.startswith("test_templates") and l.split()[-1].endswith("_k3") for l in lines)
     assert "include_escape" not in names                         # rejected before nvcc anywhere
+    # the GPU tiers of the newer families: skinny and its mirror, lowlat, the split-K builds
+    assert {"skinny_n_sm80_f32_rc_16x128x64_w16x32_s4", "skinny_sm80_f32_rc_16x128x64_w16x32_s4",
+            "lowlat_sm90a_f32_rr_64x128x64_s3_c1x1"} <= names
+    assert any(l.startswith("test_splitk") for l in lines)
 
 
 def test_run_sh_refuses_without_a_stage_or_gpu(tmp_path):

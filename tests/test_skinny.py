@@ -178,9 +178,11 @@ GPU_SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (7, 11008, 4096), (1, 1000, 8),
               (13, 136, 264), (1, 8, 8), (16, 64, 0), (0, 64, 64)]
 
 
+GPU_CASES = list(FAM.defaults()) + list(MIRROR.defaults())   # (tools/gpu_session/prefill.py)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", list(FAM.defaults()) + list(MIRROR.defaults()),
-                         ids=lambda c: f"{c.family}-{c.label().split(':')[1]}")
+@pytest.mark.parametrize("cfg", GPU_CASES, ids=lambda c: f"{c.family}-{c.label().split(':')[1]}")
 def test_matches_torch(cfg):
     import torch
     from cudal2.core.abi import load_library

@@ -71,6 +71,7 @@ SPLIT_CASES = [
     FAMILIES["mma"].default().with_(ACC="f16", LAYOUT="RC", SPLITK=4, BK=64, STAGES=4, SWIZZLE=1),
     FAMILIES["ptx"].default().with_(ACC="f16", LAYOUT="RC", SPLITK=2),
 ]
+GPU_CASES = SPLIT_CASES + [FAMILIES["mma"].default().with_(SPLITK=3)]   # sm_90a builds
 
 
 @pytest.mark.compile
@@ -188,7 +189,7 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", SPLIT_CASES + [FAMILIES["mma"].default().with_(SPLITK=3)],
+@pytest.mark.parametrize("cfg", GPU_CASES,
                          ids=lambda c: f"{c.family}-{c.get('SPLITK')}")
 def test_split_k_on_a_gpu_is_bit_identical_and_leaves_the_workspace_zero(cfg):
     """Repeated calls on one workspace (zeroed once): the same bits every call, within tolerance

@@ -46,6 +46,19 @@ def specs(arch: str) -> list:
     if arch == "sm_90a":
         for p in _test_module("test_wgmma").CASES:
             out.append(("test_wgmma", FAMILIES["wgmma"].build_spec(p.values[0], arch)))
+    # the GPU tiers of the families added since: lowlat/lowlat_mma (each covering case built
+    # for its arch), skinny and skinny_n (defaults, built for the device's arch), the in-kernel
+    # split-K builds (sm_90a)
+    for p in _test_module("test_lowlat").CASES:
+        cfg, a = p.values
+        if a == arch:
+            out.append(("test_lowlat", FAMILIES[cfg.family].build_spec(cfg, arch)))
+    for cfg in _test_module("test_skinny").GPU_CASES:
+        if arch in FAMILIES[cfg.family].arches:
+            out.append(("test_skinny", FAMILIES[cfg.family].build_spec(cfg, arch)))
+    if arch == "sm_90a":
+        for cfg in _test_module("test_splitk").GPU_CASES:
+            out.append(("test_splitk", FAMILIES[cfg.family].build_spec(cfg, arch)))
     # tests/test_check.py GPU tests: the planted-bug kernels
     for f in sorted((TESTS / "data" / "cheats").glob("*.cu")):
         out.append(("test_check", BuildSpec(f.read_text(), arch, name=f.stem)))
