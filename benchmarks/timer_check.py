@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         n = KT.n_operand_sets(OperandPool.bytes_per_set(M, N, K), be.l2_bytes)
         pool = OperandPool(M, N, K, n, "cuda")
         c = torch.empty(M, N, dtype=torch.float16, device="cuda")
-        f = {"torch": lambda i: torch.matmul(pool.a(i), pool.b_rr(i), out=c)}
+        f = {"torch": lambda i, pool=pool, c=c: torch.matmul(pool.a(i), pool.b_rr(i), out=c)}
         out = {"shape": [M, N, K], "operand_sets": n}
         ev = run_schedule(f, TimingConfig(mode="offline", rounds_per_set=10, n_sets=3),
                           _LegacyEvents(be), n_buffers=min(3, n))
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
             n = KT.n_operand_sets(OperandPool.bytes_per_set(M, N, K), be.l2_bytes, operands)
             pool = OperandPool(M, N, K, max(n, 2), "cuda")
             c = torch.empty(M, N, dtype=torch.float16, device="cuda")
-            f = {"torch": lambda i: torch.matmul(pool.a(i), pool.b_rr(i), out=c)}
+            f = {"torch": lambda i, pool=pool, c=c: torch.matmul(pool.a(i), pool.b_rr(i), out=c)}
             base = KT.calibrate(f, KT.KernelTimeConfig(), be, n_sets=n)
             for calls in (1, 3, 10, 30):
                 for pre in (False, True):
