@@ -556,8 +556,9 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     plan_ = _per_shape(m, CostModel.default(gpu if has_gpu else None, arch=m["arch"]))
     log(f"campaign run: {len(plan_)} shapes, {len(m['candidates'])} builds, "
         f"{sum(len(c) for _, c in plan_)} screenings planned; finals: modes {list(modes)} "
-        f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, budget "
-        f"{budget_s:.0f} s; output {run_dir}")
+        f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, "
+        f"{'no time budget' if budget_s == float('inf') else f'budget {budget_s:.0f} s'}; "
+        f"output {run_dir}")
     base_libs = packed_baselines(pack, m, log=log) if has_gpu and executor == "local" else None
     db_path = Path(db_path) if db_path else run_dir / "results.db"
     if db_path.suffix == ".gz":
