@@ -14,7 +14,7 @@ Styles and templates:
 | `ptx.cu` | inline PTX | `mma.sync.m16n8k16` via asm, fragments from global memory (short) | RR, RC / f32 |
 | `wmma_pipe.cu` | raw CUDA C++ | WMMA + cp.async smem pipeline, grouped tile order, split-K | RR / f32, f16 |
 | `ptx_pipe.cu` | inline PTX | cp.async + ldmatrix + mma.sync pipeline, grouped tile order | RR / f32 |
-| `wgmma.cu` | inline PTX | cp.async into 128B-swizzled smem + `wgmma.mma_async` m64n64k16, one tile per CTA, any M (sm_90a) | RR, RC / f32 |
+| `wgmma.cu` | inline PTX | cp.async into 128B-swizzled smem + `wgmma.mma_async` m64n64k16, one tile per CTA, any M (sm_90a; not measured: no GPU) | RR, RC / f32 |
 | `cutlass.cu` | CUTLASS 3 | SM90 collective builders (TMA + wgmma, warp-specialised) | RR, RC / f32, f16 |
 
 The two short templates (~50 lines, ~1.2-1.5k tokens with the SmolLM2 tokenizer) are what the
