@@ -14,11 +14,12 @@ Styles and templates:
 | `ptx.cu` | inline PTX | `mma.sync.m16n8k16` via asm, fragments from global memory (short) | RR, RC / f32 |
 | `wmma_pipe.cu` | raw CUDA C++ | WMMA + cp.async smem pipeline, grouped tile order, split-K | RR / f32, f16 |
 | `ptx_pipe.cu` | inline PTX | cp.async + ldmatrix + mma.sync pipeline, grouped tile order | RR / f32 |
+| `wgmma.cu` | inline PTX | cp.async into 128B-swizzled smem + `wgmma.mma_async` m64n64k16, one tile per CTA, any M (sm_90a; not measured: no GPU) | RR, RC / f32 |
 | `cutlass.cu` | CUTLASS 3 | SM90 collective builders (TMA + wgmma, warp-specialised) | RR, RC / f32, f16 |
 
 The two short templates (~50 lines, ~1.2-1.5k tokens with the SmolLM2 tokenizer) are what the
 default small policy is trained to write (`SMALL_TEMPLATES`): a whole kernel must be generated
-on a CPU in reasonable time. The pipelined and CUTLASS templates are references for bigger
+on a CPU in reasonable time. The pipelined, wgmma and CUTLASS templates are references for bigger
 models (full prompts) and the rest of the corpus.
 
 `python -m cudal2_rl.corpus list|render|audit` prints, renders or builds+audits variants.
@@ -38,7 +39,7 @@ from string import Template
 from cudal2.core.abi import meta_accepts, meta_problems
 
 CORPUS_DIR = Path(__file__).resolve().parent / "data" / "corpus"
-TEMPLATES = ("wmma", "ptx", "wmma_pipe", "ptx_pipe", "cutlass")
+TEMPLATES = ("wmma", "ptx", "wmma_pipe", "ptx_pipe", "wgmma", "cutlass")
 SMALL_TEMPLATES = ("wmma", "ptx")
 SPLITK_MAX_MN = 1 << 22            # the largest M*N a split-K variant's fixed workspace covers
 MAX_SMEM = 227 * 1024              # opt-in dynamic shared memory per block on sm_90
@@ -116,6 +117,18 @@ def _meta_ptx_pipe(v: Variant) -> dict:
             "smem_bytes": _pipe_smem(p), "group_m": p["GROUP_M"]}
 
 
+def _wgmma_smem(p: dict) -> int:
+    return p["STAGES"] * (p["BM"] + p["BN"]) * 64 * 2 + 1024     # + the 1 KiB alignment slack
+
+
+def _meta_wgmma(v: Variant) -> dict:
+    p = v.p
+    return {"style": "ptx", "family": "wgmma_ptx", "arch": v.arch, "acc": "f32", "layout": v.layout,
+            "tile": [p["BM"], p["BN"], 64], "any_shape": True, "divisible": [1, 8, 8],
+            "workspace_bytes": 0, "threads": 128 * (p["BM"] // 64), "stages": p["STAGES"],
+            "smem_bytes": _wgmma_smem(p), "instruction": "wgmma"}
+
+
 def _meta_cutlass(v: Variant) -> dict:
     p = v.p
     return {"style": "cutlass", "family": "cutlass_sm90_builder", "arch": v.arch, "acc": v.acc,
@@ -127,7 +140,7 @@ def _meta_cutlass(v: Variant) -> dict:
 
 
 _META = {"wmma": _meta_wmma, "ptx": _meta_ptx, "wmma_pipe": _meta_wmma_pipe,
-         "ptx_pipe": _meta_ptx_pipe, "cutlass": _meta_cutlass}
+         "ptx_pipe": _meta_ptx_pipe, "wgmma": _meta_wgmma, "cutlass": _meta_cutlass}
 
 
 def meta_literal(meta: dict) -> str:
@@ -141,7 +154,7 @@ def render(v: Variant) -> str:
     values = {k: str(val) for k, val in p.items()}
     values["META"] = meta_literal(v.meta())
     values["ACC_T"] = "half" if v.acc == "f16" else "float"
-    if v.template == "ptx":
+    if v.template in ("ptx", "wgmma"):
         values["RC"] = "true" if v.layout == "RC" else "false"
     if v.template == "wmma_pipe":
         values["MAX_MN"] = str(SPLITK_MAX_MN)
@@ -198,6 +211,15 @@ def _variants_ptx_pipe(arch):
             yield Variant("ptx_pipe", params, "f32", "RR", arch)
 
 
+def _variants_wgmma(arch):
+    if arch != "sm_90a":                     # wgmma is an sm_90a instruction
+        return
+    for bm, bn, st, lay in product((64, 128), (64, 128, 256), (2, 3, 4), ("RR", "RC")):
+        params = (("BM", bm), ("BN", bn), ("STAGES", st))
+        if _wgmma_smem(dict(params)) <= MAX_SMEM:
+            yield Variant("wgmma", params, "f32", lay, arch)
+
+
 def _variants_cutlass(arch):
     for pp, bm, bn, (cm, cn), ras, sw, lay, acc in product(
             (0, 1), (64, 128, 256), (64, 128, 256), ((1, 1), (2, 1), (1, 2)), (1, 2), (1, 4),
@@ -209,7 +231,7 @@ def _variants_cutlass(arch):
 
 
 _SPACES = {"wmma": _variants_wmma, "ptx": _variants_ptx, "wmma_pipe": _variants_wmma_pipe,
-           "ptx_pipe": _variants_ptx_pipe, "cutlass": _variants_cutlass}
+           "ptx_pipe": _variants_ptx_pipe, "wgmma": _variants_wgmma, "cutlass": _variants_cutlass}
 
 
 def variants(template: str, arch: str = "sm_90a") -> list[Variant]:

@@ -203,9 +203,10 @@ def policy_families(name: str, arch: str, *, small_builtin: bool = False) -> lis
 
 
 # corpus template -> the template family written in the same style (rl/corpus.py's metas:
-# wmma* and ptx* are raw mma / inline-PTX mma kernels, cutlass a CUTLASS 3 builder kernel)
+# wmma* and ptx* are raw mma / inline-PTX mma kernels, wgmma a cp.async + inline-PTX wgmma kernel
+# with one tile per CTA as lowlat's, cutlass a CUTLASS 3 builder kernel)
 CORPUS_FAMILIES = {"wmma": "mma", "wmma_pipe": "mma", "ptx": "ptx", "ptx_pipe": "ptx",
-                   "cutlass": "cutlass_sm90"}
+                   "wgmma": "lowlat", "cutlass": "cutlass_sm90"}
 
 
 def stratified(shapes, n: int, seed: int) -> list[Shape]:

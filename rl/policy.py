@@ -360,7 +360,9 @@ def resolve_policy(name: str, *, recipe: BuiltinRecipe | None = None, log=print)
 def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path | None = None, log=print):
     """(model, tokenizer) for a policy name or path; the tokenizer must have a chat template.
     'smollm2' is the base model with the repo's warm-start adapter (rl/data/adapter, or `adapter`,
-    or CUDAL2_ADAPTER) merged in: a plain causal LM, so GRPO trains it like any other (or a fresh LoRA on it)."""
+    or CUDAL2_ADAPTER) merged in: a plain causal LM, so GRPO trains it like any other (or a fresh LoRA on it).
+    Any other model merges `adapter` when one is given (the warm start of `python -m
+    cudal2_rl.warmstart --base PATH --out ADAPTER`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = resolve_policy(name, recipe=recipe, log=log)
     try:
@@ -375,9 +377,9 @@ def load_policy(name: str, *, recipe: BuiltinRecipe | None = None, adapter: Path
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:    # no weights, or a config that is not a causal LM
         raise ValueError(f"policy {name!r}: cannot load a causal LM from it: {exc}") from None
-    if name == DEFAULT_POLICY:
+    if name == DEFAULT_POLICY or adapter is not None:
         from cudal2.core import knobs
-        from_knob = not adapter and knobs.adapter_dir() is not None
+        from_knob = name == DEFAULT_POLICY and not adapter and knobs.adapter_dir() is not None
         adapter = Path(adapter) if adapter else knobs.adapter_dir() or ADAPTER_DIR
         if not (adapter / "adapter_config.json").is_file():
             raise ValueError(f"policy {name!r}: no LoRA adapter in {adapter} (train one with "

@@ -140,10 +140,12 @@ def measured_nearby(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int
 
 def corpus_reference(shape, arch: str = "sm_90a", acc: str = "f32") -> list[tuple[str, str]]:
     """One complete kernel file from the corpus (rl/data/corpus) that serves the shape: it
-    defines the entry points itself, so a model sees a whole file, not a template include."""
+    defines the entry points itself, so a model sees a whole file, not a template include. On
+    sm_90a the inline-PTX wgmma file comes first (the arch's own tensor-core instruction; its
+    variants exist for sm_90a only), then the mma.sync and WMMA pipelines."""
     M, N, K = _shape(shape)
-    for t in ("ptx_pipe", "wmma_pipe"):
-        cands = [v for v in variants(t, arch) if v.acc == acc and v.serves(M, N, K)]
+    for t in ("wgmma", "ptx_pipe", "wmma_pipe"):
+        cands = [v for v in variants(t, arch) if v.acc == acc and v.layout == "RR" and v.serves(M, N, K)]
         if cands:
             v = cands[len(cands) // 2]
             return [(f"complete kernel file, {v.label()} (not measured)", v.source())]

@@ -89,7 +89,8 @@ def main(argv=None) -> int:
                     "(cudal2_rl.winners: SFT on measured bests) instead of the corpus")
     ap.add_argument("--gpu", default=None, help="with --db: the GPU model whose measurements count")
     ap.add_argument("--base", default="", help="a local transformers causal-LM folder with a chat "
-                    "template to warm-start instead of SmolLM2-135M-Instruct (loaded offline)")
+                    "template to warm-start instead of SmolLM2-135M-Instruct (loaded offline); "
+                    "cudal2_rl.policy.load_policy(PATH, adapter=OUT) loads the result")
     args = ap.parse_args(argv)
 
     import torch

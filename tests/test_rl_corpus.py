@@ -45,6 +45,22 @@ def test_constants_in_the_code_match_the_meta():
         assert ("using Acc = half;" in render(v)) == (v.acc == "f16")
 
 
+def test_wgmma_variants_say_what_their_code_does():
+    """The inline-PTX wgmma file: sm_90a only, one warpgroup per 64 rows, BK one swizzle atom,
+    any M (N, K multiples of 8); constants and meta from the same values."""
+    vs = variants("wgmma")
+    assert {v.layout for v in vs} == {"RR", "RC"} and {v.acc for v in vs} == {"f32"}
+    assert variants("wgmma", "sm_90") == [] and variants("wgmma", "sm_80") == []
+    for v in vs:
+        src, p, meta = render(v), v.p, v.meta()
+        assert f"BM = {p['BM']}, BN = {p['BN']}, BK = 64, STAGES = {p['STAGES']}" in src
+        assert f"constexpr bool RC = {'true' if v.layout == 'RC' else 'false'};" in src
+        assert meta["tile"] == [p["BM"], p["BN"], 64] and meta["threads"] == 128 * p["BM"] // 64
+        assert meta["layout"] == v.layout and meta["smem_bytes"] <= 227 * 1024
+        assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in src
+    assert vs[0].serves(1000, 8, 24) and not vs[0].serves(1000, 12, 24)
+
+
 def test_split_k_variants_declare_their_workspace_and_shape_limits():
     sk = [v for v in variants("wmma_pipe") if v.p["SPLITS"] > 1]
     assert sk and all(v.acc == "f32" for v in sk)
@@ -96,3 +112,52 @@ def test_one_cutlass_variant_builds_and_passes_the_audit():
     res = audit_source(v.source(), "sm_90a", name=v.label())
     assert res.ok, res.line()
     assert res.meta["style"] == "cutlass" and res.mma      # wgmma in the PTX
+
+
+def _wgmma_extremes():
+    vs = variants("wgmma")
+    return [next(v for v in vs if v.layout == "RR" and (v.p["BM"], v.p["BN"]) == (64, 64)),
+            next(v for v in vs if v.layout == "RC" and (v.p["BM"], v.p["BN"], v.p["STAGES"]) == (128, 256, 4))]
+
+
+@pytest.mark.compile
+def test_wgmma_variants_build_without_spills_pass_the_audit_and_run_hgmma():
+    """The smallest RR and the largest RC wgmma variant: built for sm_90a with no spills, the
+    audit and the meta-versus-binary check pass (threads and tile verified), the PTX holds
+    wgmma.mma_async f32 and, where cuobjdump is installed, the SASS HGMMA (no HMMA).
+    (rl/corpus.py audit --templates wgmma -n 36 builds all of them.)"""
+    import subprocess
+    from cudal2.core.build import BuildSpec, build
+    from cudal2.harness.audit import audit_build
+    from test_wgmma import _cuobjdump
+    tool = _cuobjdump()
+    for v in _wgmma_extremes():
+        br = build(BuildSpec(source=v.source(), arch="sm_90a", name=v.label()))
+        res = audit_build(v.source(), br, "sm_90a", name=v.label())
+        assert res.ok, res.line()
+        assert res.meta == v.meta() and set(res.meta_verified) == {"threads", "tile"}
+        assert sum(r["spill_stores"] + r["spill_loads"] for r in res.resources) == 0
+        assert set(res.mma) == {"wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"}
+        if tool:
+            sass = subprocess.run([tool, "-sass", str(br.so_path)], capture_output=True, text=True).stdout
+            if "Function" in sass:
+                assert set(re.findall(r"HGMMA\.64x(\d+)x16\.F32", sass)) == {"64"}
+                assert "HMMA" not in sass.replace("HGMMA", "")
+
+
+@pytest.mark.compile
+def test_a_wgmma_completion_goes_through_the_reward_path(tmp_path):
+    """The policy's reward path takes the wgmma file as it takes the other large templates:
+    extracted from a fenced completion, built, audited and (no GPU) given the flat reward."""
+    from cudal2.harness.db import ResultsDB
+    from cudal2_rl import reward as R
+    from cudal2_rl.executor import LocalExecutor
+    ex = LocalExecutor(jobs=1)
+    if ex.gpu_name():
+        pytest.skip("a GPU is visible: rewards are measured (the GPU tier runs the kernel)")
+    v = _wgmma_extremes()[0]
+    rf = R.KernelReward(ex, ResultsDB(tmp_path / "r.db"), timeout_s=300)
+    rs = rf(prompts=[""], completions=[f"```cuda\n{v.source()}```"], M=[1000], N=[520], K=[72])
+    ex.close()
+    a = rf.attempts[-1][0]
+    assert a.verdict == "not_measured" and rs == [R.FLAT_ESTIMATE], (a.verdict, a.detail)

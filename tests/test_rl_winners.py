@@ -62,3 +62,46 @@ def test_newest_measurement_counts_and_gpus_do_not_mix(db):
         W.measured_winners(db)
     assert list(W.measured_winners(db, gpu="NVIDIA H200")) == [(512, 512, 512)]
     assert W.db_pairs(db, gpu=GPU, min_speedup=1.2)[0][2] == (4096, 4096, 4096)
+
+
+def test_the_warm_started_policy_writes_each_shapes_own_winner(db, tmp_path):
+    """python -m cudal2_rl.warmstart --db --base on a tiny causal LM made here (2 layers, hidden 64,
+    a BPE tokenizer trained on the pairs' text with the project's train_tokenizer, random weights:
+    nothing downloaded), then the warm-started policy (load_policy with the adapter) greedily
+    writes a kernel for each shape's prompt: the small shape gets its winner's 64-row mma tile,
+    the big one its 128x256 wgmma tile, though the big shape's prompt shows the small shape's
+    winner as its earlier kernel. The completions are whole (short, template-include) kernel
+    files. The base's init scale is 0.3, not 0.02: LoRA trains only the projections, and with
+    the tied embeddings at 0.02 a 64-wide model's logits stay near uniform (the loss stalls)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from cudal2_rl import warmstart
+    from cudal2_rl.policy import load_policy, train_tokenizer
+    pairs = W.db_pairs(db)
+    assert [(shape, comp) for _p, comp, shape, _w in pairs] == [((256, 256, 256), K1), ((4096, 4096, 4096), K2)]
+    assert K1 in pairs[1][0]                         # the big shape's prompt shows the small one's winner
+    tok = train_tokenizer([p + c for p, c, *_ in pairs], 512)
+    torch.manual_seed(0)
+    base = tmp_path / "tiny"
+    LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+        tie_word_embeddings=True, initializer_range=0.3, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None)).save_pretrained(base)
+    tok.save_pretrained(base)
+    out = tmp_path / "adapter"
+    assert warmstart.main(["--base", str(base), "--db", str(tmp_path / "r.db"), "--steps", "60",
+                           "--lr", "1e-2", "--threads", "1", "--save-every", "60", "--out", str(out)]) == 0
+    model, tok = load_policy(str(base), adapter=out, log=lambda *a: None)
+    model.eval()
+    wrote = {}
+    for prompt, _c, shape, _w in pairs:
+        enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            ids = model.generate(**enc, max_new_tokens=64, do_sample=False, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)
+        wrote[shape] = tok.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert wrote[(256, 256, 256)].startswith("#define BM 64\n#define BN 64\n"), wrote
+    assert wrote[(4096, 4096, 4096)].startswith("#define BM 128\n#define BN 256\n"), wrote
+    assert wrote[(256, 256, 256)].strip() == K1.strip() and wrote[(4096, 4096, 4096)].strip() == K2.strip()
