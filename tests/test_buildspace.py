@@ -105,6 +105,14 @@ def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
     assert all(r["sass_has_instruction"] == "0" and r["memset_memcpy_imports"] == "cudaMemsetAsync" for r in rows)
     assert rows[0]["bad"] == "no HMMA in SASS; imports cudaMemsetAsync"
 
+    def unreadable(so, tool):
+        raise RuntimeError("cuobjdump could not disassemble x.so")
+    monkeypatch.setattr(buildspace, "sass_mnemonics", unreadable)
+    monkeypatch.setattr(buildspace, "undefined_symbols", lambda so: [])
+    assert main(argv + ["--csv", str(out)]) == 1
+    _, rows = _read(out)
+    assert {r["bad"] for r in rows} == {"cuobjdump could not disassemble x.so"}
+
 
 def test_cli_argument_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(buildspace, "find_cuobjdump", lambda: None)

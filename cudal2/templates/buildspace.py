@@ -85,14 +85,21 @@ def row_of(cfg: KernelConfig, arch: str, r: BuildResult, cuobjdump: str) -> dict
         stack = max((x.stack_bytes for x in r.resources), default=0)
         row.update(registers=r.max_registers, spills=r.spills, stack_bytes=stack,
                    static_smem_bytes=r.max_shared_bytes)
-        has = mnemonic in sass_mnemonics(r.so_path, cuobjdump) if mnemonic else False
+        try:
+            has = mnemonic in sass_mnemonics(r.so_path, cuobjdump) if mnemonic else False
+        except RuntimeError as exc:   # this row unreadable: say so, keep the others
+            has, unreadable = False, str(exc)
+        else:
+            unreadable = ""
         imports = [s for s in undefined_symbols(r.so_path) if "Memset" in s or "Memcpy" in s]
         row.update(sass_has_instruction=int(has), memset_memcpy_imports=" ".join(imports))
         if r.spills:
             why.append("spills")
         if stack:
             why.append("stack")
-        if not has:
+        if unreadable:
+            why.append(unreadable)
+        elif not has:
             why.append(f"no {mnemonic or fam.instruction} in SASS")
         if imports:
             why.append("imports " + " ".join(imports))
@@ -105,7 +112,8 @@ def row_of(cfg: KernelConfig, arch: str, r: BuildResult, cuobjdump: str) -> dict
 def build_space(targets: list[tuple[KernelConfig, str]], *, jobs: int | None = None,
                 progress: Callable[[BuildResult], None] | None = None) -> list[dict]:
     """Build every (config, arch) (cached, `jobs` nvcc at a time) and inspect each: rows in
-    target order. Raises RuntimeError when cuobjdump is missing (the SASS check needs it)."""
+    target order. Raises RuntimeError when cuobjdump is missing (the SASS check needs it); a
+    cubin it cannot read makes that row bad."""
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         raise RuntimeError("cuobjdump not found ($CUOBJDUMP, PATH, next to nvcc, or pip "
