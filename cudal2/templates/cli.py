@@ -51,6 +51,18 @@ def _parse_value(text: str) -> Value:
         return text
 
 
+def _parse_assignments(items: list[str], flag: str) -> dict[str, Value] | None:
+    """NAME=VALUE arguments -> {NAME: value}; None (after naming the bad one) when one is malformed."""
+    out: dict[str, Value] = {}
+    for s in items:
+        name, eq, value = s.partition("=")
+        if not eq or not name.strip():
+            print(f"error: {flag} {s!r}: expected NAME=VALUE", file=sys.stderr)
+            return None
+        out[name.strip()] = _parse_value(value.strip())
+    return out
+
+
 def _write_defaults(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"writing the default configs of {', '.join(FAMILIES)} to {folder}", file=sys.stderr)
@@ -67,13 +79,9 @@ def run_cli(args) -> int:
         if args.csv is None:
             print("error: --build-space needs --csv OUT.csv", file=sys.stderr)
             return 2
-        where = {}
-        for s in args.where:
-            name, eq, value = s.partition("=")
-            if not eq or not name.strip():
-                print(f"error: --where {s!r}: expected NAME=VALUE", file=sys.stderr)
-                return 2
-            where[name.strip()] = _parse_value(value.strip())
+        where = _parse_assignments(args.where, "--where")
+        if where is None:
+            return 2
         return run_build_space(args.build_space, args.arch, args.csv, where=where)
     if getattr(args, "arch", None) is not None or getattr(args, "csv", None) is not None or getattr(args, "where", None):
         print("error: --arch, --where and --csv go with --build-space", file=sys.stderr)
@@ -102,13 +110,9 @@ def run_cli(args) -> int:
               file=sys.stderr)
         return 2
     cfg = defaults[args.default]
-    changes = {}
-    for s in args.sets:
-        name, eq, value = s.partition("=")
-        if not eq or not name:
-            print(f"error: -D {s!r}: expected NAME=VALUE", file=sys.stderr)
-            return 2
-        changes[name.strip()] = _parse_value(value.strip())
+    changes = _parse_assignments(args.sets, "-D")
+    if changes is None:
+        return 2
     try:
         cfg = cfg.with_(**changes)
         text = fam.short_source(cfg) if args.short else instantiate(cfg)
