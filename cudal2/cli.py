@@ -15,7 +15,7 @@ from cudal2.core import knobs
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "templates": ("cudal2.templates.cli", "write reference kernel files from the template families (`--list`, `--defaults DIR`)"),
+    "templates": ("cudal2.templates.cli", "write reference kernel files from the template families (`--list`, `--defaults DIR`, `--build-space FAMILY --csv OUT`)"),
     "build": ("cudal2.core.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
     "audit": ("cudal2.harness.audit", "build and audit kernel files: imports, includes, accumulator, resources"),
     "bench": ("cudal2.runs.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),

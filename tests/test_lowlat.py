@@ -159,8 +159,8 @@ def test_builds_without_spills(cfg, arch, prebuilt):
 @pytest.mark.parametrize("cfg,arch", _sass_cases())
 def test_sass_holds_the_tensor_core_instruction(cfg, arch, prebuilt):
     """lowlat runs HGMMA.64xBNx16.F32 and no HMMA; lowlat_mma runs HMMA.16816.F32 and no HGMMA."""
-    from test_wgmma import _cuobjdump
-    tool = _cuobjdump()
+    from cudal2.core.toolchain import find_cuobjdump
+    tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (PATH, next to nvcc, or pip nvidia-cuda-cuobjdump)")
     sass = subprocess.run([tool, "-sass", str(_build(cfg, arch).so_path)], capture_output=True, text=True).stdout

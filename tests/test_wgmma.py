@@ -4,17 +4,15 @@ checks and HGMMA in the SASS (compile: nvcc, no GPU), correctness against torch 
 from __future__ import annotations
 
 import ctypes
-import glob
 import math
 import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from cudal2.core.toolchain import find_cuobjdump as _cuobjdump  # the SASS checks (test_skinny imports it too)
 from cudal2.templates import (FAMILIES, SMEM_LIMIT, WGMMA_OPTIONS, instantiate, template_dir,
                               wgmma_option_space)
 
@@ -222,24 +220,6 @@ def _exports(so_path) -> set[str]:
     out = subprocess.run([nm, "-D", "--defined-only", str(so_path)], capture_output=True, text=True,
                          check=True).stdout
     return {line.split()[-1] for line in out.splitlines() if line.strip()}
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump from PATH, next to nvcc, or pip's nvidia-cuda-cuobjdump wheel."""
-    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if found:
-        return found
-    try:
-        from cudal2.core.toolchain import find_toolchain
-        cand = Path(find_toolchain().nvcc).parent / "cuobjdump"
-        if cand.is_file():
-            return str(cand)
-    except Exception:
-        pass
-    for root in sys.path:
-        for cand in glob.glob(os.path.join(root, "nvidia", "*", "bin", "cuobjdump")):
-            return cand
-    return None
 
 
 def _instantiations() -> list:

@@ -219,6 +219,29 @@ def normalise_arch(arch: str) -> str:
     return arch
 
 
+def find_cuobjdump() -> str | None:
+    """cuobjdump (SASS disassembly) from $CUOBJDUMP, PATH, next to nvcc, or pip's
+    nvidia-cuda-cuobjdump wheel (site-packages/nvidia/*/bin); None when there is none. The
+    compile checks read the SASS through it (the tensor-core instruction a family claims)."""
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        cand = nvcc_root(find_toolchain().nvcc) / "bin" / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    except ToolchainError:
+        pass
+    try:
+        import nvidia  # namespace package from the nvidia-* wheels
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for cand in sorted(Path(base).glob("*/bin/cuobjdump")):
+            return str(cand)
+    return None
+
+
 def detect_arch(explicit: str | None = None) -> str:
     """explicit > CUDAL2_ARCH > the visible GPU; else a clear error."""
     if explicit:

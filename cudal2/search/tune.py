@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
 import math
 import random
 import resource
@@ -35,8 +34,8 @@ from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
 from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
 from cudal2.search.costmodel import CostModel
+from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
-MAX_ENUMERATE = 200_000        # above this a family's product space is sampled, not listed
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
 
 
@@ -101,32 +100,6 @@ def families_for(arch: str, names: Iterable[str] | None = None) -> list[Any]:
             out.append(fams[n])
         return out
     return [f for f in fams.values() if arch in f.arches]
-
-
-def enumerate_space(family, *, arch: str | None = None, acc: str = "f32", layout: str = "RR",
-                    seed: int = 0) -> list[Any]:
-    """Every valid config of a family for one target (accumulator, B layout, arch), sampled
-    uniformly when the product is huge. ACC and LAYOUT are requirements, not knobs."""
-    space = family.space()
-    names = sorted(space)
-    size = math.prod(len(space[n]) for n in names)
-    # a family without an ACC knob (skinny: f32 only) serves f32 targets only
-    default = templates.with_acc(family.default(), acc)
-    if default is None:
-        return []
-    default = default.with_(LAYOUT=layout)
-    if size <= MAX_ENUMERATE:
-        combos: Iterable = itertools.product(*(space[n] for n in names))
-    else:
-        rng = random.Random(seed)
-        combos = (tuple(rng.choice(space[n]) for n in names) for _ in range(MAX_ENUMERATE))
-    out, seen = [], set()
-    for values in combos:
-        cfg = default.with_(**dict(zip(names, values)))
-        if cfg not in seen and family.valid(cfg, arch):
-            seen.add(cfg)
-            out.append(cfg)
-    return out
 
 
 def config_meta(config) -> dict:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from cudal2.templates.family import (_ACC_LAYOUT, _ENUM_MACROS, FAMILIES, SMEM_LIMIT,  # noqa: F401
                                      Family, KernelConfig, OptionDecl, Value, _check, _register,
-                                     config_of, default_configs, instantiate, template_dir,
-                                     with_acc)
+                                     config_of, default_configs, enumerate_space, instantiate,
+                                     MAX_ENUMERATE, template_dir, with_acc)
 
 __all__ = ["KernelConfig", "Family", "FAMILIES", "instantiate", "template_dir", "SMEM_LIMIT",
-           "default_configs", "with_acc", "config_of"]
+           "default_configs", "with_acc", "config_of", "enumerate_space"]
 
 
 # ---- the families: each one's parameters, rules and space live in a module beside its .cuh;

@@ -1,11 +1,13 @@
 """`cudal2 templates` / `python -m cudal2.templates`: print the .cu file a config makes, list the
-families, write their default configs, or rewrite the kernel table's untuned seed rows."""
+families, write their default configs, rewrite the kernel table's untuned seed rows, or build a
+family's whole space and record the compile checks per config (--build-space)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from cudal2.templates import FAMILIES, Value, instantiate
+from cudal2.templates.buildspace import run_build_space
 from cudal2.templates.seeds import write_seeds
 
 
@@ -28,6 +30,18 @@ def configure_parser(parser) -> None:
     parser.add_argument("--defaults", type=Path, default=None, metavar="DIR",
                         help="write every family's default configs as DIR/<config name>.cu, then exit "
                              "(the reference kernels: `cudal2 build DIR/*.cu --arch sm_90a`)")
+    parser.add_argument("--build-space", nargs="+", default=None, metavar="FAMILY",
+                        help="build every valid config of each FAMILY's space for every arch it "
+                             "claims (or --arch), CUDAL2_BUILD_JOBS at a time through the build cache, "
+                             "write one row per (config, arch) to --csv (ok, registers, spills, stack, "
+                             "shared memory, the claimed tensor-core instruction in the SASS, "
+                             "Memset/Memcpy imports) and exit 1 if any row is bad")
+    parser.add_argument("--arch", default=None, metavar="ARCH",
+                        help="with --build-space: only this arch (each family must claim it)")
+    parser.add_argument("--where", action="append", default=[], metavar="NAME=VALUE",
+                        help="with --build-space: only the configs with this parameter value (repeatable)")
+    parser.add_argument("--csv", type=Path, default=None, metavar="OUT.csv",
+                        help="with --build-space: the CSV to write (required)")
 
 
 def _parse_value(text: str) -> Value:
@@ -35,6 +49,18 @@ def _parse_value(text: str) -> Value:
         return int(text, 0)
     except ValueError:
         return text
+
+
+def _parse_assignments(items: list[str], flag: str) -> dict[str, Value] | None:
+    """NAME=VALUE arguments -> {NAME: value}; None (after naming the bad one) when one is malformed."""
+    out: dict[str, Value] = {}
+    for s in items:
+        name, eq, value = s.partition("=")
+        if not eq or not name.strip():
+            print(f"error: {flag} {s!r}: expected NAME=VALUE", file=sys.stderr)
+            return None
+        out[name.strip()] = _parse_value(value.strip())
+    return out
 
 
 def _write_defaults(folder: Path) -> int:
@@ -49,6 +75,17 @@ def _write_defaults(folder: Path) -> int:
 
 
 def run_cli(args) -> int:
+    if getattr(args, "build_space", None) is not None:
+        if args.csv is None:
+            print("error: --build-space needs --csv OUT.csv", file=sys.stderr)
+            return 2
+        where = _parse_assignments(args.where, "--where")
+        if where is None:
+            return 2
+        return run_build_space(args.build_space, args.arch, args.csv, where=where)
+    if getattr(args, "arch", None) is not None or getattr(args, "csv", None) is not None or getattr(args, "where", None):
+        print("error: --arch, --where and --csv go with --build-space", file=sys.stderr)
+        return 2
     if getattr(args, "seed_store", None) is not None:
         print(f"wrote {write_seeds(args.seed_store or None)}")
         return 0
@@ -73,13 +110,9 @@ def run_cli(args) -> int:
               file=sys.stderr)
         return 2
     cfg = defaults[args.default]
-    changes = {}
-    for s in args.sets:
-        name, eq, value = s.partition("=")
-        if not eq or not name:
-            print(f"error: -D {s!r}: expected NAME=VALUE", file=sys.stderr)
-            return 2
-        changes[name.strip()] = _parse_value(value.strip())
+    changes = _parse_assignments(args.sets, "-D")
+    if changes is None:
+        return 2
     try:
         cfg = cfg.with_(**changes)
         text = fam.short_source(cfg) if args.short else instantiate(cfg)

@@ -5,6 +5,9 @@ themselves here when `cudal2.templates` imports them; import names from `cudal2.
 """
 from __future__ import annotations
 
+import itertools
+import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +18,8 @@ from cudal2.core.build import BuildSpec
 
 
 Value = int | str
+
+MAX_ENUMERATE = 200_000   # above this a family's product space is sampled, not listed (enumerate_space)
 
 # Largest dynamic shared memory one block may opt in to, bytes (CUDA programming guide, per CC).
 SMEM_LIMIT = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90a": 232448}
@@ -303,6 +308,32 @@ def with_acc(config: KernelConfig, acc: str) -> KernelConfig | None:
     if "ACC_F16" in names:
         return config.with_(ACC_F16=int(acc == "f16"))
     return config if acc == "f32" else None
+
+
+def enumerate_space(family, *, arch: str | None = None, acc: str = "f32", layout: str = "RR",
+                    seed: int = 0) -> list[KernelConfig]:
+    """Every valid config of a family for one target (accumulator, B layout, arch), sampled
+    uniformly when the product is huge. ACC and LAYOUT are requirements, not knobs."""
+    space = family.space()
+    names = sorted(space)
+    size = math.prod(len(space[n]) for n in names)
+    # a family without an ACC knob (skinny: f32 only) serves f32 targets only
+    default = with_acc(family.default(), acc)
+    if default is None:
+        return []
+    default = default.with_(LAYOUT=layout)
+    if size <= MAX_ENUMERATE:
+        combos: Iterable = itertools.product(*(space[n] for n in names))
+    else:
+        rng = random.Random(seed)
+        combos = (tuple(rng.choice(space[n]) for n in names) for _ in range(MAX_ENUMERATE))
+    out, seen = [], set()
+    for values in combos:
+        cfg = default.with_(**dict(zip(names, values)))
+        if cfg not in seen and family.valid(cfg, arch):
+            seen.add(cfg)
+            out.append(cfg)
+    return out
 
 
 def default_configs(families: Iterable[str] | None = None) -> list[KernelConfig]:

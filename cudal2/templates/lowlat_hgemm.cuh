@@ -34,6 +34,8 @@
 #include <stdio.h>
 #include <atomic>
 
+#include "wgmma_ptx.cuh"
+
 #ifndef BM
 #define BM 64           // tile rows: 16 or 32 (mma.sync), 64 or 128 (wgmma, sm_90a)
 #endif
@@ -73,6 +75,8 @@
 
 namespace cudal2_lowlat_impl {
 
+using namespace cudal2_wgmma_ptx;   // smem_u32, pack_half2, make_desc, the wgmma wrappers (wgmma_ptx.cuh)
+
 static_assert(ACC_F16 == 0, "the lowlat family implements fp32 accumulation only");
 static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM must be 16, 32, 64 or 128");
 static_assert(BN == 64 || BN == 128, "BN must be 64 or 128");
@@ -102,9 +106,6 @@ constexpr int kAlign = 16;
 #endif
 constexpr size_t kSmemBytes = (size_t)STAGES * (kAStage + kBStage) * sizeof(half) + (kAlign > 16 ? kAlign : 0);
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                : "memory");
@@ -154,11 +155,6 @@ __device__ __forceinline__ void quad_transpose(const uint32_t (&v)[4], uint32_t 
   }
 }
 
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 // Stores the 8 columns [c, c+8) of row r (lane's share after quad_transpose).
 __device__ __forceinline__ void store8(half* C, int ldc, int M, int N, int r, int c,
                                        const uint32_t (&w)[4], bool vec16) {
@@ -180,58 +176,12 @@ __device__ __forceinline__ void store8(half* C, int ldc, int M, int N, int r, in
 
 #if CUDAL2_LL_WGMMA
 // ---- wgmma path ------------------------------------------------------------------------------
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// m64nNk16 f32 += f16 * f16 from shared memory, accumulating (scale-d = 1: acc starts at 0).
-// TRANS_B = 1: B is N-major in shared memory (row-major K x N source, "RR").
-// Shared-memory matrix descriptor, 128-byte swizzle (as wgmma_hgemm.cuh's make_desc).
-__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo_bytes & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((sbo_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-
+// m64nBNk16 f32 += f16 * f16 from shared memory (wgmma_ptx.cuh), scale-d = 1 throughout: the
+// accumulators start at 0. TRANS_B = 1: B is N-major in shared memory ("RR").
 template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64nN(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %35, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, %34;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "n"(TRANS_B), "r"(1));
-}
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64nN(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %67, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, %66;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "n"(TRANS_B), "r"(1));
+__device__ __forceinline__ void wgmma_tile_n(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (BN == 128) wgmma_m64n128<TRANS_B>(d, desc_a, desc_b, 1);
+  else wgmma_m64n64<TRANS_B>(d, desc_a, desc_b, 1);
 }
 
 // Byte offset of 16-byte unit u of row r in a [rows][64] block of 128-byte swizzled rows.
@@ -288,10 +238,10 @@ lowlat_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __re
 #else
       const uint64_t db = make_desc(sb + kk * 16 * 128, BK * 128, 1024);  // N-major B
 #endif
-      wgmma_m64nN<LAYOUT_RC ? 0 : 1>(acc, da, db);   // n64 or n128 by the size of acc
+      wgmma_tile_n<LAYOUT_RC ? 0 : 1>(acc, da, db);
     }
     wgmma_commit();
-    wgmma_wait0();
+    wgmma_wait<0>();
     fence_acc(acc);
   }
   cp_async_wait<0>();
