@@ -826,3 +826,21 @@ def test_config_names_are_canonical_file_names():
     assert FAMILIES["wgmma"].default().name() == "wgmma_sm90a_f32_rr_128x256x64_s4_c2x1_g2_tma"
     with pytest.raises(ValueError, match="BK"):
         FAMILIES["wgmma"].default().with_(BK=32).name()
+
+
+def test_a_config_valid_on_one_claimed_arch_instantiates_and_builds_only_there():
+    """A deep mma pipeline fits sm_90a's 227 KiB of shared memory, not sm_80's 163: it is a
+    kernel (named after sm_90a), the planner's sm_90a space has it, and a build spec for sm_80
+    is refused naming the arch."""
+    from cudal2.templates.family import enumerate_space
+    fam = FAMILIES["mma"]
+    only90 = [c for c in enumerate_space(fam, arch="sm_90a") if not fam.valid(c, "sm_80")]
+    assert only90, "no sm_90a-only mma config in the space"
+    cfg = only90[0]
+    assert fam.valid(cfg, "sm_90a") and not fam.valid(cfg)          # valid() = every claimed arch
+    assert "// config: mma:" in instantiate(cfg) and cfg.name().startswith("mma_sm90a_")
+    assert fam.build_spec(cfg, "sm_90a").arch == "sm_90a"
+    with pytest.raises(ValueError, match="for sm_80.*shared memory"):
+        fam.build_spec(cfg, "sm_80")
+    with pytest.raises(ValueError, match="invalid"):                # fits no arch at all
+        instantiate(fam.default().with_(BM=256, BN=256, BK=64, STAGES=5))

@@ -87,8 +87,10 @@ def test_search_respects_budget_and_never_repeats(strategy):
 
 def test_search_auto_is_exhaustive_for_small_spaces():
     calls = []
-    space = [c for c in tune.enumerate_space(tune.families_for("sm_90a", ["ptx"])[0])
-             if tune.families_for("sm_90a", ["ptx"])[0].accepts(c, 256, 256, 256)]
+    ptx = tune.families_for("sm_90a", ["ptx"])[0]
+    # the sm_90a space: configs valid there (some fit sm_90a's shared memory only)
+    space = [c for c in tune.enumerate_space(ptx, arch="sm_90a")
+             if ptx.serves(c, 256, 256, 256, checked=True)]
     res = tune.search(Shape(256, 256, 256), "sm_90a", families=["ptx"], budget_evals=len(space) + 5,
                       evaluate=_fake_evaluate(calls), log=lambda *a: None)
     assert res.strategy == "exhaustive" and len(res.trials) == len(space)
@@ -255,7 +257,7 @@ def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
     arch = "sm_90a"
     p = tune.plan(shapes, arch, limit_per_shape=least, per_family=quota, model=_CheapModel(),
                   layout=layout, max_options=1)
-    spaces = {f.name: [c for c in tune.enumerate_space(f, arch=arch, layout=layout) if f.valid(c)]
+    spaces = {f.name: tune.enumerate_space(f, arch=arch, layout=layout)   # valid for the arch
               for f in tune.families_for(arch)}
     assert {"lowlat", "lowlat_mma", "wgmma", "cutlass_sm90", "mma"} <= set(spaces)
     for s in shapes:

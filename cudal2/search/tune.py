@@ -1,6 +1,6 @@
 """Search over the reference kernel families, per shape (`cudal2 tune`).
 
-The space of a family is the product of its `space()` filtered by `valid()`. A config is built
+The space of a family is the product of its `space()` filtered by `valid()` for the arch. A config is built
 once and serves every shape it `serves()` (kernels take M, N, K at run time), so the build farm
 works on the *union* of candidates over a shape list, deduplicated by source, never once per
 shape. Per shape the search is exhaustive when the accepted space fits the evaluation budget,
@@ -161,10 +161,9 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     by_source: dict[str, Candidate] = {}
     per_shape: dict[Shape, list[Candidate]] = {}
     pairs = evaluations = 0
-    # valid on every arch the family claims (what instantiate() checks), so that `serves` below
-    # may skip re-validating each config for each shape
-    spaces = [(fam, [c for c in enumerate_space(fam, arch=arch, acc=acc, layout=layout) if fam.valid(c)])
-              for fam in fams]
+    # enumerate_space keeps the configs valid for this arch (a deep pipeline may fit sm_90a's
+    # shared memory only), so `serves` below may skip re-validating each config for each shape
+    spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
     metas: dict[Any, dict] = {}
     option_spaces: dict[Any, list[dict]] = {}
@@ -403,7 +402,7 @@ def search(shape: Shape, arch: str, *, families: Iterable[str] | None = None,
     rng = random.Random(seed)
     fams = {f.name: f for f in families_for(arch, families)}
     space = {name: [c for c in enumerate_space(f, arch=arch, acc=acc, layout=layout)
-                    if f.serves(c, shape.M, shape.N, shape.K)]
+                    if f.serves(c, shape.M, shape.N, shape.K, checked=True)]
              for name, f in fams.items()}
     everything = [(n, c) for n, cs in space.items() for c in cs]
     if not everything:

@@ -280,13 +280,24 @@ class Family:
         """A cudal2.core.build.BuildSpec for `config`."""
         # No extra flags: a family's flags are among the builder's base flags (a test holds it),
         # so its builds share the cache with anyone building the same source.
-        return BuildSpec(instantiate(config), arch=arch or self.arches[-1], name=config.name())
+        arch = arch or self.arches[-1]
+        _check(self, config, arch)
+        return BuildSpec(instantiate(config), arch=arch, name=config.name())
 
 
-def _check(family: Family, config: KernelConfig) -> None:
-    bad = family.problems(config)
+def _check(family: Family, config: KernelConfig, arch: str | None = None) -> None:
+    """Raises ValueError unless `config` builds for `arch` or, with no arch, for at least one arch
+    the family claims (a deep pipeline may fit sm_90a's shared memory and not sm_80's: it is a
+    kernel, named after the arch it builds for)."""
+    if arch is not None:
+        bad = family.problems(config, arch)
+    elif any(not family.problems(config, a) for a in family.arches):
+        return
+    else:
+        bad = family.problems(config)
     if bad:
-        raise ValueError(f"invalid {family.name} config {config.label()}: " + "; ".join(bad))
+        raise ValueError(f"invalid {family.name} config {config.label()}"
+                         f"{f' for {arch}' if arch else ''}: " + "; ".join(bad))
 
 
 # The accumulator and layout choices of a family that offers both (a target's requirements).
