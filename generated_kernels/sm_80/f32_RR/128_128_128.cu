@@ -24,7 +24,9 @@
 // ACC_F16), ldmatrix.x4 (.trans for row-major B), a STAGES-deep cp.async pipeline into padded
 // shared memory (rows padded by 16 bytes, so the 8 row addresses of every ldmatrix hit distinct
 // bank groups), grouped threadblock raster (SWIZZLE) and optional split-K (SPLITK) with fp32
-// partial sums in the caller's workspace reduced by a second kernel on the same stream.
+// partial sums in the caller's workspace reduced inside the same kernel by the last CTA of each
+// tile (splitk_fixup.cuh): one launch per call, no memset, no second kernel. CUDAL2_STORE_CT
+// stores the product transposed (the skinny_n family computes C^T and writes row-major C).
 //
 // Any M, N, K: tile loads are predicated and zero-filled (cp.async src-size), stores are
 // predicated. When A/B are not 16-byte aligned or lda/ldb are not multiples of 8 elements the
@@ -39,6 +41,165 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <atomic>
+
+// ---- begin splitk_fixup.cuh (inlined) ----
+// cudal2 split-K fixup: the reduction of K-split partial tiles inside the GEMM kernel itself, so a
+// split-K call is ONE launch (no memset, no second reduce kernel on the caller's stream).
+//
+// Protocol, per output tile (BM x BN) computed by `splits` CTAs (one per K slice):
+//   1. every CTA stores its fp32 partial tile into the caller's workspace (store_partial);
+//   2. every CTA arrives at the tile's semaphore (a 32-bit counter in the workspace):
+//      __threadfence (release: its partial is visible at gpu scope before the count moves),
+//      atomicAdd, and the CTA that sees splits - 1 before its own add is the last one;
+//   3. in the last CTA thread 0 fences again (acquire) before the CTA barrier; then for every
+//      element of the tile the CTA sums the partials (reduce_element), rounds once to fp16 into
+//      C, writes zeros back over every partial it read and resets the semaphore to 0.
+//
+// Modes (SPLITK_DETERMINISTIC):
+//   1 (default) each split has its own partial slab; the last CTA sums slabs 0, 1, ..., splits-1
+//     IN SPLIT-INDEX ORDER, so C is bit-identical run to run whatever order the CTAs arrive in.
+//   0 every split adds its partial into ONE slab with fp32 atomics (arrival order: the result may
+//     differ in the last bits between runs); 1/splits of the workspace and of the fixup traffic.
+//
+// Workspace contract (docs/abi.md, meta "workspace_zero_init": true): the bytes a call is given
+// are all zero when it starts and all zero again when it ends (the last CTA of each tile clears
+// what the tile used). The caller zeroes a workspace ONCE when it allocates it and never between
+// calls; such a workspace may be shared by every zero-init kernel on one stream whatever their
+// shapes. A semaphore found above splits - 1 (a caller that broke the contract) traps: a launch
+// error, not a silent wrong answer.
+//
+// Layout of the workspace: [partials: slabs * M * N floats][pad to 16 bytes][tiles semaphores].
+// The index arithmetic below is __host__ __device__ so tests/test_splitk.py runs this very code
+// on the host with CTAs arriving in random orders (tests/splitk_emulate.cpp).
+
+#ifndef CUDAL2_SPLITK_FIXUP_CUH
+#define CUDAL2_SPLITK_FIXUP_CUH
+
+#include <cuda_fp16.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef SPLITK_DETERMINISTIC
+#define SPLITK_DETERMINISTIC 1   // 1: sum partials in split-index order (bit-identical runs)
+#endif
+
+#if defined(__CUDACC__)
+#define CUDAL2_HD __host__ __device__ __forceinline__
+#else
+#define CUDAL2_HD inline
+#endif
+
+namespace cudal2_splitk {
+
+// Partial slabs in the workspace: one per split (deterministic) or one shared (atomic).
+CUDAL2_HD int slabs(int splits) { return SPLITK_DETERMINISTIC ? splits : 1; }
+
+CUDAL2_HD size_t semaphore_offset(int splits, int M, int N) {
+  const size_t partial = (size_t)slabs(splits) * (size_t)M * (size_t)N * sizeof(float);
+  return (partial + 15) / 16 * 16;
+}
+
+// Bytes one call needs: 0 without a split.
+CUDAL2_HD size_t workspace_bytes(int splits, int M, int N, long long tiles) {
+  if (splits <= 1) return 0;
+  return semaphore_offset(splits, M, N) + (size_t)tiles * sizeof(unsigned int);
+}
+
+CUDAL2_HD float* partials(void* ws) { return reinterpret_cast<float*>(ws); }
+CUDAL2_HD unsigned int* semaphores(void* ws, int splits, int M, int N) {
+  return reinterpret_cast<unsigned int*>(reinterpret_cast<char*>(ws) +
+                                         semaphore_offset(splits, M, N));
+}
+
+// Index of element (row, col) of split z's partial.
+CUDAL2_HD size_t partial_index(int z, int row, int col, int M, int N) {
+  return SPLITK_DETERMINISTIC ? ((size_t)z * (size_t)M + (size_t)row) * (size_t)N + (size_t)col
+                              : (size_t)row * (size_t)N + (size_t)col;
+}
+
+// The arrival that makes the count reach `splits` is the last one.
+CUDAL2_HD bool is_last_arrival(unsigned int before, int splits) {
+  return before == (unsigned int)(splits - 1);
+}
+
+// Loads that bypass L1 (the partials were written by other SMs) on the device.
+CUDAL2_HD float load_partial(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *p;
+#endif
+}
+
+// Split z's contribution to element (row, col).
+CUDAL2_HD void store_partial(float* ws, int z, int row, int col, int M, int N, float v) {
+  float* p = ws + partial_index(z, row, col, M, N);
+#if SPLITK_DETERMINISTIC
+  *p = v;
+#elif defined(__CUDA_ARCH__)
+  atomicAdd(p, v);
+#else
+  *p += v;
+#endif
+}
+
+// The sum of every split's contribution to (row, col), and the partials cleared back to zero.
+CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, int N) {
+  float sum = 0.f;
+#if SPLITK_DETERMINISTIC
+  for (int z = 0; z < splits; ++z) {      // split-index order, whoever arrived last
+    float* p = ws + partial_index(z, row, col, M, N);
+    sum += load_partial(p);
+    *p = 0.f;
+  }
+#else
+  float* p = ws + partial_index(0, row, col, M, N);
+  sum = load_partial(p);
+  *p = 0.f;
+#endif
+  return sum;
+}
+
+// The last CTA's share of the tile [m0, m0+rows) x [n0, n0+cols) (clipped to M x N): elements
+// first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host).
+CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, int rows,
+                           int cols, half* C, int ldc, int first, int stride) {
+  const int r_end = M - m0 < rows ? M - m0 : rows;
+  const int c_end = N - n0 < cols ? N - n0 : cols;
+  if (r_end <= 0 || c_end <= 0) return;
+  for (int i = first; i < r_end * c_end; i += stride) {
+    const int row = m0 + i / c_end, col = n0 + i % c_end;
+    C[(size_t)row * (size_t)ldc + col] = __float2half_rn(reduce_element(ws, splits, row, col, M, N));
+  }
+}
+
+#if defined(__CUDACC__)
+// Step 2 for the whole CTA (every thread calls it after storing its partials): true in the
+// CTA that arrived last, which then runs finish_tile and release_tile.
+__device__ __forceinline__ bool arrive(unsigned int* sem, int splits) {
+  __shared__ int s_last;
+  __syncthreads();                       // every partial of this CTA is stored
+  if (threadIdx.x == 0) {
+    __threadfence();                     // release: partials visible before the count moves
+    const unsigned int before = atomicAdd(sem, 1u);
+    if (before >= (unsigned int)splits) __trap();   // workspace not zero at entry: contract broken
+    s_last = is_last_arrival(before, splits);
+    if (s_last) __threadfence();         // acquire: the peers' partials before this CTA reads them
+  }
+  __syncthreads();                       // (the reads are ld.global.cg: L2, never a stale L1 line)
+  return s_last;
+}
+
+// After finish_tile: the semaphore back to 0 for the next call (no other CTA touches it now).
+__device__ __forceinline__ void release_tile(unsigned int* sem) {
+  if (threadIdx.x == 0) *sem = 0u;
+}
+#endif
+
+}  // namespace cudal2_splitk
+
+#endif  // CUDAL2_SPLITK_FIXUP_CUH
+// ---- end splitk_fixup.cuh ----
 
 #ifndef BM
 #define BM 128          // threadblock tile rows (M)
@@ -62,7 +223,13 @@
 #define SWIZZLE 8       // grouped raster: this many tile rows share a column sweep (1 = row-major)
 #endif
 #ifndef SPLITK
-#define SPLITK 1        // K split factor; > 1 needs SPLITK*M*N*4 bytes of workspace
+#define SPLITK 1        // K split factor; > 1 needs workspace (splitk_fixup.cuh's layout)
+#endif
+#ifndef CUDAL2_RUNTIME_SPLITK
+#define CUDAL2_RUNTIME_SPLITK 0   // 1: the split count is gridDim.y, chosen per call (skinny)
+#endif
+#ifndef CUDAL2_STORE_CT
+#define CUDAL2_STORE_CT 0   // 1: the kernel computes C^T and stores it transposed (skinny_n)
 #endif
 #ifndef SPLITK_MAX_MN
 #define SPLITK_MAX_MN 2097152   // split-K serves M*N up to this; sizes the declared workspace
@@ -116,10 +283,15 @@ static_assert(STAGES >= 2, "STAGES must be >= 2");
 static_assert(SWIZZLE >= 1, "SWIZZLE must be >= 1");
 static_assert(SPLITK >= 1 && SPLITK <= 65535, "SPLITK must be in [1, 65535]");
 static_assert(SPLITK_MAX_MN >= 1, "SPLITK_MAX_MN must be >= 1");
-// Workspace the caller must provide (static, so the meta can declare it): fp32 partials for
-// SPLITK slices of an M x N output with M*N <= SPLITK_MAX_MN.
-constexpr unsigned long long kWorkspaceBytes =
-    SPLITK > 1 ? (unsigned long long)SPLITK * 4ull * (unsigned long long)SPLITK_MAX_MN : 0ull;
+// Workspace the caller must provide (fixed, so the ABI 1 meta can declare it): the fixup's
+// partial slabs for an M x N output with M*N <= SPLITK_MAX_MN plus one semaphore per tile. Tiles
+// of such an output: ceil(M/BM)*ceil(N/BN) <= MN/(BM*BN) + M/BM + N/BN + 1, and M/BM + N/BN <=
+// SPLITK_MAX_MN/min(BM, BN) + 1 for M, N >= 1.
+constexpr long long kMaxSplitTiles = (long long)SPLITK_MAX_MN / (BM * BN) +
+                                     (long long)SPLITK_MAX_MN / (BM < BN ? BM : BN) + 3;
+static unsigned long long workspace_declared() {
+  return cudal2_splitk::workspace_bytes(SPLITK, 1, SPLITK_MAX_MN, kMaxSplitTiles);
+}
 
 #if ACC_F16
 typedef uint32_t AccFrag[kMI][kNI][2];   // packed half2: {row g, cols 2t..2t+1}, {row g+8, ...}
@@ -250,12 +422,19 @@ __device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, i
 }
 
 // grid.x = tiles_m * tiles_n, grid.y = split index. Each block computes one BM x BN tile of the
-// K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (SPLITK == 1) or fp32 partials
-// to ws[z][M][N] (SPLITK > 1).
+// K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split) or its fp32 partial
+// into the workspace; the last split of a tile to finish reduces them into C (splitk_fixup.cuh).
+// Split-K builds carry the fixup too: "at least one CTA per SM" lets ptxas spend the registers
+// that keeps it from spilling (ptx f16 SPLITK=2 spilled 32 bytes at its own choice of 128).
+#if SPLITK > 1 || CUDAL2_RUNTIME_SPLITK
+#define CUDAL2_HGEMM_BOUNDS __launch_bounds__(kThreads, 1)
+#else
+#define CUDAL2_HGEMM_BOUNDS __launch_bounds__(kThreads)
+#endif
 template <bool VEC>
-__global__ void __launch_bounds__(kThreads)
+__global__ void CUDAL2_HGEMM_BOUNDS
     hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
-                 float* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
+                 void* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
                  int k_chunk, int c_vec2) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
@@ -274,6 +453,8 @@ __global__ void __launch_bounds__(kThreads)
   const int m0 = tm * BM;
   const int n0 = tn * BN;
   const int z = blockIdx.y;
+  const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
+  float* const part = cudal2_splitk::partials(ws);
   const int k_begin = z * k_chunk;
   const int k_end = min(K, k_begin + k_chunk);
   const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
@@ -361,10 +542,19 @@ __global__ void __launch_bounds__(kThreads)
 #else
         const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
 #endif
-        if (SPLITK > 1) {
-          float* w = ws + ((size_t)z * M + row) * (size_t)N + col;
-          if (col < N) w[0] = v0;
-          if (col + 1 < N) w[1] = v1;
+        if (splits > 1) {
+#if CUDAL2_STORE_CT   // partials indexed by C's own (row, col): the fixup writes C row-major
+          if (col < N) cudal2_splitk::store_partial(part, z, col, row, N, M, v0);
+          if (col + 1 < N) cudal2_splitk::store_partial(part, z, col + 1, row, N, M, v1);
+#else
+          if (col < N) cudal2_splitk::store_partial(part, z, row, col, M, N, v0);
+          if (col + 1 < N) cudal2_splitk::store_partial(part, z, row, col + 1, M, N, v1);
+#endif
+        } else if (CUDAL2_STORE_CT) {
+          // element (row, col) of this kernel's product is C[col][row]: lanes g = 0..7 of one t
+          // write 8 consecutive halfs of a row of C
+          if (col < N) C[(size_t)col * (size_t)ldc + row] = __float2half_rn(v0);
+          if (col + 1 < N) C[(size_t)(col + 1) * (size_t)ldc + row] = __float2half_rn(v1);
         } else {
           half* c = C + (size_t)row * (size_t)ldc + col;
           if (c_vec2 && col + 1 < N) {
@@ -381,36 +571,17 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-}
-
-// C = sum over splits of ws[z] (fp32), rounded once to fp16.
-__global__ void __launch_bounds__(256)
-    splitk_reduce_kernel(const float* __restrict__ ws, half* __restrict__ C, int M, int N, int ldc,
-                         int splits) {
-  const size_t total = (size_t)M * (size_t)N;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float s = 0.f;
-    for (int z = 0; z < splits; ++z) s += ws[(size_t)z * total + i];
-    const size_t m = i / (size_t)N, n = i % (size_t)N;
-    C[m * (size_t)ldc + n] = __float2half_rn(s);
+  if (splits > 1) {   // in-kernel split-K fixup: the last CTA of this tile writes C
+    unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
+    if (cudal2_splitk::arrive(sem, splits)) {
+#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
+      cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#else
+      cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+#endif
+      cudal2_splitk::release_tile(sem);
+    }
   }
-}
-
-// K == 0: the product of empty sums is C = 0.
-__global__ void __launch_bounds__(256) zero_kernel(half* __restrict__ C, int M, int N, int ldc) {
-  const size_t total = (size_t)M * (size_t)N;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (size_t)gridDim.x * blockDim.x) {
-    const size_t m = i / (size_t)N, n = i % (size_t)N;
-    C[m * (size_t)ldc + n] = __float2half_rn(0.f);
-  }
-}
-
-static cudaError_t launch_elementwise(const void* fn, void** args, size_t total, cudaStream_t s) {
-  size_t blocks = (total + 255) / 256;
-  if (blocks > 65535u * 8u) blocks = 65535u * 8u;   // grid-stride loop covers the rest
-  return cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(256), args, 0, s);
 }
 
 // Opt in to > 48 KiB of dynamic shared memory once per (device, kernel variant).
@@ -427,6 +598,15 @@ static cudaError_t ensure_smem_attribute() {
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
   if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
   return err;
+}
+
+// The one launch of a call: the 16-byte-load (VEC) or guarded instantiation of hgemm_kernel.
+template <bool VEC>
+static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s) {
+  cudaError_t err = ensure_smem_attribute<VEC>();
+  if (err != cudaSuccess) return err;
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<VEC>), grid, dim3(kThreads),
+                          args, kSmemBytes, s);
 }
 
 static const char* arch_name() {
@@ -447,28 +627,34 @@ static const char* arch_name() {
 #endif
 }
 
+#if !CUDAL2_RUNTIME_SPLITK   // the skinny family (skinny_hgemm.cuh) has its own entry points
 static const char* build_meta() {
   static char buf[1536];
   snprintf(buf, sizeof(buf),
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"acc\": \"%s\", "
            "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"warp_tile\": [%d, %d], \"warps\": %d, "
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
-           "\"workspace_bytes\": %llu, \"workspace_per_mn\": %d, \"splitk\": %d, "
-           "\"splitk_max_mn\": %d, "
+           "\"workspace_bytes\": %llu, \"workspace_per_mn\": %d, \"workspace_zero_init\": %s, "
+           "\"splitk\": %d, \"splitk_max_mn\": %d, \"splitk_fixup\": \"%s\", "
            "\"vector_loads_need\": {\"ptr_align_bytes\": 16, \"ld_multiple\": 8}, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
            "\"STAGES\": %d, \"SWIZZLE\": %d, \"SPLITK\": %d, \"SPLITK_MAX_MN\": %d, "
            "\"ACC\": \"%s\", \"LAYOUT\": \"%s\"}}",
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), ACC_F16 ? "f16" : "f32",
            LAYOUT_RC ? "RC" : "RR", BM, BN, BK, WM, WN, kWarpsM * kWarpsN, kThreads, STAGES,
-           (int)kSmemBytes, kWorkspaceBytes, SPLITK > 1 ? SPLITK * 4 : 0, SPLITK,
-           SPLITK > 1 ? SPLITK_MAX_MN : 0, BM, BN, BK, WM, WN, STAGES,
+           (int)kSmemBytes, workspace_declared(),
+           SPLITK > 1 ? cudal2_splitk::slabs(SPLITK) * 4 : 0, SPLITK > 1 ? "true" : "false",
+           SPLITK, SPLITK > 1 ? SPLITK_MAX_MN : 0,
+           SPLITK > 1 ? (SPLITK_DETERMINISTIC ? "deterministic" : "atomic") : "none",
+           BM, BN, BK, WM, WN, STAGES,
            SWIZZLE, SPLITK, SPLITK_MAX_MN, ACC_F16 ? "f16" : "f32", LAYOUT_RC ? "RC" : "RR");
   return buf;
 }
+#endif
 
 }  // namespace cudal2_hgemm_impl
 
+#if !CUDAL2_RUNTIME_SPLITK
 extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
                             int ldb, int ldc, void* workspace, size_t workspace_bytes,
                             void* stream) {
@@ -478,12 +664,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   if (M == 0 || N == 0) return cudaSuccess;
   if (C == nullptr || ldc < N) return cudaErrorInvalidValue;
   half* c = reinterpret_cast<half*>(C);
-  if (K == 0) {
-    void* args[] = {&c, &M, &N, &ldc};
-    return launch_elementwise(reinterpret_cast<const void*>(&zero_kernel), args,
-                              (size_t)M * (size_t)N, s);
-  }
-  if (A == nullptr || B == nullptr || lda < K || ldb < (LAYOUT_RC ? K : N))
+  // K == 0 (C = 0) runs the same kernel with one split and no k tiles: its epilogue stores zeros.
+  if (K > 0 && (A == nullptr || B == nullptr || lda < K || ldb < (LAYOUT_RC ? K : N)))
     return cudaErrorInvalidValue;
   // fp16 operands are at least 2-byte aligned (the guarded path loads 2 bytes at a time).
   if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B) |
@@ -492,16 +674,17 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
 
   const long long tiles = (long long)((M + BM - 1) / BM) * (long long)((N + BN - 1) / BN);
   if (tiles > 2147483647LL) return cudaErrorInvalidValue;
+  const int splits = K > 0 ? SPLITK : 1;
   // K range per split, rounded up to whole BK tiles so every split starts 16-byte aligned.
-  const int per_split = (K + SPLITK - 1) / SPLITK;
+  const int per_split = (K + splits - 1) / splits;
   int k_chunk = ((per_split + BK - 1) / BK) * BK;
-  float* ws = nullptr;
-  if (SPLITK > 1) {
-    const size_t need = (size_t)SPLITK * (size_t)M * (size_t)N * sizeof(float);
+  void* ws = nullptr;
+  if (splits > 1) {
+    const size_t need = cudal2_splitk::workspace_bytes(splits, M, N, tiles);
     if ((size_t)M * (size_t)N > (size_t)SPLITK_MAX_MN || workspace == nullptr || workspace_bytes < need ||
         (reinterpret_cast<uintptr_t>(workspace) % 16) != 0)
       return cudaErrorInvalidValue;
-    ws = reinterpret_cast<float*>(workspace);
+    ws = workspace;
   }
 
   const bool vec = (reinterpret_cast<uintptr_t>(A) % 16 == 0) &&
@@ -510,28 +693,12 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   const half* a = reinterpret_cast<const half*>(A);
   const half* b = reinterpret_cast<const half*>(B);
   void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2};
-  const dim3 grid((unsigned)tiles, SPLITK);
-  cudaError_t err;
-  if (vec) {
-    err = ensure_smem_attribute<true>();
-    if (err != cudaSuccess) return err;
-    err = cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<true>), grid,
-                           dim3(kThreads), args, kSmemBytes, s);
-  } else {
-    err = ensure_smem_attribute<false>();
-    if (err != cudaSuccess) return err;
-    err = cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<false>), grid,
-                           dim3(kThreads), args, kSmemBytes, s);
-  }
-  if (err != cudaSuccess || SPLITK == 1) return err;
-  int splits = SPLITK;
-  const float* wsc = ws;
-  void* rargs[] = {&wsc, &c, &M, &N, &ldc, &splits};
-  return launch_elementwise(reinterpret_cast<const void*>(&splitk_reduce_kernel), rargs,
-                            (size_t)M * (size_t)N, s);
+  const dim3 grid((unsigned)tiles, (unsigned)splits);
+  return vec ? launch_gemm<true>(grid, args, s) : launch_gemm<false>(grid, args, s);
 }
 
 extern "C" const char* cudal2_meta(void) {
   static const char* meta = cudal2_hgemm_impl::build_meta();   // thread-safe one-time init
   return meta;
 }
+#endif
