@@ -113,9 +113,10 @@ def _sass_cases() -> list:
 
 @pytest.fixture(scope="module")
 def prebuilt():
-    """Every case built two at a time (one nvcc per core); the tests read the build cache."""
+    """Every case built CUDAL2_BUILD_JOBS at a time (default: one nvcc per core); the tests
+    read the build cache."""
     from cudal2.core.build import build_many
-    build_many([FAMILIES[p.values[0].family].build_spec(p.values[0], p.values[1]) for p in CASES], jobs=2)
+    build_many([FAMILIES[p.values[0].family].build_spec(p.values[0], p.values[1]) for p in CASES])
 
 
 def _build(cfg, arch):

@@ -697,10 +697,11 @@ def _cutlass_space_cases():
 
 @pytest.fixture(scope="module")
 def cutlass_space_prebuilt():
-    """The 56 space builds two at a time (~3.5 GB each): one at a time they took ~40 of a clean
-    CI run's minutes on 2 cores. The test below then reads each from the build cache."""
+    """The 56 space builds in parallel, CUDAL2_BUILD_JOBS at a time (default: one per core; each
+    takes ~3.5 GB, so set it lower where memory is short): one at a time they took ~40 of a
+    clean CI run's minutes on 2 cores. The test below then reads each from the build cache."""
     from cudal2.core.build import build_many
-    build_many([FAMILIES[c.family].build_spec(c, "sm_90a") for c in _cutlass_space_cases()], jobs=2)
+    build_many([FAMILIES[c.family].build_spec(c, "sm_90a") for c in _cutlass_space_cases()])
 
 
 @pytest.mark.compile
