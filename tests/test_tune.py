@@ -240,7 +240,7 @@ class _CheapModel:
         return [(self.predict_us(meta, resources, shape), dict(first))]
 
 
-@pytest.mark.parametrize("layout", ["RR"])   # RC plans by the same rule: add it to check by hand
+@pytest.mark.parametrize("layout", ["RR", "RC"])
 def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
     """The campaign's rule (prepare: per_family=2, limit_per_shape=8), planned without building
     over shapes/stratified_100.csv: every family that serves a shape has builds for it, each
