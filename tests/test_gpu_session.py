@@ -175,3 +175,27 @@ def test_the_default_policys_gguf_travels_in_parts_and_is_joined_on_the_machine(
         link = tmp_path / cache / "rl" / converted.name
         assert link.is_symlink() and (link / "source.json").is_file()
     assert (keep / "hf" / converted.name / "source.json").is_file()
+
+
+def test_the_carried_build_cache_travels_gzipped_and_is_restored_on_the_machine(tmp_path):
+    """prepare.sh gzips the carried cache's build entries (what fits 64 MiB depends on it) and
+    run.sh restores them byte for byte before any stage; a second prepare.sh first restores them
+    (its prefill reads the cache) and gzips them again."""
+    entry = tmp_path / ".gpu_cache" / "builds" / "ab" / ("ab" + "0" * 62)
+    entry.mkdir(parents=True)
+    files = {"kernel.ptx": b".version 8.0\n" * 5000, "build.json": b'{"status": "ok"}',
+             "kernel.so": os.urandom(4096)}
+    for name, data in files.items():
+        (entry / name).write_bytes(data)
+    args = [KIT / "prepare.sh", "--root", tmp_path, "--no-prefill", "--no-policy", "--no-campaign",
+            "--no-experiment", "--no-wheels"]
+    for _ in range(2):
+        r = _sh(args)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert sorted(p.name for p in entry.iterdir()) == sorted(f"{n}.carry.gz" for n in files)
+    assert (entry / "kernel.ptx.carry.gz").stat().st_size < len(files["kernel.ptx"]) // 10
+    r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
+            env={"OUT": str(tmp_path / "out"), "GPU_SESSION_CACHE": str(tmp_path / ".gpu_cache"),
+                 "GPU_SESSION_KEEP": str(tmp_path / "keep")})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in entry.iterdir()} == files

@@ -61,6 +61,8 @@ for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_experiment/ /.whl/ /.gpu_smollm2/; d
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
+# an earlier prepare left the build entries gzipped for the journey (below): usable again first
+[ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 echo "== prepare: root $ROOT, arch $ARCH, shapes $SHAPES, nvcc $(nvcc --version 2>/dev/null | grep -o 'V[0-9.]*' || echo '?')"
 
 if [ $PREFILL = 1 ]; then
@@ -105,6 +107,9 @@ if [ -d "$CUDAL2_CACHE" ]; then
   find "$CUDAL2_CACHE" -name '*.lock' -delete
   find "$CUDAL2_CACHE" -depth -type d \( -name '*.tmp*' -o -name '*.seed' \) -exec rm -rf {} +
   rm -rf "$CUDAL2_CACHE/toolchain"
+  # Build entries travel gzipped (PTX, sources and build logs shrink ~10x, the .so ~3x: 22 of
+  # the 24 MiB of the tests' 102 builds of 2026-11-25); run.sh restores them before any stage.
+  [ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f ! -name '*.carry.gz' -exec gzip -f -9 -S .carry.gz {} +
 fi
 
 # Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.

@@ -67,6 +67,8 @@ mkdir -p "$WORK/pkgs" && ln -sfn "$REPO/rl" "$WORK/pkgs/cudal2_rl"
 export PYTHONPATH=$PYTHONPATH:$WORK/pkgs
 CARRIED_CACHE=${GPU_SESSION_CACHE:-$REPO/.gpu_cache}
 [ -d "$CARRIED_CACHE" ] && export CUDAL2_CACHE=$CARRIED_CACHE
+# prepare.sh gzips the carried build entries to fit the carry limit: restore them first
+[ -d "$CARRIED_CACHE/builds" ] && find "$CARRIED_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 
 # The default policy's GGUF travels in parts over several calls (prepare.sh --smollm2): keep each
 # carried part outside the repo (the next call's carry replaces the repo's ignored folders) and
