@@ -6,14 +6,25 @@ import re
 import pytest
 
 from cudal2.core.abi import meta_problems
-from cudal2_rl.corpus import SMALL_TEMPLATES, TEMPLATES, pairs, render, sample_variants, variants
+from cudal2_rl.corpus import (PRINTED_META, SMALL_TEMPLATES, TEMPLATES, pairs, render,
+                               sample_variants, variants)
 from cudal2_rl.extract import extract
 from cudal2_rl.prompts import brief_prompt, make_prompt
 
 _META_RE = re.compile(r'cudal2_meta\(void\) \{\n  return "(.*)";\n\}', re.S)
+_PRINTED_RE = re.compile(r'snprintf\(meta, sizeof meta, "(.*)", BM, BN, WARPS_M \* WARPS_N \* 32, GROUP_M\);')
 
 
-def _meta_in_source(src: str) -> dict:
+def _meta_in_source(src: str, v) -> dict:
+    """The meta the file returns: its literal, or (PRINTED_META) its format printed with the
+    values its constants give (the compile tests check the built .so says the same)."""
+    if v.template in PRINTED_META:
+        m = _PRINTED_RE.search(src)
+        assert m and not _META_RE.search(src), "no printed meta in the rendered file"
+        p = v.p
+        BM, BN = p["WM"] * p["WARPS_M"], p["WN"] * p["WARPS_N"]
+        text = m.group(1).replace('\\"', '"') % (BM, BN, p["WARPS_M"] * p["WARPS_N"] * 32, p["GROUP_M"])
+        return json.loads(text)
     m = _META_RE.search(src)
     assert m, "no meta literal in the rendered file"
     return json.loads(m.group(1).replace('\\"', '"'))
@@ -29,7 +40,7 @@ def test_every_variant_renders_a_complete_abi_file(template):
         ex = extract(src)
         assert ex.ok and ex.detail == "raw kernel", (v.label(), ex)
         assert '#include "' not in src          # no template header: the file is the whole kernel
-        meta = _meta_in_source(src)
+        meta = _meta_in_source(src, v)
         assert meta == v.meta() and meta_problems(meta, "sm_90a") == []
 
 
@@ -161,3 +172,19 @@ def test_a_wgmma_completion_goes_through_the_reward_path(tmp_path):
     ex.close()
     a = rf.attempts[-1][0]
     assert a.verdict == "not_measured" and rs == [R.FLAT_ESTIMATE], (a.verdict, a.detail)
+
+
+@pytest.mark.compile
+def test_a_printed_meta_stays_true_when_the_constants_change():
+    """What the policy does most: another variant's constants in a file. With a literal meta
+    the audit rejects the lie (threads vs launch bounds, tile vs the kernel's own guard); the
+    printed meta describes the new constants and passes."""
+    from cudal2.harness.audit import audit_source
+    a, b = (next(v for v in variants("wmma") if v.p["WARPS_M"] * v.p["WARPS_N"] == n and v.acc == "f32")
+            for n in (2, 8))
+    line = "constexpr int WM = {WM}, WN = {WN}, WARPS_M = {WARPS_M}, WARPS_N = {WARPS_N}, GROUP_M = {GROUP_M};"
+    src = render(a).replace(line.format(**a.p), line.format(**b.p))
+    assert src != render(a)
+    res = audit_source(src, "sm_90a", name="wmma with b's constants")
+    assert res.ok, res.line()
+    assert res.meta == b.meta()

@@ -1,6 +1,7 @@
 // HGEMM, inline PTX mma.sync m16n8k16 (f32 accumulate), fragments loaded straight from global memory.
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <stdio.h>
 
 constexpr int WM = ${WM}, WN = ${WN}, WARPS_M = ${WARPS_M}, WARPS_N = ${WARPS_N}, GROUP_M = ${GROUP_M};
 constexpr bool RC = ${RC};  // B column-major (stored N x K)
@@ -46,6 +47,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   return cudaGetLastError();
 }
 
-extern "C" const char* cudal2_meta(void) {
-  return "${META}";
+extern "C" const char* cudal2_meta(void) {  // printed from the constants: true whatever they are
+  static char meta[512];
+  snprintf(meta, sizeof meta, "${META}", BM, BN, WARPS_M * WARPS_N * 32, GROUP_M);
+  return meta;
 }

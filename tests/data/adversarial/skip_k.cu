@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <stdint.h>
+#include <stdio.h>
 using namespace nvcuda::wmma;
 
 constexpr int WM = 32, WN = 32, WARPS_M = 2, WARPS_N = 2, GROUP_M = 8;
@@ -45,6 +46,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   return cudaGetLastError();
 }
 
-extern "C" const char* cudal2_meta(void) {
-  return "{\"style\": \"mma\", \"family\": \"wmma\", \"arch\": \"sm_90a\", \"acc\": \"f32\", \"layout\": \"RR\", \"tile\": [64, 64, 16], \"any_shape\": false, \"workspace_bytes\": 0, \"threads\": 128, \"group_m\": 8}";
+extern "C" const char* cudal2_meta(void) {  // printed from the constants: true whatever they are
+  static char meta[512];
+  snprintf(meta, sizeof meta, "{\"style\": \"mma\", \"family\": \"wmma\", \"arch\": \"sm_90a\", \"acc\": \"f32\", \"layout\": \"RR\", \"tile\": [%d, %d, 16], \"any_shape\": false, \"workspace_bytes\": 0, \"threads\": %d, \"group_m\": %d}", BM, BN, WARPS_M * WARPS_N * 32, GROUP_M);
+  return meta;
 }
