@@ -75,7 +75,7 @@ from cudal2.timing.stats import bootstrap_geomean_ci
 from cudal2_rl import extract as _extract
 from cudal2_rl.estimate import facts_for_build
 from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, default_sampling, default_style,
-                             is_builtin, load_policy, sample, sampling_device)
+                             is_builtin, load_policy, sample, sampling_device, warm_start_shapes)
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import add_estimate, launch_bound
 
@@ -158,31 +158,6 @@ def check_disjoint(heldout, training, what: str = "training") -> None:
         raise ValueError(f"held-out set overlaps the {what} shapes on {len(both)} shape(s): "
                          + ", ".join(f"{m}x{n}x{k}" for m, n, k in both[:8])
                          + (" ..." if len(both) > 8 else ""))
-
-
-def warm_start_shapes(name: str, *, small_builtin: bool = False) -> tuple[set, str]:
-    """(shapes, where from) a policy's warm start paired with prompts: the built-in policy's
-    SFT covers the whole grid (policy.grid_shapes); the smollm2 adapter's corpus warm start is a
-    seeded draw from the grid, named by its recipe.json (its `shapes` list where recorded, else
-    re-drawn from its `args` as warmstart.corpus_pairs draws it); a local model folder with a
-    recipe.json the same; any other policy: none known (said)."""
-    from cudal2_rl.policy import ADAPTER_DIR
-    folder = ADAPTER_DIR if name in ("smollm2", "") else Path(name).expanduser()
-    recipe = folder / "recipe.json"
-    rec = json.loads(recipe.read_text()) if name != "builtin" and recipe.is_file() else {}
-    if rec.get("shapes") is not None:
-        return {tuple(int(x) for x in s) for s in rec["shapes"]}, f"{recipe} (its shapes)"
-    if is_builtin(name) and "args" not in rec:        # a warmstart recipe has args, the built-in's not
-        return set(_grid()), "the built-in policy's SFT (the whole grid)"
-    if not rec:
-        return set(), f"no recipe.json in {folder}: no warm-start shapes known"
-    args = rec.get("args") or {}
-    if args.get("db"):
-        raise ValueError(f"{recipe}: warm-started on the measured winners of {args['db']} and records "
-                         "no shapes; the held-out set cannot be checked against them")
-    rng = random.Random(int(args.get("seed", 0)))
-    return set(rng.sample(_grid(), int(args.get("shapes", 160)))), \
-        f"{recipe} (re-drawn: {args.get('shapes', 160)} grid shapes, seed {args.get('seed', 0)})"
 
 
 def policy_families(name: str, arch: str, *, small_builtin: bool = False) -> list[str]:

@@ -151,6 +151,30 @@ def grid_shapes() -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in vals for n in vals for k in vals]
 
 
+def warm_start_shapes(name: str, *, small_builtin: bool = False) -> tuple[set, str]:
+    """(shapes, where from) a policy's warm start paired with prompts: the built-in policy's
+    SFT covers the whole grid (policy.grid_shapes); the smollm2 adapter's corpus warm start is a
+    seeded draw from the grid, named by its recipe.json (its `shapes` list where recorded, else
+    re-drawn from its `args` as warmstart.corpus_pairs draws it); a local model folder with a
+    recipe.json the same; any other policy: none known (said)."""
+    folder = ADAPTER_DIR if name in ("smollm2", "") else Path(name).expanduser()
+    recipe = folder / "recipe.json"
+    rec = json.loads(recipe.read_text()) if name != "builtin" and recipe.is_file() else {}
+    if rec.get("shapes") is not None:
+        return {tuple(int(x) for x in s) for s in rec["shapes"]}, f"{recipe} (its shapes)"
+    if is_builtin(name) and "args" not in rec:        # a warmstart recipe has args, the built-in's not
+        return set(grid_shapes()), "the built-in policy's SFT (the whole grid)"
+    if not rec:
+        return set(), f"no recipe.json in {folder}: no warm-start shapes known"
+    args = rec.get("args") or {}
+    if args.get("db"):
+        raise ValueError(f"{recipe}: warm-started on the measured winners of {args['db']} and records "
+                         "no shapes; the held-out set cannot be checked against them")
+    rng = random.Random(int(args.get("seed", 0)))
+    return set(rng.sample(grid_shapes(), int(args.get("shapes", 160)))), \
+        f"{recipe} (re-drawn: {args.get('shapes', 160)} grid shapes, seed {args.get('seed', 0)})"
+
+
 def _sample_configs(family, rng: random.Random, n: int, arch: str | None = None, pinned=()):
     """Up to n distinct valid configs drawn from the family's space (default first), with the
     `pinned` parameters the family has set to their pinned values."""
@@ -447,15 +471,28 @@ def sample(model, tok, prompts: list[str], *, n: int = 1, max_new_tokens: int = 
     return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+def check_shapes(warm: set, samples: int, seed: int, *, log=print) -> list[tuple[int, int, int]]:
+    """`samples` grid shapes drawn with `seed`, held out from `warm` (a policy's warm-start shapes)
+    where the grid has enough others; else from the whole grid, said in the log."""
+    pool = [s for s in grid_shapes() if s not in warm]
+    if len(pool) < samples:
+        log(f"  the warm start leaves {len(pool)} grid shapes: drawing from the whole grid")
+        pool = grid_shapes()
+    return random.Random(seed).sample(pool, samples)
+
+
 def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None, arch: str = "sm_90a",
                 seed: int = 0, recipe: BuiltinRecipe | None = None, temperature: float | None = None,
                 min_p: float | None = None, max_new_tokens: int | None = None, batch: int = 16,
                 out: Path | None = None, audit: bool = True, log=print) -> dict:
     """Sample one completion per grid shape, extract the kernel file, build it with nvcc and run
-    the static audit. Counts: extracted (one ABI file), raw (defines cudal2_hgemm and
-    cudal2_meta itself, no template include), built, audited (built and passed the audit), and
-    `raw_built_audited`, the issue's figure: raw files that build and pass the audit. With `out`,
-    every completion and its verdicts are written there."""
+    the static audit. The shapes are held out where the grid allows: drawn from the grid less the
+    policy's warm-start shapes (warm_start_shapes; the built-in policy's SFT covers the whole grid,
+    so its check draws from all of it), and the report counts those in the warm start. Counts:
+    extracted (one ABI file), raw (defines cudal2_hgemm and cudal2_meta itself, no template
+    include), built, audited (built and passed the audit), and `raw_built_audited`, the issue's
+    figure: raw files that build and pass the audit. With `out`, every completion and its
+    verdicts are written there."""
     from cudal2.core import knobs
     from cudal2.core.build import BuildSpec, build_many
     from cudal2.harness.audit import audit_build
@@ -466,8 +503,9 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     temperature, min_p = default_sampling(policy, temperature, min_p)
     model, tok = load_policy(policy, recipe=recipe, log=log)
     model.to(sampling_device()).eval()
-    rng = random.Random(seed)
-    shapes = list(shapes) if shapes else rng.sample(grid_shapes(), samples)
+    warm, warm_from = warm_start_shapes(str(knobs.adapter_dir() or ADAPTER_DIR)
+                                        if policy == DEFAULT_POLICY else policy)
+    shapes = list(shapes) if shapes else check_shapes(warm, samples, seed, log=log)
     shapes = [tuple(shapes[i % len(shapes)]) for i in range(samples)]
     style = default_style(policy)
     prompts = [make_prompt(style, s, arch, "f32") for s in shapes]
@@ -503,6 +541,7 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
               "built": built, "fraction_built": built / samples, "audited": audited,
               "raw_built_audited": raw_ok,
               "unique_sources": len({exts[i].source for i in ok_idx}), "verdicts": verdicts,
+              "in_warm_start": sum(tuple(s) in warm for s in shapes), "warm_start": warm_from,
               "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1),
               "device": str(model.device),
               "adapter": str(knobs.adapter_dir() or ADAPTER_DIR) if policy == DEFAULT_POLICY else ""}
@@ -514,7 +553,8 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
         (out / "check.json").write_text(json.dumps({**report, "rows": rows}, indent=1) + "\n")
     log(f"policy {policy}: {raw_ok}/{samples} completions define the ABI entry points themselves and "
         f"build and pass the audit; {built}/{samples} build ({100 * built / samples:.0f}%), "
-        f"{audited} pass the audit, {report['unique_sources']} distinct; extraction {verdicts}")
+        f"{audited} pass the audit, {report['unique_sources']} distinct; extraction {verdicts}; "
+        f"{report['in_warm_start']}/{samples} shapes in its warm start")
     return report
 
 
@@ -524,7 +564,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="build (or find) the built-in policy and print its path")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.add_argument("--small", action="store_true", help="the small test recipe")
-    c = sub.add_parser("check", help="sample kernels from a policy for grid shapes, build and audit them")
+    c = sub.add_parser("check", help="sample kernels from a policy for grid shapes outside its warm start, build and audit them")
     c.add_argument("--policy", default=DEFAULT_POLICY)
     c.add_argument("--samples", type=int, default=16)
     c.add_argument("--arch", default="sm_90a")

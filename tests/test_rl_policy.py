@@ -108,3 +108,18 @@ def test_cudal2_adapter_names_the_adapter_the_default_policy_merges(tmp_path, mo
     from cudal2_rl.policy import load_policy
     with pytest.raises(ValueError, match=r"no LoRA adapter in .*nothing.*CUDAL2_ADAPTER"):
         load_policy("smollm2", log=lambda *a: None)
+
+
+def test_the_policy_check_draws_shapes_outside_the_warm_start():
+    """`policy check` samples held-out grid shapes: none of the shipped adapter's warm-start
+    shapes; a warm start that covers the grid (the built-in policy's SFT) falls back to the whole
+    grid, said in the log, with the draw it always made."""
+    import random
+    from cudal2_rl.policy import check_shapes, grid_shapes, warm_start_shapes
+    ws, where = warm_start_shapes("smollm2")
+    assert len(ws) == 160 and "recipe.json" in where
+    shapes = check_shapes(ws, 16, 0)
+    assert len(set(shapes)) == 16 and not set(shapes) & ws and set(shapes) <= set(grid_shapes())
+    lines = []
+    assert check_shapes(set(grid_shapes()), 16, 0, log=lines.append) == random.Random(0).sample(grid_shapes(), 16)
+    assert "whole grid" in lines[0]

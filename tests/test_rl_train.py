@@ -27,6 +27,7 @@ def test_builtin_policy_has_chat_template_and_builds_kernels(small_policy):
     # both recipes with pinned warp tiles and min_p sampling), and they differ (GRPO needs variety)
     assert rep["fraction_built"] >= 0.75, rep
     assert rep["unique_sources"] >= 4, rep
+    assert rep["in_warm_start"] == 8      # its SFT covers the whole grid: nothing is held out
 
 
 def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
