@@ -481,6 +481,66 @@ def check_shapes(warm: set, samples: int, seed: int, *, log=print) -> list[tuple
     return random.Random(seed).sample(pool, samples)
 
 
+def check_completions(texts: list[str], shapes, arch: str, *, audit: bool = True) -> tuple[list, dict]:
+    """Extract, build and audit completions (one per shape): per-completion rows and the counts
+    `policy check` reports (extracted, raw, built, audited, raw_built_audited, distinct sources,
+    extraction verdicts)."""
+    from cudal2.core.build import BuildSpec, build_many
+    from cudal2.harness.audit import audit_build
+    from .extract import extract
+    exts = [extract(t) for t in texts]
+    ok_idx = [i for i, e in enumerate(exts) if e.ok]
+    raw = {i for i in ok_idx if exts[i].detail == "raw kernel"}
+    results = build_many([BuildSpec(source=exts[i].source, arch=arch, name="policy-check")
+                          for i in ok_idx]) if ok_idx else []
+    rows = [{"shape": list(s), "verdict": e.verdict, "detail": e.detail} for s, e in zip(shapes, exts)]
+    built = audited = raw_ok = 0
+    for i, br in zip(ok_idx, results):
+        rows[i]["built"] = bool(br.ok)
+        built += br.ok
+        if br.ok and audit:
+            res = audit_build(exts[i].source, br, arch, name=f"sample {i}")
+            rows[i]["audit"] = res.verdict
+            rows[i]["audit_reasons"] = res.reasons
+            audited += res.ok
+            raw_ok += res.ok and i in raw
+    verdicts = {}
+    for e in exts:
+        verdicts[e.verdict] = verdicts.get(e.verdict, 0) + 1
+    return rows, {"extracted": len(ok_idx), "raw": len(raw), "built": built,
+                  "fraction_built": built / max(1, len(texts)), "audited": audited,
+                  "raw_built_audited": raw_ok, "unique_sources": len({exts[i].source for i in ok_idx}),
+                  "verdicts": verdicts}
+
+
+def _check_line(c: dict, n: int) -> str:
+    return (f"{c['raw_built_audited']}/{n} completions define the ABI entry points themselves and "
+            f"build and pass the audit; {c['built']}/{n} build ({100 * c['built'] / max(1, n):.0f}%), "
+            f"{c['audited']} pass the audit, {c['unique_sources']} distinct; extraction {c['verdicts']}")
+
+
+def recheck(folder: Path, arch: str = "sm_90a", *, log=print) -> dict:
+    """A saved check (`policy check --out`: NN_MxNxK.txt completions + check.json) through
+    today's extract, build and audit, beside what it recorded: its rows get `then` (the saved
+    audit verdict, build_error or extraction verdict) and its report is written nowhere."""
+    folder = Path(folder)
+    files = sorted(folder.glob("[0-9][0-9]_*x*x*.txt"))
+    if not files:
+        raise ValueError(f"{folder}: no saved completions (NN_MxNxK.txt from policy check --out)")
+    saved = {i: r for i, r in enumerate(json.loads((folder / "check.json").read_text())["rows"])} \
+        if (folder / "check.json").is_file() else {}
+    shapes = [tuple(int(x) for x in f.stem.split("_", 1)[1].split("x")) for f in files]
+    rows, counts = check_completions([f.read_text() for f in files], shapes, arch)
+    for i, row in enumerate(rows):
+        old = saved.get(i, {})
+        row["file"] = files[i].name
+        row["then"] = old.get("audit") or ("build_error" if old.get("built") is False else old.get("verdict"))
+        log(f"  {files[i].name}: then {row['then']}; now {row.get('audit') or ('build_error' if row.get('built') is False else row['verdict'])}"
+            + (" " + "; ".join(row["audit_reasons"]) if row.get("audit_reasons") else ""))
+    log(f"recheck {folder}: {_check_line(counts, len(files))}")
+    return {"folder": str(folder), **counts, "rows": rows}
+
+
 def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None, arch: str = "sm_90a",
                 seed: int = 0, recipe: BuiltinRecipe | None = None, temperature: float | None = None,
                 min_p: float | None = None, max_new_tokens: int | None = None, batch: int = 16,
@@ -494,9 +554,6 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
     figure: raw files that build and pass the audit. With `out`, every completion and its
     verdicts are written there."""
     from cudal2.core import knobs
-    from cudal2.core.build import BuildSpec, build_many
-    from cudal2.harness.audit import audit_build
-    from .extract import extract
     from .prompts import make_prompt
     import torch
     t0 = time.time()
@@ -517,30 +574,9 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
         log(f"  sampled {len(texts)}/{len(prompts)} ({time.time() - t0:.0f}s on {model.device}, "
             f"torch threads {torch.get_num_threads()})")
     t_gen = time.time() - t0
-    exts = [extract(t) for t in texts]
-    ok_idx = [i for i, e in enumerate(exts) if e.ok]
-    raw = {i for i in ok_idx if exts[i].detail == "raw kernel"}
-    results = build_many([BuildSpec(source=exts[i].source, arch=arch, name="policy-check")
-                          for i in ok_idx]) if ok_idx else []
-    rows = [{"shape": list(s), "verdict": e.verdict, "detail": e.detail} for s, e in zip(shapes, exts)]
-    built = audited = raw_ok = 0
-    for i, br in zip(ok_idx, results):
-        rows[i]["built"] = bool(br.ok)
-        built += br.ok
-        if br.ok and audit:
-            res = audit_build(exts[i].source, br, arch, name=f"sample {i}")
-            rows[i]["audit"] = res.verdict
-            rows[i]["audit_reasons"] = res.reasons
-            audited += res.ok
-            raw_ok += res.ok and i in raw
-    verdicts = {}
-    for e in exts:
-        verdicts[e.verdict] = verdicts.get(e.verdict, 0) + 1
+    rows, counts = check_completions(texts, shapes, arch, audit=audit)
     report = {"policy": policy, "samples": samples, "style": style, "temperature": temperature,
-              "min_p": min_p, "max_new_tokens": max_new, "extracted": len(ok_idx), "raw": len(raw),
-              "built": built, "fraction_built": built / samples, "audited": audited,
-              "raw_built_audited": raw_ok,
-              "unique_sources": len({exts[i].source for i in ok_idx}), "verdicts": verdicts,
+              "min_p": min_p, "max_new_tokens": max_new, **counts,
               "in_warm_start": sum(tuple(s) in warm for s in shapes), "warm_start": warm_from,
               "seconds_generation": round(t_gen, 1), "seconds": round(time.time() - t0, 1),
               "device": str(model.device),
@@ -551,9 +587,7 @@ def build_check(policy: str = DEFAULT_POLICY, *, samples: int = 16, shapes=None,
         for i, (s, t) in enumerate(zip(shapes, texts)):
             (out / f"{i:02d}_{s[0]}x{s[1]}x{s[2]}.txt").write_text(t)
         (out / "check.json").write_text(json.dumps({**report, "rows": rows}, indent=1) + "\n")
-    log(f"policy {policy}: {raw_ok}/{samples} completions define the ABI entry points themselves and "
-        f"build and pass the audit; {built}/{samples} build ({100 * built / samples:.0f}%), "
-        f"{audited} pass the audit, {report['unique_sources']} distinct; extraction {verdicts}; "
+    log(f"policy {policy}: {_check_line(counts, samples)}; "
         f"{report['in_warm_start']}/{samples} shapes in its warm start")
     return report
 
@@ -577,6 +611,8 @@ def main(argv=None) -> int:
     c.add_argument("--threads", type=int, default=2, help="torch threads")
     c.add_argument("--out", default="", help="write every completion and check.json here")
     c.add_argument("--small", action="store_true", help="the small test recipe (builtin)")
+    c.add_argument("--recheck", default="", metavar="DIR", help="no sampling: a saved check's "
+                   "completions (--out DIR) through today's extract, build and audit")
     args = ap.parse_args(argv)
     recipe = SMALL_RECIPE if args.small else BuiltinRecipe()
     if args.cmd == "build":
@@ -586,6 +622,10 @@ def main(argv=None) -> int:
     try:
         import torch
         torch.set_num_threads(args.threads)
+        if args.recheck:
+            rep = recheck(Path(args.recheck), args.arch)
+            print(json.dumps({k: v for k, v in rep.items() if k != "rows"}))
+            return 0
         rep = build_check(args.policy, samples=args.samples, arch=args.arch, seed=args.seed, recipe=recipe,
                           temperature=args.temperature, min_p=args.min_p,
                           max_new_tokens=args.max_new_tokens or None, batch=args.batch,

@@ -123,3 +123,25 @@ def test_the_policy_check_draws_shapes_outside_the_warm_start():
     lines = []
     assert check_shapes(set(grid_shapes()), 16, 0, log=lines.append) == random.Random(0).sample(grid_shapes(), 16)
     assert "whole grid" in lines[0]
+
+
+@pytest.mark.compile
+def test_recheck_runs_a_saved_check_through_todays_audit(tmp_path):
+    """`policy check --recheck DIR`: saved completions (an honest corpus kernel and the same
+    kernel with a flattering meta) built and audited again, beside the verdicts they were saved with."""
+    import json
+    from pathlib import Path
+    from cudal2_rl.policy import main, recheck
+    data = Path(__file__).parent / "data" / "adversarial"
+    for i, name in enumerate(("honest", "flattering_meta")):
+        (tmp_path / f"{i:02d}_4096x4096x4096.txt").write_text(f"```cuda\n{(data / f'{name}.cu').read_text()}```")
+    (tmp_path / "check.json").write_text(json.dumps({"rows": [{"verdict": "ok", "built": True, "audit": "ok"}] * 2}))
+    lines = []
+    rep = recheck(tmp_path, log=lines.append)
+    assert rep["built"] == 2 and rep["audited"] == 1 and rep["raw_built_audited"] == 1
+    assert [r["then"] for r in rep["rows"]] == ["ok", "ok"]
+    assert rep["rows"][0]["audit"] == "ok" and rep["rows"][1]["audit"] == "rejected"
+    assert "then ok; now rejected" in lines[1] and "threads 256" in lines[1]
+    with pytest.raises(ValueError, match="no saved completions"):
+        recheck(tmp_path / "nothing")
+    assert main(["check", "--recheck", str(tmp_path)]) == 0
