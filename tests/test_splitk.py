@@ -217,3 +217,22 @@ def test_split_k_on_a_gpu_is_bit_identical_and_leaves_the_workspace_zero(cfg):
         ref = a.double() @ (b.double().t() if rc else b.double())
         tol = 2e-2 * ref.abs().max().item() if lib.meta["acc"] == "f16" else 2e-3 * ref.abs().max().item()
         assert (outs[0].double() - ref).abs().max().item() <= tol + 1e-3, (M, N, K)
+
+
+@pytest.mark.gpu
+def test_split_k_inside_cuda_graphs_replayed_in_reverse_order_is_exact():
+    """Issue 32's graph hazard, on the device: a split-K kernel served through the runtime's
+    Workspaces in two graphs captured on torch.cuda.graph's shared capture stream, replayed in
+    the reverse order of capture, gives the eager bits and leaves its workspace zero. Runs in its
+    own process: a stale semaphore traps and loses the CUDA context."""
+    import json
+    import os
+    import sys
+    repo = str(Path(__file__).resolve().parents[1])     # cudal2 importable, installed or not
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, str(DATA / "splitk_graph_replay.py")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, f"the probe died (rc {r.returncode}): {r.stderr.strip()[-800:]}"
+    verdict = json.loads(r.stdout.strip().splitlines()[-1])
+    assert verdict["reverse"] == [True, True] and verdict["forward"] == [True, True], verdict
+    assert all(verdict["workspaces_zero"]), verdict
