@@ -674,7 +674,8 @@ def test_kernels_match_torch(cfg):
                               lib.options()) == INVALID_VALUE, (M, N, K)
     if fam.name in ("cutlass_sm90", "wgmma"):      # TMA: aligned operands, ld % 8 == 0
         _run(lib, meta, 200, 136, 72, ldc=144)                    # padded C (ldc % 8 == 0)
-    elif not fam.name.startswith("skinny"):   # 16-byte loads only (tests/test_skinny.py)
+    elif not fam.name.startswith(("skinny", "lowlat")):   # 16-byte loads only: their own files
+        # (tests/test_skinny.py, tests/test_lowlat.py) check that they refuse these
         _run(lib, meta, 100, 70, 90, ldc=73)                      # odd ldc: scalar stores
         _run(lib, meta, 65, 72, 136, lda=137, offset_a=1)         # misaligned A: guarded loads
         _run(lib, meta, 33, 40, 24, ldb=(29 if meta["layout"] == "RC" else 43))   # odd ldb
