@@ -227,3 +227,53 @@ def test_compile_that_exhausts_memory_is_one_verdict(tmp_cache, monkeypatch):
     monkeypatch.setattr(build_mod, "NVCC_MEMORY_LIMIT", 1 << 30)  # 1 GiB instead of 12 for speed
     res = build(BuildSpec(BOMB, arch="sm_80"), timeout=300)
     assert res.status == "compile_error" and "out of memory" in res.log
+
+
+_FAILING_LAUNCH = r"""
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+__global__ void one(half* c) { c[threadIdx.x] = __float2half(1.f); }
+extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
+                            int ldb, int ldc, void* workspace, size_t workspace_bytes, void* stream) {
+  void* args[] = {&C};   // returns the launch's error as it is, leaving it pending (many launchers do)
+  return (int)cudaLaunchKernel((const void*)&one, dim3(1), dim3(32), args, 0, (cudaStream_t)stream);
+}
+""" + TINY[TINY.index('extern "C" const char* cudal2_meta'):]
+
+_PENDING_RUN = r"""
+import ctypes, json, sys
+fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
+from cudal2.core import abi
+lib = abi.load_library(sys.argv[2])
+fake.fake_fail_launches(209)
+vp, P = ctypes.c_void_p, 1 << 20
+out = {"launch": lib.launch(P, P, P, 8, 8, 8, 8, 8, 8, 0, 0, 0), "after_launch": fake.cudaPeekAtLastError()}
+out["raw"] = lib.raw_launch(vp(P), vp(P), vp(P), 8, 8, 8, 8, 8, 8, vp(0), ctypes.c_size_t(0), vp(0))
+out["after_raw"] = fake.cudaPeekAtLastError()
+out["cleared"] = abi.clear_cuda_error()
+out["after_clear"] = fake.cudaPeekAtLastError()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_a_failed_launch_leaves_no_cuda_error_pending(tmp_cache, tmp_path):
+    """A launcher that returns a launch error leaves it pending in the CUDA runtime, where torch's
+    next launch check would raise it (an H200 run: one kernel's error 209 failed the next test).
+    KernelLibrary.launch clears it after any non-zero return, and abi.clear_cuda_error (the
+    dispatch hot path's, which calls the raw function) clears what a raw call left. Checked
+    against tests/data/fake_cudart.c, whose launches fail on demand."""
+    import shutil
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    res = build(BuildSpec(_FAILING_LAUNCH, arch="sm_90a", name="failing_launch"))
+    assert res.ok, res.log
+    fake = tmp_path / "libfake_cudart.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(DATA / "fake_cudart.c"), "-o", str(fake)],
+                   check=True, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", _PENDING_RUN, str(fake), str(res.so_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"launch": 209, "after_launch": 0, "raw": 209, "after_raw": 209,
+                                    "cleared": 209, "after_clear": 0}, r.stdout

@@ -177,6 +177,9 @@ def preload_cuda_runtime() -> None:
         pass
 
 
+_GLOBAL_SCOPE = ctypes.CDLL(None)
+
+
 class KernelLibrary:
     """A loaded kernel .so: its meta and a launch function."""
 
@@ -266,11 +269,25 @@ class KernelLibrary:
         `options`: the array `options()` made (None: every option at its default)."""
         if self.abi == 2:
             self._check_abi2()
-            return self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes,
-                               stream_ptr, options)
-        if options is not None:
+            rc = self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes,
+                             stream_ptr, options)
+        elif options is not None:
             raise AbiError(f"{self.path}: options given to an ABI 1 kernel")
-        return self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes, stream_ptr)
+        else:
+            rc = self._hgemm(a_ptr, b_ptr, c_ptr, M, N, K, lda, ldb, ldc, ws_ptr, ws_bytes, stream_ptr)
+        if rc:
+            self.clear_cuda_error()
+        return rc
+
+    def clear_cuda_error(self) -> int:
+        """Consume the CUDA runtime's pending error after a call that returned one, and return it.
+        A refused or failed launch (cudaFuncSetAttribute, cudaLaunchKernel) leaves its error
+        pending in the runtime this library links, which torch shares by soname: torch's next
+        launch check would raise it (seen on an H200: error 209 of one kernel failed the next
+        test's torch.rand). A sticky error (a fault in a kernel) stays: the context is lost."""
+        # looked up as the library's own calls bind: the global scope first, then its own
+        fn = getattr(_GLOBAL_SCOPE, "cudaGetLastError", None) or getattr(self._lib, "cudaGetLastError", None)
+        return int(fn()) if fn is not None else 0
 
     @property
     def raw_launch(self):
@@ -284,6 +301,14 @@ class KernelLibrary:
 
 _loaded: dict[Path, KernelLibrary] = {}
 _lock = threading.Lock()
+
+
+def clear_cuda_error() -> int:
+    """KernelLibrary.clear_cuda_error through any loaded library (they share one CUDA runtime by
+    soname), for callers that hold only a raw launch function (the dispatch hot path)."""
+    for lib in list(_loaded.values()):
+        return lib.clear_cuda_error()
+    return 0
 
 
 def load_library(so_path: str | os.PathLike) -> KernelLibrary:

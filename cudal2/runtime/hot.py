@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from cudal2.core import knobs
+from cudal2.core.abi import clear_cuda_error
 from cudal2.runtime.plan import INT_MAX
 from cudal2.runtime.resolve import (
     TORCH as _TORCH,
@@ -110,7 +111,9 @@ def launch(a, b, out):
                 _vp(stream) if stream else _NULL, opts)
     if rc:
         # A launch error (e.g. too little shared memory on this part) must not break the user:
-        # remember, warn once, and let torch compute this and every later call of the shape.
+        # remember, warn once, and let torch compute this and every later call of the shape;
+        # the error it left pending in the CUDA runtime would fail torch's next launch check.
+        clear_cuda_error()
         _serving[key] = _TORCH
         warnings.warn(f"cudal2: kernel for {M}x{N}x{K} {layout} failed to launch (cudaError {rc}); "
                       "using torch.matmul for this shape", RuntimeWarning, stacklevel=3)
