@@ -220,11 +220,14 @@ def test_split_k_on_a_gpu_is_bit_identical_and_leaves_the_workspace_zero(cfg):
 
 
 @pytest.mark.gpu
-def test_split_k_inside_cuda_graphs_replayed_in_reverse_order_is_exact():
+def test_split_k_inside_cuda_graphs_replayed_in_reverse_order_is_exact(record_property):
     """Issue 32's graph hazard, on the device: a split-K kernel served through the runtime's
-    Workspaces in two graphs captured on torch.cuda.graph's shared capture stream, replayed in
-    the reverse order of capture, gives the eager bits and leaves its workspace zero. Runs in its
-    own process: a stale semaphore traps and loses the CUDA context."""
+    Workspaces in two graphs captured on torch.cuda.graph's shared capture stream from one memory
+    pool (dirtied by an earlier graph), replayed in the reverse order of capture, gives the eager
+    bits and leaves its workspace zero. Runs in its own process: a stale semaphore traps and
+    loses the CUDA context. The probe's JSON (nonzero_before_replay: whether the hazard was set
+    up) goes into the junit XML. The first version (no shared pool) passed on an H200 without
+    showing whether its workspace ever held garbage."""
     import json
     import os
     import sys
@@ -234,5 +237,6 @@ def test_split_k_inside_cuda_graphs_replayed_in_reverse_order_is_exact():
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, f"the probe died (rc {r.returncode}): {r.stderr.strip()[-800:]}"
     verdict = json.loads(r.stdout.strip().splitlines()[-1])
+    record_property("probe", json.dumps(verdict))    # in the junit XML, passed or not
     assert verdict["reverse"] == [True, True] and verdict["forward"] == [True, True], verdict
     assert all(verdict["workspaces_zero"]), verdict

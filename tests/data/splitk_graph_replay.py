@@ -1,10 +1,12 @@
 """A split-K kernel called the way cudal2.runtime calls it (loader.Workspaces + launcher), inside
-two CUDA graphs captured as a serving engine captures them (one per batch size, both through
-torch.cuda.graph's shared capture stream), replayed in the reverse order of capture.
+two CUDA graphs captured as a serving engine captures them (one per batch size, on
+torch.cuda.graph's shared capture stream, from one memory pool an earlier graph has dirtied),
+replayed in the reverse order of capture.
 
 Run by tests/test_splitk.py in its own process: a stale semaphore traps and loses the CUDA
 context, which must cost this probe only. Prints one JSON line: whether each replay matched the
-eager output bit for bit, and whether the workspace ended zero.
+eager output bit for bit, whether the workspaces ended zero, and (to tell a pass from a
+scenario not reached) the non-zero bytes each workspace held before the first replay.
 
     python tests/data/splitk_graph_replay.py
 """
@@ -35,13 +37,16 @@ def call(lib, a, b, c) -> None:
     assert rc == 0, f"launch returned cudaError {rc}"
 
 
-def poison_free_memory() -> None:
-    """Leave non-zero bytes in memory the driver hands out next (as a serving process's earlier
-    tensors would): a buffer that is not zeroed when used then shows it."""
-    junk = torch.full((256 << 20,), 0x01, dtype=torch.uint8, device="cuda")
+def dirty_pool(pool) -> None:
+    """A first graph in the shared pool fills a workspace-sized block with non-zero bytes and
+    frees it, as a serving engine's earlier graphs leave their activations: a buffer a later
+    capture takes from the pool holds them unless something zeroes it when it is used."""
+    g0, nbytes = torch.cuda.CUDAGraph(), 1 << 20   # Workspaces' smallest buffer
+    with torch.cuda.graph(g0, pool=pool):
+        junk = torch.full((nbytes,), 0x01, dtype=torch.uint8, device="cuda")
+    g0.replay()
     torch.cuda.synchronize()
     del junk
-    torch.cuda.empty_cache()
 
 
 def main() -> dict:
@@ -55,17 +60,20 @@ def main() -> dict:
         call(lib, a, b, c)
         eager.append(c)
     torch.cuda.synchronize()
-    poison_free_memory()
+    pool = torch.cuda.graph_pool_handle()            # one pool for every graph (vLLM, SGLang)
+    dirty_pool(pool)
     graphs, outs = [], []
     for a, b in ops:
         c = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.float16)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with torch.cuda.graph(g, pool=pool):
             call(lib, a, b, c)
         graphs.append(g)
         outs.append(c)
-    verdict = {"shapes": SHAPES, "splitk": CFG.get("SPLITK"),
-               "capture_streams": len({k[1] for k in workspaces._bufs})}
+    torch.cuda.synchronize()
+    verdict = {"shapes": SHAPES, "splitk": CFG.get("SPLITK"), "workspaces": len(workspaces._bufs),
+               # whether the scenario was reached: non-zero workspace bytes before any replay
+               "nonzero_before_replay": [int(b.count_nonzero()) for b in workspaces._bufs.values()]}
     for name, order in (("reverse", (1, 0)), ("forward", (0, 1))):
         for i in order:
             outs[i].zero_()
