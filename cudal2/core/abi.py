@@ -306,9 +306,8 @@ _lock = threading.Lock()
 def clear_cuda_error() -> int:
     """KernelLibrary.clear_cuda_error through any loaded library (they share one CUDA runtime by
     soname), for callers that hold only a raw launch function (the dispatch hot path)."""
-    for lib in list(_loaded.values()):
-        return lib.clear_cuda_error()
-    return 0
+    lib = next(iter(list(_loaded.values())), None)
+    return lib.clear_cuda_error() if lib is not None else 0
 
 
 def load_library(so_path: str | os.PathLike) -> KernelLibrary:

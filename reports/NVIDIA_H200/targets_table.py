@@ -11,11 +11,16 @@ import json
 from pathlib import Path
 
 from cudal2.harness.db import ResultsDB
-from cudal2.runs.export import verdict
+from cudal2.runs.export import lowest_interval, verdict
 
 HERE = Path(__file__).parent
 CALLS = {"RR": HERE / "2026-11-26-campaign-rr-call1", "RC": HERE / "2026-11-26-campaign-rc-call1"}
 BASELINES = ("torch", "cublas_nn", "cublas_tn", "cublaslt_heuristic", "cublaslt_autotuned")
+
+
+def weight_gbs(N: int, K: int, us: float) -> float:
+    """GB/s of reading the N x K fp16 weight once in `us` microseconds."""
+    return 2 * N * K / us / 1e3
 
 
 def families(call: Path) -> dict[str, str]:
@@ -39,14 +44,13 @@ def rows(layout: str, call: Path, fam: dict[str, str]):
     for (M, N, K), (ev, us) in best.items():
         base = {b: ev.timings["offline"][b]["median_us"] for b in BASELINES if b in ev.timings["offline"]}
         fastest = min(base, key=base.get)
-        ivs = ev.stats["offline"]["speedup"]
-        lo_b = min((b for b in base if ivs.get(b, {}).get("lo") is not None), key=lambda b: ivs[b]["lo"])
-        iv = ivs[lo_b]
-        gbs = (lambda t: 2 * N * K / t / 1e3) if layout == "RC" and M <= 64 else None
+        lo_b, iv = lowest_interval(ev)
+        decode = layout == "RC" and M <= 64
         yield dict(layout=layout, shape=f"{M}x{N}x{K}", flop=2 * M * N * K,
                    family=fam.get(ev.source_sha, ev.source_sha[:12]), us=us, fastest=fastest,
                    fastest_us=base[fastest], vs=lo_b, median=iv["median"], lo=iv["lo"], hi=iv["hi"],
-                   ours_gbs=gbs(us) if gbs else None, base_gbs=gbs(base[fastest]) if gbs else None,
+                   ours_gbs=weight_gbs(N, K, us) if decode else None,
+                   base_gbs=weight_gbs(N, K, base[fastest]) if decode else None,
                    export=verdict(ev)[0])
 
 
