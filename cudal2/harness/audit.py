@@ -44,40 +44,13 @@ from typing import Any
 from cudal2.core.abi import meta_problems
 from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
 from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
 from cudal2.harness.metacheck import audit_meta
 from cudal2.harness.worker import WorkerPool, probe_library
 
 # ---- allowlists (why each entry is needed is in docs/harness.md) ------------------------------
-_CUDART_ALLOWED = {
-    # launch (nvcc's <<<>>> lowering, CUDA 12 and 13 spellings) and registration of the fatbinary
-    "cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz",
-    "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz",
-    "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz", "__cudaGetKernel",
-    "__cudaPushCallConfiguration", "__cudaPopCallConfiguration",
-    "__cudaRegisterFatBinary", "__cudaRegisterFatBinaryEnd", "__cudaUnregisterFatBinary",
-    "__cudaRegisterFunction", "__cudaRegisterVar", "__cudaRegisterLinkedBinary",
-    "__cudaRegisterTexture", "__cudaRegisterSurface", "__cudaInitModule",
-    # function and device attributes (smem carve-out, cluster dims, SM count)
-    "cudaFuncSetAttribute", "cudaFuncGetAttributes", "cudaFuncSetCacheConfig",
-    "cudaGetDevice", "cudaDeviceGetAttribute", "cudaGetDeviceProperties",
-    "cudaGetDeviceProperties_v2", "cudaGetDeviceCount",
-    "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
-    "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cudaOccupancyMaxActiveClusters",
-    "cudaOccupancyMaxPotentialClusterSize",
-    # TMA descriptors: the driver's cuTensorMapEncode* reached through the runtime
-    "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
-    # error queries
-    "cudaGetLastError", "cudaPeekAtLastError", "cudaGetErrorString", "cudaGetErrorName",
-    # zeroing the caller's workspace for split-K, ordered on the caller's stream (no sync, no
-    # allocation; the alternative is one more kernel launch doing the same thing)
-    "cudaMemsetAsync", "cudaMemsetAsync_ptsz",
-}
-_DRIVER_ALLOWED = {
-    "cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuTensorMapReplaceAddress",
-    "cuGetErrorString", "cuGetErrorName", "cuDeviceGetAttribute", "cuCtxGetDevice",
-    "cuFuncSetAttribute", "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel",
-}
-ALLOWED_DRIVER_ENTRY_POINTS = frozenset(_DRIVER_ALLOWED)
+_CUDART_ALLOWED = RUNTIME_ALLOWED              # the runtime and driver lists: cudacalls.py
+ALLOWED_DRIVER_ENTRY_POINTS = DRIVER_ENTRY_POINTS
 _LIBC_ALLOWED = {
     # memory and strings (host-side helpers; host heap is bounded by the worker's RSS limit)
     "memcpy", "memmove", "memset", "memcmp", "memchr", "strlen", "strcmp", "strncmp", "strchr",

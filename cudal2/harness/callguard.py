@@ -4,8 +4,9 @@ callguard.c is an LD_PRELOAD library for the GPU worker. While the worker's thre
 (around every call into a kernel library), it records each CUDA runtime call the library makes,
 refuses the ones the ABI forbids (REFUSED: they return cudaErrorNotPermitted and never reach the
 runtime), and lets the driver entry-point door (cudaGetDriverEntryPoint*, cuGetProcAddress*)
-hand out only the driver functions on audit.ALLOWED_DRIVER_ENTRY_POINTS, whatever name the code
-assembled at run time. The static audit reads names; this sees calls.
+hand out only the driver functions on cudacalls.DRIVER_ENTRY_POINTS (the audit's
+ALLOWED_DRIVER_ENTRY_POINTS), whatever name the code assembled at run time. The static audit
+reads names; this sees calls.
 
 build() compiles it (the host C compiler, once per source and name lists, cached);
 Guard reads it in the process it was preloaded into.
@@ -21,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from cudal2.core import knobs
+from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
 
 SOURCE = Path(__file__).with_name("callguard.c")
 DOORS = frozenset({"cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
@@ -65,16 +67,14 @@ REFUSED = tuple(sorted({
 def recorded_calls() -> tuple[str, ...]:
     """The allowed runtime calls, recorded and passed on: the audit's runtime allowlist
     (the door has its own wrappers)."""
-    from cudal2.harness.audit import _CUDART_ALLOWED
-    return tuple(sorted(set(_CUDART_ALLOWED) - DOORS))
+    return tuple(sorted(RUNTIME_ALLOWED - DOORS))
 
 
 def header() -> str:
     """The name lists callguard.c is compiled with."""
-    from cudal2.harness.audit import ALLOWED_DRIVER_ENTRY_POINTS
     rec = " ".join(f"X({n})" for n in recorded_calls())
     ref = " ".join(f"X({n})" for n in REFUSED)
-    eps = ", ".join(f'"{n}"' for n in sorted(ALLOWED_DRIVER_ENTRY_POINTS))
+    eps = ", ".join(f'"{n}"' for n in sorted(DRIVER_ENTRY_POINTS))
     return (f"#define CUDAL2_RECORDED(X) {rec}\n#define CUDAL2_REFUSED(X) {ref}\n"
             f"#define CUDAL2_ENTRY_POINTS {eps}, 0\n")
 
