@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,139 @@ def test_the_guard_passes_an_nvcc_kernels_calls_to_the_real_runtime(tmp_path):
     names = [n for n, _ in got["calls"]]
     assert got["armed"] == got["disarmed"] and got["refused"] == [], got
     assert {"cudaLaunchKernel", "__cudaLaunchKernel"} & set(names) and "cudaGetLastError" in names, got
+
+
+# ---- `cudal2 audit`'s dry call: the guard before a GPU sees the library ----------------------
+HOSTILE = Path(__file__).parent / "data" / "hostile"
+DOOR = "door_assembled_name.cu"
+FORBIDDEN = "cuCtxSynchronize"          # what DOOR assembles at run time (its header says how)
+
+# Every kernel of tests/data/hostile -> (the dry call's verdicts that are right, what a rejection
+# names, why). "rejected": the guard refused a request; "passes": nothing forbidden seen without
+# a device (the behaviour needs one, or is no CUDA call: the static audit's, or measure's, to
+# catch); crashed / timeout / oom / error: the worker's verdict, before any call; None: never
+# dry-called (why says).
+DRY_CALL = {
+    DOOR: ({"rejected"}, f"cudaGetDriverEntryPoint:{FORBIDDEN}",
+           "a forbidden driver function by a name assembled at run time: the static audit passes it"),
+    "allocates.cu": ({"rejected"}, "cudaMalloc", "allocates inside the call"),
+    "synchronises.cu": ({"rejected"}, "cudaDeviceSynchronize", "synchronises after its launch"),
+    "private_stream.cu": ({"rejected"}, "cudaStreamCreateWithFlags", "creates a stream"),
+    "graph_capture.cu": ({"rejected"}, "cudaStreamBeginCapture, cudaStreamEndCapture, "
+                         "cudaGraphInstantiate, cudaGraphLaunch", "captures and replays a graph"),
+    "control_ok.cu": ({"passes"}, "", "honest"),
+    "fp16_acc_claims_f32.cu": ({"passes"}, "", "its PTX is the static audit's"),
+    "kernel_spins.cu": ({"passes"}, "", "needs a device (the worker's time limit)"),
+    "kernel_illegal_address.cu": ({"passes"}, "", "needs a device (a sticky fault)"),
+    "timer_globaltimer.cu": ({"passes"}, "", "needs a device (measure's checked timed outputs)"),
+    "timer_clock64.cu": ({"passes"}, "", "needs a device (measure's checked timed outputs)"),
+    "timer_call_count.cu": ({"passes"}, "", "needs a device (measure's checked timed outputs)"),
+    "keeps_previous_output.cu": ({"passes"}, "", "needs a device (fresh C before each call)"),
+    "pointer_keyed_cache.cu": ({"passes"}, "", "needs a device (fresh inputs)"),
+    "ones_only.cu": ({"passes"}, "", "needs a device (random inputs)"),
+    "per_thread_stream.cu": ({"passes"}, "", "needs a device (no call names the other stream)"),
+    "thread_launch.cu": ({"passes"}, "", "launches from a thread the guard does not arm (it arms "
+                         "the calling thread); the static audit rejects std::thread"),
+    "reads_file.cu": ({"passes"}, "", "fopen is no CUDA call: the static audit's"),
+    "dlopen_lib.cu": ({"passes"}, "", "dlopen/dlsym are no CUDA calls: the static audit's"),
+    "host_asm.cu": ({"passes"}, "", "a raw system call is no CUDA call: the static audit's"),
+    "exports_runtime_name.cu": ({"passes"}, "", "an export, not a call: the static audit's"),
+    "calls_cublas.cu": ({"passes", "error"}, "", "cuBLAS is no runtime call the guard wraps (and "
+                        "without libcublas on its runpath it does not load): the static audit's"),
+    "ctor_segv.cu": ({"crashed"}, "", "its constructor segfaults while loading"),
+    "ctor_abort.cu": ({"crashed"}, "", "its constructor aborts while loading"),
+    "ctor_exit.cu": ({"crashed"}, "", "its constructor exits the worker"),
+    "ctor_fork.cu": ({"crashed"}, "", "its constructor forks (the sandbox's verdict)"),
+    "meta_segv.cu": ({"crashed"}, "", "cudal2_meta segfaults"),
+    "meta_wild_pointer.cu": ({"crashed"}, "", "cudal2_meta returns a wild pointer"),
+    "ctor_hang.cu": ({"timeout"}, "", "its constructor spins"),
+    "meta_hang.cu": ({"timeout"}, "", "cudal2_meta spins"),
+    "ctor_oom.cu": ({"oom"}, "", "its constructor eats host memory"),
+    "meta_garbage.cu": ({"error"}, "", "its meta is not JSON"),
+    "meta_not_utf8.cu": ({"error"}, "", "its meta is not UTF-8"),
+    "system_call.cu": (None, "", "runs a shell command (nvidia-smi -lgc), which the guard does not "
+                       "police: never run on a test machine; the static audit rejects it"),
+    "include_absolute.cu": (None, "", "rejected before it is built (#include rules)"),
+    "include_escape.cu": (None, "", "rejected before it is built (#include rules)"),
+}
+
+
+def _so(name):
+    from cudal2.core.build import build_file
+    res = build_file(HOSTILE / name, arch="sm_90a")
+    assert res.ok, res.log[-2000:]
+    return res.so_path
+
+
+@pytest.fixture(scope="module")
+def dry_pool():
+    _cc()
+    with audit.dry_call_pool() as pool:
+        yield pool
+
+
+def test_every_hostile_kernel_has_a_dry_call_verdict():
+    assert set(DRY_CALL) == {p.name for p in HOSTILE.glob("*.cu")}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted(n for n, (want, _, _) in DRY_CALL.items() if want))
+def test_the_dry_call_over_the_hostile_corpus(name, dry_pool):
+    """Each hostile kernel's dry call (audit.check_dry_call, the guard preloaded, no device) gets
+    the verdict DRY_CALL states; one that crashes, hangs or eats memory costs only its worker."""
+    want, names, why = DRY_CALL[name]
+    timeout = 3 if want == {"timeout"} else 60
+    reasons, notes, record = audit.check_dry_call(_so(name), dry_pool, timeout_s=timeout,
+                                                  mem_limit_bytes=512 << 20)
+    got = record["status"] if record["status"] != "ok" else "rejected" if reasons else "passes"
+    assert got in want, (name, why, reasons, notes)
+    if got == "rejected":
+        assert len(reasons) == 1 and f"refused {names} in a dry call" in reasons[0], reasons
+    if got not in ("passes", "rejected"):
+        assert "record is lost" in notes[0] and not reasons, notes
+        again = audit.check_dry_call(_so("control_ok.cu"), dry_pool)
+        assert again[0] == [] and again[2]["status"] == "ok", again
+
+
+@pytest.mark.compile
+def test_cudal2_audit_rejects_a_driver_function_fetched_by_an_assembled_name(tmp_path, capsys):
+    """DOOR names no forbidden driver function anywhere the static audit reads (source, .so
+    strings) and passes it; `cudal2 audit`'s dry call sees the door request and rejects it, and
+    still accepts control_ok.cu and a template kernel."""
+    from cudal2.cli import main
+    from cudal2.core.build import build_file
+    from cudal2.harness.worker import WorkerPool
+    from cudal2.templates import FAMILIES
+    br = build_file(HOSTILE / DOOR, arch="sm_90a")
+    assert br.ok, br.log[-2000:]
+    assert FORBIDDEN not in (HOSTILE / DOOR).read_text()
+    assert FORBIDDEN.encode() not in Path(br.so_path).read_bytes()
+    with WorkerPool(max_tasks=1) as pool:
+        static = audit.audit_build((HOSTILE / DOOR).read_text(), br, "sm_90a", pool=pool)
+    assert static.ok and not static.dry_call, static.line()
+    mma = FAMILIES["mma"]
+    template = tmp_path / "mma_default.cu"
+    template.write_text(mma.build_spec(mma.default(), "sm_90a").source)
+    files = [str(HOSTILE / DOOR), str(HOSTILE / "control_ok.cu"), str(template)]
+    assert main(["audit", *files, "--arch", "sm_90a"]) == 1
+    out, err = capsys.readouterr()
+    lines = dict(zip(files, out.strip().splitlines()))
+    assert "REJECTED" in lines[files[0]] and f"refused cudaGetDriverEntryPoint:{FORBIDDEN}" in lines[files[0]]
+    assert ": ok " in lines[files[1]] and ": ok " in lines[files[2]], out
+    assert "dry call" not in out.replace(lines[files[0]], "") and "2 accepted, 1 rejected" in err
+
+
+@pytest.mark.compile
+def test_cudal2_audit_says_when_it_could_not_make_the_dry_call(monkeypatch, capsys):
+    """Without the guard (no host C compiler) the audit says so on stderr and on each accepted
+    line, and accepts what the static rules accept: DOOR too."""
+    from cudal2.cli import main
+
+    def no_compiler(cache=None):
+        raise callguard.CallGuardError("the call guard needs a host C compiler (cc, gcc or clang)")
+    monkeypatch.setattr(callguard, "build", no_compiler)
+    files = [str(HOSTILE / DOOR), str(HOSTILE / "control_ok.cu")]
+    assert main(["audit", *files, "--arch", "sm_90a"]) == 0
+    out, err = capsys.readouterr()
+    assert "no dry calls: the call guard could not be built" in err and "host C compiler" in err
+    assert [line.endswith("; dry call off") for line in out.strip().splitlines()] == [True, True], out

@@ -145,6 +145,9 @@ GPU_HOSTILE = {
     "pointer_keyed_cache.cu": {"wrong"},        # replays the answer kept for (A, B)
     "ones_only.cu": {"wrong"},                  # right for 0/1 and constant inputs only
     "per_thread_stream.cu": {"wrong", "too_fast"},   # works on another stream, returns at once
+    # a forbidden driver function by a name assembled at run time: the call guard's door
+    # (`cudal2 audit`'s dry call rejects it on the CPU; evaluate's audit is static only)
+    "door_assembled_name.cu": {"audit_rejected"},
 }
 
 

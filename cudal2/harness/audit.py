@@ -24,14 +24,21 @@ be checked without running it, on the built artefacts rather than by guessing fr
    accumulate kernels labelled fp32.
 7. meta vs binary (cudal2.harness.metacheck): threads vs launch bounds, the claimed shapes vs the
    host entry's own guard; AuditResult.meta_verified lists what the binary confirmed.
+8. the dry call (`cudal2 audit`; audit_build with a dry_pool): one call of the ABI (load,
+   cudal2_meta, cudal2_workspace, cudal2_hgemm at a tiny shape with dummy pointers) under the
+   call guard (callguard.py) in a worker that sees no device; every runtime call or driver
+   entry-point request the guard refuses rejects the library, whatever name the code assembled
+   at run time.
 
 Limits (said plainly): the audit stops lazy and accidental cheats, not determined ones; host code
-can still compute function addresses or obfuscate a driver name. Process isolation (worker.py)
-and the dynamic checks in measure.py are the defence in depth.
+can still compute function addresses, and a library can behave differently without a device (the
+dry call sees only what a call does there). Process isolation (worker.py), the call guard armed
+in the GPU workers and the dynamic checks in measure.py are the defence in depth.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -44,6 +51,7 @@ from typing import Any
 from cudal2.core.abi import meta_problems
 from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
 from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.harness import callguard
 from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
 from cudal2.harness.metacheck import audit_meta
 from cudal2.harness.worker import WorkerPool, probe_library
@@ -153,6 +161,7 @@ class AuditResult:
     build: dict[str, Any] = field(default_factory=dict)
     load: dict[str, Any] = field(default_factory=dict)  # worker outcome of the meta probe
     meta_verified: list[str] = field(default_factory=list)   # meta fields the binary confirmed (metacheck)
+    dry_call: dict[str, Any] = field(default_factory=dict)   # the dry call's record (check_dry_call); {} = not made
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,6 +174,8 @@ class AuditResult:
         stats = f"regs={regs} smem={smem} spills={spills}" if self.resources else "no ptxas stats"
         why = "; ".join(self.reasons) if self.reasons else (self.meta.get("acc", "") and
                                                             f"acc={self.meta.get('acc')} layout={self.meta.get('layout')}")
+        if self.ok and self.dry_call.get("status", "ok") != "ok":   # accepted, but not checked by behaviour
+            why += f"; dry call {self.dry_call['status']}"
         if self.verdict in ("missing", "unreadable"):    # nothing was built: the file is the news
             return f"{self.name}: {self.verdict.upper()} - {why}"
         return f"{self.name}: {self.verdict.upper() if not self.ok else 'ok'} {stats}" + (f" - {why}" if why else "")
@@ -424,11 +435,52 @@ def probe_meta(so_path: str | Path, pool=None, timeout_s: float = 30,
             pool.close()
 
 
+# ---- the dry call under the call guard ---------------------------------------------------------
+def dry_call_pool() -> WorkerPool:
+    """Workers for the dry call: the call guard preloaded, no device visible (nothing a call does
+    can launch or touch device memory), a fresh process per library. Raises
+    callguard.CallGuardError (or OSError) when the guard cannot be built (no host C compiler)."""
+    return WorkerPool(max_tasks=1, device="", env=callguard.preload_env())
+
+
+def check_dry_call(so_path: str | Path, pool, *, timeout_s: float = 30,
+                   mem_limit_bytes: int = 4 << 30) -> tuple[list[str], list[str], dict]:
+    """One dry call of the library under the call guard (callguard.dry_call in `pool`, a
+    dry_call_pool()). Returns (reasons: one line naming every request the guard refused, notes,
+    the record). A dry call that crashes, hangs or raises costs its worker and is a note: the
+    guard's record is lost, and the GPU run arms the guard again."""
+    out = pool.run(callguard.dry_call, str(so_path), timeout_s=timeout_s,
+                   mem_limit_bytes=mem_limit_bytes)
+    if out.status != "ok":
+        return [], [f"dry call {out.status}: {out.detail[:200]} (the call guard's record is lost: "
+                    "unchecked until a GPU run)"], {"status": out.status, "detail": out.detail[:500]}
+    v = out.value
+    at = "x".join(map(str, v["shape"]))
+    record = {"status": "ok", **v}
+    refused = list(dict.fromkeys(v["refused"]))
+    if refused:
+        return [f"the call guard refused {', '.join(refused[:6])}{' ...' if len(refused) > 6 else ''}"
+                f" in a dry call (cudal2_hgemm at {at}, dummy pointers, no device): forbidden by "
+                "the ABI"], [], record
+    return [], [f"dry call: cudal2_hgemm at {at} returned {v['rc']} without a device; "
+                f"{len(v['calls'])} runtime call(s) recorded, none refused"], record
+
+
+def _open_dry_pool():
+    """(dry_call_pool(), None), or (None, why) when the call guard cannot be built."""
+    try:
+        return dry_call_pool(), None
+    except (callguard.CallGuardError, OSError, subprocess.SubprocessError) as exc:
+        return None, f"the call guard could not be built ({str(exc)[:200]})"
+
+
 # ---- the audit --------------------------------------------------------------------------------
 def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = "kernel",
-                pool=None, meta: dict | None = None, probe_timeout_s: float = 30) -> AuditResult:
+                pool=None, meta: dict | None = None, probe_timeout_s: float = 30,
+                dry_pool=None) -> AuditResult:
     """Audit an already-built kernel. `meta` skips the worker probe when the caller already
-    read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None)."""
+    read it in a worker; otherwise the .so is loaded in `pool` (a fresh worker if None).
+    `dry_pool` (dry_call_pool()): a library the static rules accept gets the dry call too."""
     res = AuditResult(name=name, ok=False, verdict="rejected",
                       build=build_result.summary() if build_result is not None else {})
     res.reasons += check_includes(source)
@@ -474,6 +526,10 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
             res.reasons += r
             res.notes += n
         audit_meta(res, meta, build_result, pool)      # threads / tile vs the binary (metacheck)
+    if not res.reasons and dry_pool is not None:
+        r, n, res.dry_call = check_dry_call(build_result.so_path, dry_pool, timeout_s=probe_timeout_s)
+        res.reasons += r
+        res.notes += n
     res.ok = not res.reasons
     if res.ok:
         res.verdict = "ok"
@@ -538,10 +594,16 @@ def run_cli(args: argparse.Namespace) -> int:
     todo = [f for f in args.files if f not in results]
     builds = build_many([BuildSpec(sources[f], arch=arch, name=f) for f in todo])
     rejected = 0
-    with WorkerPool(max_tasks=1) as pool:               # every library in a fresh process
-        for f in args.files:
+    dry_pool, off = _open_dry_pool()
+    if off:
+        print(f"no dry calls: {off}; run-time calls are unchecked until a GPU run", file=sys.stderr)
+    with WorkerPool(max_tasks=1) as pool, dry_pool or contextlib.nullcontext():
+        for f in args.files:                            # every library in a fresh process
             res = results.get(f) or audit_build(sources[f], builds[todo.index(f)], arch, name=f,
-                                                pool=pool)
+                                                pool=pool, dry_pool=dry_pool)
+            if off and res.ok:
+                res.dry_call = {"status": "off", "detail": off}
+                res.notes.append(f"dry call off: {off}")
             rejected += not res.ok
             if args.json:
                 print(json.dumps(res.to_dict()), flush=True)

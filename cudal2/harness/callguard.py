@@ -9,7 +9,9 @@ ALLOWED_DRIVER_ENTRY_POINTS), whatever name the code assembled at run time. The 
 reads names; this sees calls.
 
 build() compiles it (the host C compiler, once per source and name lists, cached);
-Guard reads it in the process it was preloaded into.
+preload_env() is an environment with it preloaded; Guard reads it in the process it was
+preloaded into; dry_call() is the worker task of `cudal2 audit`'s dry call (audit.check_dry_call),
+the guard's check before a GPU sees the library.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ import subprocess
 from pathlib import Path
 
 from cudal2.core import knobs
+from cudal2.core.abi import KernelLibrary
 from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
+from cudal2.harness.metacheck import FAKE_POINTER, claimed_shape
 
 SOURCE = Path(__file__).with_name("callguard.c")
 DOORS = frozenset({"cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
@@ -108,6 +112,14 @@ def build(cache: Path | None = None) -> Path:
     return so
 
 
+def preload_env(base: dict | None = None, *, cache: Path | None = None) -> dict:
+    """`base` (default: this process's environment) with the call guard first on LD_PRELOAD.
+    Builds it: CallGuardError (or OSError) when it cannot be built."""
+    env = dict(os.environ if base is None else base)
+    env["LD_PRELOAD"] = " ".join([str(build(cache))] + env.get("LD_PRELOAD", "").split())
+    return env
+
+
 class Guard:
     """The preloaded call guard of this process (None from `active()` when not preloaded)."""
 
@@ -159,3 +171,31 @@ class Guard:
     def dropped(self) -> int:
         """Calls past the log's capacity (4096 since the last reset): counted, not named."""
         return self._lib.cudal2_guard_dropped()
+
+
+# ---- the audit's dry call (a worker task; audit.check_dry_call reads its answer) ----------------
+DRY_SHAPE = (16, 16, 16)       # when the meta claims no shape (a malformed tile: the audit says so)
+
+
+def dry_call(so_path: str) -> dict:
+    """Worker task, in a worker with the guard preloaded and no device visible: armed
+    throughout, load the library (its static constructors run), read its meta, ask its
+    workspace (cudal2_workspace, ABI 2) and call cudal2_hgemm once at the smallest shape its
+    meta claims (metacheck.claimed_shape), every option at its default, on the default stream,
+    with dummy pointers nothing dereferences (the runtime, without a device, launches nothing).
+    Returns the call's answer and what the guard saw."""
+    guard = Guard.active()
+    if guard is None:
+        raise RuntimeError("the call guard is not preloaded in this worker")
+    guard.reset()
+    p = FAKE_POINTER
+    with guard.armed():
+        lib = KernelLibrary(so_path)
+        meta = lib.meta
+        M, N, K = claimed_shape(meta) or DRY_SHAPE
+        ws = lib.workspace_bytes(M, N, K)
+        rc = lib.launch(p, p, p, M, N, K, K, K if meta["layout"] == "RC" else N, N,
+                        p if ws else 0, ws, 0)
+    return {"shape": [M, N, K], "rc": rc, "workspace_bytes": ws,
+            "calls": [name for name, _ in guard.calls()], "calls_not_named": guard.dropped(),
+            "refused": guard.refused()}
