@@ -304,3 +304,21 @@ def test_a_foreign_or_corrupt_db_is_named_and_left_untouched(tmp_path):
     empty.write_bytes(b"")
     ResultsDB(empty).close()
     assert ResultsDB(empty, readonly=True).schema_version == SCHEMA_VERSION
+
+
+def test_write_seconds_counts_the_time_spent_writing(tmp_path):
+    with ResultsDB(tmp_path / "r.db") as db:
+        assert db.write_seconds == 0.0
+        db.rows()                                        # reading is not writing
+        assert db.write_seconds == 0.0
+        db.add(_ev(), source="src")
+        after_add = db.write_seconds
+        assert after_add > 0.0
+        db.add_baseline_choice("k1", {"index": 3})
+        assert db.write_seconds > after_add               # cumulative
+        db.baseline_choices()
+        db.count()
+        total = db.write_seconds
+    with ResultsDB(tmp_path / "r.db", readonly=True) as ro:
+        assert ro.write_seconds == 0.0 and ro.count() == 1
+    assert total < 5.0

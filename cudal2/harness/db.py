@@ -15,6 +15,8 @@ import json
 import math
 import sqlite3
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -180,6 +182,10 @@ class ResultsDB:
         (`results.db.gz`, how large committed reports are kept) opens read-only, in memory."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        # seconds this object spent writing (add: encoding the row and its transaction;
+        # add_baseline_choice; waits for the lock and SQLite's busy wait included), cumulative,
+        # so a campaign can attribute its DB time
+        self.write_seconds = 0.0
         if self.path.suffix == ".gz":
             readonly = True
         self.readonly = readonly
@@ -270,9 +276,18 @@ class ResultsDB:
         return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
 
     # -- writing
+    @contextmanager
+    def _timed_write(self, t0: float):
+        """Adds the seconds since t0 (taken before the lock) to write_seconds, under the lock."""
+        try:
+            yield
+        finally:
+            self.write_seconds += time.perf_counter() - t0
+
     def add(self, ev: Evaluation, source: str | None = None) -> int:
         """Append one evaluation (and its source, if given and new); one transaction. Returns
         the row id (also set on `ev.id`)."""
+        t0 = time.perf_counter()                    # write_seconds: encoding included
         b, a, c, env = ev.build or {}, ev.audit or {}, ev.correctness or {}, ev.env or {}
         off = (ev.timings or {}).get("offline", {})
         median = _num((off.get("candidate") or {}).get("median_us"))
@@ -303,7 +318,7 @@ class ResultsDB:
         row["options"] = options_key(ev.options)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        with self._lock:
+        with self._lock, self._timed_write(t0):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 if source is not None:
@@ -334,7 +349,8 @@ class ResultsDB:
     def add_baseline_choice(self, key: str, entry: dict) -> None:
         """Record a cuBLASLt autotune choice (baselines.autotune_key -> entry); the latest per
         key answers (baseline_choices)."""
-        with self._lock:
+        t0 = time.perf_counter()
+        with self._lock, self._timed_write(t0):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute("INSERT INTO baseline_choices (key, entry, created) "
