@@ -144,3 +144,92 @@ def test_every_baseline_matches_the_reference_on_gpu(acc, layout, tmp_path):
         assert verify(c, 0) is None, name
     assert run.lt_algos >= 1
     run.close()
+
+
+# ---- cuBLASLt autotune: the key, and a known key skips the timing ----------------------------------
+
+def test_autotune_key_names_gpu_model_shape_dtype_acc_layout():
+    k = baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RC")
+    parts = k.split("|")
+    assert parts[:6] == ["NVIDIA H100 80GB HBM3", "cublasLt 130100", "64x128x256", "f16", "f32", "RC"]
+    # another GPU model, cuBLASLt, shape, accumulator or layout is another key
+    for other in (baselines.autotune_key("NVIDIA H200", 130100, 64, 128, 256, "f32", "RC"),
+                  baselines.autotune_key("NVIDIA H100 80GB HBM3", 130200, 64, 128, 256, "f32", "RC"),
+                  baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 512, "f32", "RC"),
+                  baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f16", "RC"),
+                  baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RR"),
+                  baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RC",
+                                         dtype="bf16")):
+        assert other != k
+    # the GPU name is spelled as the kernel table spells it (whitespace runs collapsed)
+    assert baselines.autotune_key(" NVIDIA  H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RC") == k
+
+
+class _FakeLt:
+    def version(self):
+        return 130100
+
+
+class _Pool:
+    """Operand sets of nothing: the fake launches ignore them."""
+    n_sets = 65
+
+    def a(self, i):
+        return None
+    b_rr = b_rc = a
+
+
+def _runners(algos=4):
+    """BaselineRunners without a GPU: a fake cuBLASLt, algorithms that launch nothing."""
+    import torch
+
+    r = baselines.BaselineRunners.__new__(baselines.BaselineRunners)
+    r.torch, r.M, r.N, r.K, r.acc, r.layout = torch, 64, 128, 256, "f32", "RR"
+    r.lt, r.lt_algos, r.lt_autotuned_index, r.notes = _FakeLt(), algos, None, {}
+    r.lt_launcher = lambda i: (lambda a, b_rr, b_rc, c: 0)
+    return r
+
+
+def test_a_known_autotune_key_skips_the_timing_entirely(monkeypatch):
+    from cudal2.timing import kerneltime as KT
+
+    def no_timing(*a, **kw):
+        raise AssertionError("a known key must not be timed again")
+    monkeypatch.setattr(KT, "time_kernels", no_timing)
+    key = baselines.autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RR")
+    r = _runners()
+    e = r.autotune(None, "NVIDIA H100 80GB HBM3", known={key: {"index": 2, "algos": 4}})
+    assert e["source"] == "results DB" and e["key"] == key and r.lt_autotuned_index == 2
+    # a choice stored under the key before it named the dtype (all fp16) still answers
+    old = baselines.legacy_autotune_key("NVIDIA H100 80GB HBM3", 130100, 64, 128, 256, "f32", "RR")
+    r = _runners()
+    assert r.autotune(None, "NVIDIA H100 80GB HBM3", known={old: {"index": 1}})["source"] == "results DB"
+    assert r.lt_autotuned_index == 1
+    # an H100's choice does not answer on an H200: the H200 tunes (here: reaches the timer)
+    with pytest.raises(AssertionError, match="must not be timed"):
+        _runners().autotune(_Pool(), "NVIDIA H200", known={key: {"index": 2}}, device="cpu",
+                            backend=object())
+    # an index past what today's heuristic returns is not reused either
+    with pytest.raises(AssertionError, match="must not be timed"):
+        _runners(algos=2).autotune(_Pool(), "NVIDIA H100 80GB HBM3", known={key: {"index": 3}},
+                                   device="cpu", backend=object())
+
+
+def test_autotune_times_by_the_sessions_cold_method(monkeypatch):
+    from cudal2.timing import kerneltime as KT
+
+    seen = []
+
+    class Fake:
+        def __init__(self, fns, cfg):
+            self.fns = fns
+            seen.append(cfg.cold)
+
+        def time(self, k):
+            return KT.S.Interval(1.0 + int(k[4:]), 1.0, 1.0, 1)
+
+    monkeypatch.setattr(KT, "time_kernels", lambda fns, cfg, backend, n_sets: Fake(fns, cfg))
+    e = _runners().autotune(_Pool(), "NVIDIA H100 80GB HBM3", device="cpu", cold="flush",
+                            backend=object())
+    assert e["source"] == "tuned now" and e["index"] == 0 and "|f16|" in e["key"]
+    assert seen == ["flush", "flush"]

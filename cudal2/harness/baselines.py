@@ -31,6 +31,7 @@ from cudal2.core import knobs
 from cudal2.core.abi import preload_cuda_runtime
 from cudal2.core.build import BuildSpec, build
 from cudal2.core.toolchain import pip_cuda_roots
+from cudal2.core.vocab import gpu_key
 from cudal2.harness.types import BASELINES, EXTRA_BASELINES
 from cudal2.timing import kerneltime as KT
 
@@ -177,9 +178,25 @@ class CublasLtLib:
 
 # ---- autotune cache -------------------------------------------------------------------------------
 
-def autotune_key(gpu: str, lt_version: int, M: int, N: int, K: int, acc: str, layout: str) -> str:
-    """What an autotuned choice depends on; 'kernel-time' marks choices made by the kernel timer
-    over up to LT_REQUESTED_ALGOS algorithms (older choices do not match)."""
+DTYPE = "f16"          # A, B and C of every GEMM the kernel ABI describes (docs/abi.md)
+
+
+def autotune_key(gpu: str, lt_version: int, M: int, N: int, K: int, acc: str, layout: str,
+                 dtype: str = DTYPE) -> str:
+    """What an autotuned choice depends on, so a choice is reused only where it is valid: the GPU
+    model (vocab.gpu_key of its name: an H100's choice never answers on an H200, whose heuristic
+    list and timings differ), the cuBLASLt version (the heuristic's list, which the stored index
+    points into), the shape, the operand dtype, the accumulator, the B layout, the workspace and
+    the number of algorithms asked; 'kernel-time' marks choices made by the kernel timer (older
+    choices do not match)."""
+    return (f"{gpu_key(gpu)}|cublasLt {lt_version}|{M}x{N}x{K}|{dtype}|{acc}|{layout}"
+            f"|ws{WORKSPACE_BYTES}|algos{LT_REQUESTED_ALGOS}|kernel-time")
+
+
+def legacy_autotune_key(gpu: str, lt_version: int, M: int, N: int, K: int, acc: str,
+                        layout: str) -> str:
+    """The key before it named the dtype (every choice stored under it was fp16): still read,
+    so accumulated DBs keep answering; new choices are stored under autotune_key."""
     return (f"{gpu}|cublasLt {lt_version}|{M}x{N}x{K}|{acc}|{layout}|ws{WORKSPACE_BYTES}"
             f"|algos{LT_REQUESTED_ALGOS}|kernel-time")
 
@@ -339,19 +356,24 @@ class BaselineRunners:
                                             torch.cuda.current_stream().cuda_stream)
 
     def autotune(self, pool, gpu: str, *, verify=None, cache: "AutotuneCache | None" = None,
-                 known: dict | None = None, backend=None, device="cuda") -> dict:
-        """Time every heuristic algorithm by kernel time on the operand pool (cold operands) and
-        keep the fastest whose output verifies: a short screening session over all of them, then
-        a tight one over the five fastest. `known` ({key: entry}, e.g. from the results DB)
-        and `cache` answer first. Returns the entry {key, index, algos, median_us, source}."""
+                 known: dict | None = None, backend=None, device="cuda",
+                 cold: str = "rotate") -> dict:
+        """Time every heuristic algorithm by kernel time on the operand pool (cold operands, by
+        the session's method `cold`: kerneltime.cold_plan) and keep the fastest whose output
+        verifies: a short screening session over all of them, then a tight one over the five
+        fastest. `known` ({key: entry}, e.g. from the results DB) and `cache` answer first: a
+        known key skips the timing entirely. Returns the entry {key, index, algos, median_us,
+        source}."""
 
         if not self.lt or not self.lt_algos:
             raise BaselineError(self.notes.get("cublaslt_autotuned", "no cublaslt library"))
-        key = autotune_key(gpu, self.lt.version(), self.M, self.N, self.K, self.acc, self.layout)
-        hit = (known or {}).get(key)
+        version = self.lt.version()
+        key = autotune_key(gpu, version, self.M, self.N, self.K, self.acc, self.layout)
+        old = legacy_autotune_key(gpu, version, self.M, self.N, self.K, self.acc, self.layout)
+        hit = (known or {}).get(key) or (known or {}).get(old)
         source = "results DB"
         if hit is None and cache is not None:
-            hit, source = cache.get(key), "autotune cache"
+            hit, source = cache.get(key) or cache.get(old), "autotune cache"
         if hit is not None and isinstance(hit.get("index"), int) and hit["index"] < self.lt_algos:
             self.lt_autotuned_index = hit["index"]
             self.notes["cublaslt_autotuned"] = (f"algorithm {hit['index']} of {self.lt_algos} "
@@ -370,11 +392,12 @@ class BaselineRunners:
             raise BaselineError(f"no cuBLASLt algorithm of {self.lt_algos} ran correctly")
         backend = backend or KT.CudaKernelBackend()
         first = KT.time_kernels(fns, KT.KernelTimeConfig(sample_us=200.0, warmup_ms=1.0,
-                                                        min_rounds=2, max_rounds=2),
+                                                        min_rounds=2, max_rounds=2, cold=cold),
                                 backend, n_sets=pool.n_sets)
         top = sorted(fns, key=lambda k: first.time(k).median)[:5]
         final = KT.time_kernels({k: fns[k] for k in top}, KT.KernelTimeConfig(
-            min_rounds=5, max_rounds=20, budget_s=2.0, target=0.01), backend, n_sets=pool.n_sets)
+            min_rounds=5, max_rounds=20, budget_s=2.0, target=0.01, cold=cold), backend,
+            n_sets=pool.n_sets)
         best = min(top, key=lambda k: final.time(k).median)
         entry = {"index": int(best[4:]), "algos": self.lt_algos,
                  "median_us": final.time(best).median, "timer": "kernel",
