@@ -409,3 +409,57 @@ def test_measure_says_wrong_for_a_cheat_on_gpu():
                   EvalRequest(src, Shape(128, 128, 1024), arch=arch))
     assert out["status"] == "wrong" and "random_tol" in out["detail"]
     assert out["timings"] == {}
+
+
+# ---- one set of main-shape references per finals group (check.ShapeInputs) ----------------------
+
+def _recording(name, seen, M=64, N=48, K=256):
+    def launch(ops):
+        if (ops.M, ops.N, ops.K) == (M, N, K):
+            seen.setdefault(name, []).append((ops.a.clone(), ops.b.clone()))
+        return good(ops)
+    return launch
+
+
+def test_a_group_computes_the_main_references_once_and_every_kernel_sees_the_same_inputs():
+    shared = check.ShapeInputs(64, 48, 256)
+    seen = {}
+    # different workspaces and layouts draw different guard bands and garbage: inputs stay put
+    for name, ws, layout in (("k0", 0, "RR"), ("k1", 4096, "RC")):
+        rep = run_suite(_recording(name, seen), layout=layout, ws_bytes=ws, inputs=shared)
+        assert rep.ok, rep.first_failure
+    assert shared.references_computed == len(check.ShapeInputs.names(2)) == 6
+    assert shared.to_dict()["kept"] == sorted(check.ShapeInputs.names(2))
+    assert len(seen["k0"]) == len(seen["k1"]) == 7      # 2 seeds x 2 kinds, repeat, reuse, padded
+    for (a0, b0), (a1, b1) in zip(seen["k0"], seen["k1"]):
+        assert torch.equal(a0, a1) and torch.equal(b0, b1)
+    # a suite of its own draws the same entries (same seed): the same inputs as the group's
+    own = {}
+    run_suite(_recording("k2", own))
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(own["k2"], seen["k0"]))
+
+
+def test_references_past_the_budget_are_computed_on_each_use():
+    shared = check.ShapeInputs(64, 48, 256, budget_bytes=0)
+    for _ in range(2):
+        assert run_suite(good, inputs=shared).ok
+    assert shared.references_computed == 12 and shared.kept_bytes == 0
+    a1 = shared.get("random0")[0]
+    assert torch.equal(a1, shared.get("random0")[0])       # drawn again: the same values
+
+
+def test_planted_bugs_are_still_caught_on_shared_references():
+    shared = check.ShapeInputs(64, 48, 256).prepare(2)
+    cache = {}
+
+    def memo(ops):
+        key = (ops.a.data_ptr(), ops.b_store.data_ptr(), ops.c.data_ptr())
+        if key not in cache:
+            cache[key] = fp32_acc(ops.a, ops.b)
+        ops.c.copy_(cache[key])
+        return 0
+    assert not run_suite(memo, inputs=shared).checks["reuse"]["ok"]
+    assert not run_suite(lambda ops: (ops.c.copy_(fp16_acc(ops.a, ops.b)), 0)[1],
+                         inputs=shared).checks["random_tol"]["ok"]
+    assert run_suite(good, inputs=shared).ok
+    assert shared.references_computed == 6

@@ -15,6 +15,9 @@
 
 Before every call C is filled with fresh garbage (NaN or large random values, alternating), so
 an element the kernel skips, or an answer kept from an earlier call, fails the comparison.
+The main shape's inputs and fp32 references (`ShapeInputs`) are drawn and computed once per
+finals group and shared by its candidates; the guard bands, garbage and edge shapes stay per
+kernel.
 Everything takes a `launch(ops: Operands) -> int` callable and works on any torch device, so the
 logic is unit-tested on CPU with Python "kernels"; `so_launcher` wraps a built .so for the GPU.
 """
@@ -272,6 +275,71 @@ def bands_changed(buf, before, lo: int, hi_start: int) -> int:
     return int((a[:lo] != b[:lo]).sum()) + int((a[hi_start:] != b[hi_start:]).sum())
 
 
+# ---- the main shape's inputs and references, shared by a finals group -------------------------
+
+SHARED_INPUT_BYTES = 4 << 30   # keep at most this much of inputs + references per group
+
+
+class ShapeInputs:
+    """The inputs of the main shape's checks (0/1 and random per seed, then "reuse" and
+    "padded") with their fp32 references and rms, each drawn from its own generator seeded by
+    (seed, name): the same values for every candidate of a finals group, whatever its workspace
+    or layout (which draw the guard bands and garbage, from the suite's own generator). Each
+    reference is computed once and kept, with its inputs, while the kept bytes stay within
+    `budget_bytes`; past it (huge shapes) an entry is drawn and computed again on each use.
+    The kernel never sees these tensors: the suite copies them into fresh guarded buffers."""
+
+    def __init__(self, M: int, N: int, K: int, *, device="cpu", seed: int = 0,
+                 budget_bytes: int = SHARED_INPUT_BYTES):
+        self.M, self.N, self.K, self.device, self.seed = M, N, K, device, seed
+        self.budget_bytes = budget_bytes
+        self.kept_bytes = 0
+        self.references_computed = 0
+        self._kept: dict[str, tuple] = {}
+
+    @staticmethod
+    def names(seeds: int) -> list[str]:
+        """The entries one suite run uses: ones<s>, random<s> per seed, reuse, padded."""
+        return [f"{kind}{s}" for s in range(seeds) for kind in ("ones", "random")] + ["reuse", "padded"]
+
+    def _draw(self, name: str):
+        import hashlib
+
+        import torch
+
+        h = int.from_bytes(hashlib.sha256(f"{self.seed}|{name}".encode()).digest()[:6], "little")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(h)
+        make = ones_inputs if name.startswith("ones") else random_inputs
+        return make(self.M, self.N, self.K, gen, self.device)
+
+    def get(self, name: str) -> tuple:
+        """(a, b, ref, rms_a, rms_b) of one entry (rms 1.0 for 0/1 inputs: compared exactly)."""
+        hit = self._kept.get(name)
+        if hit is not None:
+            return hit
+        a, b = self._draw(name)
+        ref = reference(a, b)
+        self.references_computed += 1
+        ones = name.startswith("ones")
+        entry = (a, b, ref, 1.0 if ones else rms(a), 1.0 if ones else rms(b))
+        size = (a.numel() + b.numel()) * a.element_size() + ref.numel() * ref.element_size()
+        if self.kept_bytes + size <= self.budget_bytes:
+            self._kept[name] = entry
+            self.kept_bytes += size
+        return entry
+
+    def prepare(self, seeds: int) -> "ShapeInputs":
+        """Compute (and keep, within the budget) every entry a suite of `seeds` seeds uses."""
+        for name in self.names(seeds):
+            self.get(name)
+        return self
+
+    def to_dict(self) -> dict:
+        return {"shared": True, "kept": sorted(self._kept), "kept_bytes": self.kept_bytes,
+                "references_computed": self.references_computed}
+
+
 # ---- the suite --------------------------------------------------------------------------------
 
 class LaunchError(RuntimeError):
@@ -311,7 +379,7 @@ class Suite:
 
     def __init__(self, launch: Launch, *, acc: str, layout: str, ws_bytes: int = 0,
                  device="cpu", seed: int = 0, workspace: Callable[[int, int, int], int] | None = None,
-                 ws_zero_init: bool = False):
+                 ws_zero_init: bool = False, inputs: "ShapeInputs | None" = None):
         import torch
 
         self.launch_fn, self.acc, self.layout, self.ws_bytes = launch, acc, layout, ws_bytes
@@ -319,12 +387,14 @@ class Suite:
         self.workspace = workspace
         # the kernel finds its workspace zero and must leave it zero (docs/abi.md)
         self.ws_zero_init = ws_zero_init
-        self.device = device
+        self.device, self.seed = device, seed
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
         self.report = CheckReport()
         self._garbage_kinds = ("nan", "random")
         self._calls = 0
+        # the main shape's inputs and references (shared by a finals group; else this suite's)
+        self.inputs = inputs
 
     # one guarded call: garbage in C, copies of everything, launch, then the guard checks
     def call(self, ops: Operands, where: str):
@@ -355,12 +425,15 @@ class Suite:
                                f"by a kernel declaring workspace_zero_init ({where})")
         return ops.c.clone()
 
-    def _score(self, name: str, c, a, b, exact: bool, where: str, K: int) -> bool:
-        ref = reference(a, b)
+    def _score(self, name: str, c, a, b, exact: bool, where: str, K: int,
+               shared: tuple | None = None) -> bool:
+        """shared: (ref, rms_a, rms_b) of a's and b's ShapeInputs entry (else computed here)."""
+        ref, rms_a, rms_b = shared if shared is not None else (reference(a, b), None, None)
         if exact:
             cmp = compare(c, ref, exact=True)
         else:
-            cmp = compare(c, ref, K=K, acc=self.acc, rms_a=rms(a), rms_b=rms(b))
+            cmp = compare(c, ref, K=K, acc=self.acc, rms_a=rms(a) if rms_a is None else rms_a,
+                          rms_b=rms(b) if rms_b is None else rms_b)
             self.report.max_abs_err = max(self.report.max_abs_err, cmp.max_abs_err)
             self.report.max_rel_err = max(self.report.max_rel_err, cmp.max_rel_err)
         self.report.record(name, cmp.ok, f"{cmp.detail} ({where})")
@@ -373,6 +446,17 @@ class Suite:
         a, b = (ones_inputs if kind == "ones" else random_inputs)(M, N, K, self.gen, self.device)
         set_inputs(ops, a, b)
         return ops, a, b
+
+    def fresh_main(self, name: str, pad: int = 0):
+        """Fresh guarded buffers of the main shape holding the ShapeInputs entry `name`:
+        (ops, a, b, (ref, rms_a, rms_b))."""
+        inp = self.inputs
+        a, b, ref, ra, rb = inp.get(name)
+        ws_bytes = self.ws_bytes if self.workspace is None else int(self.workspace(inp.M, inp.N, inp.K))
+        ops = make_operands(inp.M, inp.N, inp.K, self.layout, ws_bytes, self.gen, self.device,
+                            pad=pad, ws_zero=self.ws_zero_init)
+        set_inputs(ops, a, b)
+        return ops, a, b, (ref, ra, rb)
 
     def run(self, M: int, N: int, K: int, *, seeds: int = 3, any_shape: bool = False,
             tile: tuple[int, int, int] | None = None,
@@ -394,15 +478,17 @@ class Suite:
                                    f"kernel's tile {bm}x{bn}x{bk} and it does not claim any_shape")
                 return
         target = f"{M}x{N}x{K}"
+        if self.inputs is None or (self.inputs.M, self.inputs.N, self.inputs.K) != (M, N, K):
+            self.inputs = ShapeInputs(M, N, K, device=self.device, seed=self.seed)
         kept = None
         for s in range(seeds):
             # fresh buffers for every seed; 0/1 exact, then random within tolerance
-            ops, a, b = self.fresh(M, N, K, "ones")
+            ops, a, b, ref = self.fresh_main(f"ones{s}")
             c = self.call(ops, f"{target} 0/1 seed {s}")
-            self._score("ones_exact", c, a, b, True, f"{target} seed {s}", K)
-            ops, a, b = self.fresh(M, N, K, "random")
+            self._score("ones_exact", c, a, b, True, f"{target} seed {s}", K, ref)
+            ops, a, b, ref = self.fresh_main(f"random{s}")
             c = self.call(ops, f"{target} random seed {s}")
-            self._score("random_tol", c, a, b, False, f"{target} seed {s}", K)
+            self._score("random_tol", c, a, b, False, f"{target} seed {s}", K, ref)
             self.report.record("fresh_buffers", True)
             if s == 0:
                 kept = (ops, c)
@@ -414,14 +500,14 @@ class Suite:
         same = torch.equal(c_first.view(torch.int16), c_again.view(torch.int16))
         self.report.record("determinism", same, f"two calls on the same inputs differ ({target})")
         # same pointers, new values: memoisation keyed on pointers returns the old answer
-        a, b = random_inputs(M, N, K, self.gen, self.device)
+        a, b, *ref = self.inputs.get("reuse")
         set_inputs(ops, a, b)
         c = self.call(ops, f"{target} reused buffers")
-        self._score("reuse", c, a, b, False, f"{target}, same pointers, new values", K)
+        self._score("reuse", c, a, b, False, f"{target}, same pointers, new values", K, tuple(ref))
         # padded leading dimensions (16 bytes, so TMA alignment still holds)
-        ops, a, b = self.fresh(M, N, K, "random", pad=8)
+        ops, a, b, ref = self.fresh_main("padded", pad=8)
         c = self.call(ops, f"{target} padded ld")
-        self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K)
+        self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K, ref)
         if any_shape:
             for (m, n, k) in edge_shapes(M, N, K, divisible, max_m, max_n):
                 where = f"{m}x{n}x{k}"
@@ -460,12 +546,14 @@ def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: st
                  seed: int = 0, divisible: tuple[int, int, int] = (1, 1, 1),
                  workspace: Callable[[int, int, int], int] | None = None,
                  ws_zero_init: bool = False, max_m: int | None = None,
-                 max_n: int | None = None) -> CheckReport:
+                 max_n: int | None = None, inputs: ShapeInputs | None = None) -> CheckReport:
     """The whole correctness suite for one kernel and shape. divisible: the meta's (M, N, K)
     divisors, which the edge shapes keep; workspace(M, N, K): bytes for shapes other than the
-    target (default: ws_bytes for every shape)."""
+    target (default: ws_bytes for every shape). inputs: the main shape's ShapeInputs, shared by
+    every candidate of a finals group (default: the suite's own); the edge shapes, which
+    depend on the kernel's meta, stay per kernel."""
     suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed,
-                  workspace=workspace, ws_zero_init=ws_zero_init)
+                  workspace=workspace, ws_zero_init=ws_zero_init, inputs=inputs)
     return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
                      max_m=max_m, max_n=max_n)
 
