@@ -502,6 +502,31 @@ def test_kernel_time_of_a_tiny_gemm_is_gpu_time_not_host_time():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mnk", [(64, 64, 64), (256, 256, 256)])
+def test_flush_and_rotation_time_the_same_cold_gemm_on_gpu(mnk):
+    """The two cold methods of kerneltime.cold_plan must measure the same thing before the rule
+    may pick either: torch.matmul timed by rotation (sets > 3x L2) and by an L2 flush before
+    each sample (N + 1 sets), one session after the other: the medians within 5%."""
+    import torch
+
+    M, N, K = mnk
+    be = KT.CudaKernelBackend()
+    bps = 2 * (M * K + K * N)
+    n_rot = KT.n_operand_sets(bps, be.l2_bytes)
+    cfg = KT.KernelTimeConfig(precall=True, sample_us=200.0, max_calls=64, min_rounds=10,
+                              max_rounds=30)
+    a = torch.randn(n_rot, M, K, device="cuda").half()
+    b = torch.randn(n_rot, K, N, device="cuda").half()
+    c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    res = {}
+    for method, n in (("rotate", n_rot), ("flush", cfg.max_calls + 1)):
+        f = {method: lambda i: torch.matmul(a[i], b[i], out=c)}
+        res[method] = KT.time_kernels(f, dataclasses_replace(cfg, cold=method), be, n_sets=n)
+    t_rot, t_flush = res["rotate"].time("rotate").median, res["flush"].time("flush").median
+    assert abs(t_flush / t_rot - 1.0) < 0.05, (t_rot, t_flush)
+
+
+@pytest.mark.gpu
 def test_screen_and_finals_on_gpu(tmp_path):
     """Screening ranks two template builds in one worker; finals time the better one against
     the baselines; rows land in the DB with their stage."""
@@ -530,3 +555,173 @@ def test_screen_and_finals_on_gpu(tmp_path):
     assert ev.status == "ok" and ev.stage == "final", ev.detail
     assert "e2e_eager_throughput" in ev.timings
     assert db.baseline_choices()          # cuBLASLt's autotuned choice recorded once
+
+
+# ---- cold operands: rotation or an L2 flush (kerneltime.cold_plan) -------------------------------
+
+def test_cold_plan_picks_the_cheaper_method_and_records_its_estimate():
+    l2 = 50 << 20
+    tiny = 2 * (64 * 64 + 64 * 64)                   # 64x64x64: 16 KiB a set, 9600 sets to rotate
+    finals = KT.cold_plan(tiny, l2, samples=6 * KT.FINAL_CONFIG.min_rounds,
+                          max_calls=KT.FINAL_CONFIG.max_calls)
+    # a finals session's flushes (36 x 100 MiB) move more than filling 3x L2 of sets once
+    assert finals.method == "rotate" and finals.n_sets == KT.n_operand_sets(tiny, l2) == 9600
+    assert finals.flush_bytes > finals.rotate_bytes
+    few = KT.cold_plan(tiny, l2, samples=1, max_calls=64)
+    assert few.method == "flush" and few.n_sets == 65 and few.rotate_sets == 9600
+    assert few.flush_bytes < few.rotate_bytes
+    # the threshold: flush below the break-even sample count, rotate from it on
+    per_sample = KT.FLUSH_L2_MULTIPLE * l2
+    fill = 65 * tiny * KT.ROTATE_FILL_BYTES_PER_BYTE
+    even = (finals.rotate_bytes - fill) / per_sample
+    assert KT.cold_plan(tiny, l2, samples=int(even) - 1, max_calls=64).method == "flush"
+    assert KT.cold_plan(tiny, l2, samples=int(even) + 1, max_calls=64).method == "rotate"
+    big = 2 * (4096 * 4096 * 2)                      # 4096^3: 3 sets rotate, fewer than a flush needs
+    assert KT.cold_plan(big, l2, samples=1, max_calls=64).method == "rotate"
+    hot = KT.cold_plan(tiny, l2, "hot", samples=36, max_calls=64)
+    assert hot.method == "hot" and hot.n_sets == 1
+    assert set(finals.to_dict()) >= {"method", "operand_sets", "est_rotate_bytes", "est_flush_bytes"}
+    with pytest.raises(ValueError, match="cold"):
+        KT.KernelTimeConfig(cold="warm")
+
+
+class LoggingGpu(FakeGpu):
+    """FakeGpu that logs the stream's order: flush, spin, record (events), call (with its set)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.log = []
+
+    def call(self, name, i=0):
+        self.log.append(("call", name, i))
+        super().call(name, i)
+
+    def flush_l2(self):
+        self.log.append(("flush",))
+        super().flush_l2()
+
+    def spin(self, us):
+        self.log.append(("spin",))
+        super().spin(us)
+
+    def record(self):
+        self.log.append(("record",))
+        return super().record()
+
+
+def _samples(log):
+    """Each timed sample as (ops before its start event since the previous stop, ops inside)."""
+    out, before, inside, open_ = [], [], None, False
+    for op in log:
+        if op[0] == "record":
+            if not open_:
+                inside, open_ = [], True
+            else:
+                out.append((before, inside))
+                before, open_ = [], False
+        elif open_:
+            inside.append(op)
+        else:
+            before.append(op)
+    return out
+
+
+def test_flush_mode_flushes_before_each_sample_and_never_inside_the_bracket():
+    gpu = LoggingGpu({"cand": 3.0, "base": 4.0}, {"cand": 10.0, "base": 10.0})
+    cal = KT.Calibration({"cand": 3.0, "base": 4.0}, {"cand": 10.0, "base": 10.0}, calls=8,
+                         spin_us={"cand": 200.0, "base": 200.0})
+    cfg = KT.KernelTimeConfig(precall=True, cold="flush", min_rounds=4, max_rounds=4, warmup_ms=0.001)
+    gpu.log.clear()
+    res = KT.time_kernels(fns(gpu, ["cand", "base"]), cfg, gpu, n_sets=9, calibration=cal,
+                          pairs=[("base", "cand")])
+    assert res.ratio("base", "cand").median == pytest.approx(4.0 / 3.0)
+    samples = _samples(gpu.log[next(i for i, op in enumerate(gpu.log) if op[0] == "flush"):])
+    assert len(samples) == 8 and res.calls_per_sample == 8
+    for before, inside in samples:
+        assert [op[0] for op in before][:2] == ["flush", "spin"]      # flush, then the spin
+        assert all(op[0] == "call" for op in inside) and len(inside) == 8   # no flush inside
+        pre = [op[2] for op in before if op[0] == "call"]
+        sets = [op[2] for op in inside] + pre
+        assert len(set(sets)) == 9              # the pre-call's set and 8 timed ones: all distinct
+    assert res.session_dict()["cold"] == "flush"
+    # too few sets for the calls: a flush session caps the calls (N + 1 sets) ...
+    capped = KT.time_kernels(fns(gpu, ["cand"]), cfg, gpu, n_sets=5, calibration=cal)
+    assert capped.calls_per_sample == 4
+    # ... and the rotating default never flushes in the offline bracket
+    gpu.log.clear()
+    KT.time_kernels(fns(gpu, ["cand"]), dataclasses_replace(cfg, cold="rotate"), gpu, n_sets=9,
+                    calibration=cal)
+    assert not [op for op in gpu.log if op[0] == "flush"]
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+    return dataclasses.replace(cfg, **kw)
+
+
+def test_a_retaken_sample_moves_on_to_fresh_operand_sets():
+    """A starved sample is taken again on the next sets: the failed attempt pulled its own sets
+    into L2, so taking it again on them would time warm operands."""
+    gpu = LoggingGpu({"k": 3.0}, {"k": 15.0})
+    cal = KT.Calibration({"k": 3.0}, {"k": 15.0}, calls=4, spin_us={"k": 5.0})
+    gpu.log.clear()
+    res = KT.time_kernels(fns(gpu, ["k"]), KT.KernelTimeConfig(min_rounds=2, max_rounds=2,
+                                                               warmup_ms=0.001),
+                          gpu, n_sets=1000, calibration=cal)
+    assert res.starved >= 1
+    timed = [[op[2] for op in inside] for _, inside in _samples(gpu.log)]
+    seen = [s for sample in timed for s in sample]
+    assert len(seen) == len(set(seen))           # no set timed twice, retakes included
+
+
+# ---- the export bar stops a hopeless session (KernelTimeConfig.stop_below) ------------------------
+
+def test_offline_rounds_stop_once_no_candidate_can_reach_the_bar():
+    rng = random.Random(5)
+
+    class Noisy(FakeGpu):
+        def call(self, name, i=0):
+            base = {"cand0": 10.0, "cand1": 11.0, "base0": 9.0, "base1": 12.0}[name]
+            self.gpu_us[name] = base * (1 + 0.02 * rng.gauss(0, 1))
+            super().call(name, i)
+
+    names = ["cand0", "cand1", "base0", "base1"]
+    pairs = [(b, c) for c in ("cand0", "cand1") for b in ("base0", "base1")]
+    cfg = KT.KernelTimeConfig(sample_us=10.0, min_rounds=6, max_rounds=60, target=0.0001,
+                              budget_s=100.0, stop_below=1.02)
+    gpu = Noisy({n: 1.0 for n in names})
+    res = KT.time_kernels(fns(gpu, names), cfg, gpu, n_sets=2, pairs=pairs)
+    assert res.stopped == KT.STOPPED_BELOW_BAR and res.rounds < 60
+    d = res.session_dict()
+    assert set(d["below_bar"]) == {"cand0", "cand1"}
+    for c, why in d["below_bar"].items():
+        assert why["baseline"] == "base0" and why["hi"] < 1.02 and why["bar"] == 1.02
+        assert res.ratio("base0", c).hi < 1.02
+    # without the bar the same session runs to its cap
+    gpu = Noisy({n: 1.0 for n in names})
+    full = KT.time_kernels(fns(gpu, names), dataclasses_replace(cfg, stop_below=None), gpu,
+                           n_sets=2, pairs=pairs)
+    assert full.stopped == "max_rounds" and full.rounds == 60
+
+
+def test_a_candidate_that_can_reach_the_bar_keeps_the_session_going():
+    """One finalist above the bar: the session runs exactly as without the rule (same rounds,
+    same numbers), however hopeless the other finalist is."""
+    def run(stop_below):
+        rng = random.Random(7)
+
+        class Noisy(FakeGpu):
+            def call(self, name, i=0):
+                base = {"win": 8.0, "lose": 20.0, "base": 9.0}[name]
+                self.gpu_us[name] = base * (1 + 0.02 * rng.gauss(0, 1))
+                super().call(name, i)
+
+        gpu = Noisy({"win": 1.0, "lose": 1.0, "base": 1.0})
+        cfg = KT.KernelTimeConfig(sample_us=10.0, min_rounds=6, max_rounds=30, target=0.0001,
+                                  budget_s=100.0, stop_below=stop_below)
+        return KT.time_kernels(fns(gpu, ["win", "lose", "base"]), cfg, gpu, n_sets=2,
+                               pairs=[("base", "win"), ("base", "lose")])
+    gated, plain = run(1.02), run(None)
+    assert gated.stopped == plain.stopped == "max_rounds" and gated.rounds == plain.rounds
+    assert gated.per_round == plain.per_round
+    assert gated.ratio("base", "win").lo > 1.02

@@ -24,6 +24,16 @@ power draw and throttle reasons are kept in the session; speedups are medians of
 per-round ratios with bootstrap intervals (cudal2.timing.stats), and sampling stops when every
 interval's half-width is within `target` of its median, or at the round/time budget.
 
+Cold operands come one of two ways, chosen per shape by `cold_plan` (the cheaper on the GPU
+that keeps every timed call's A and B out of L2): "rotate", the N calls of a sample cycle
+through operand sets whose total exceeds 3x L2; or "flush", an L2 flush (a write over 2x L2)
+before each sample's spin, outside the bracket, and N + 1 distinct sets, so each timed call reads
+operands no call has touched since the flush.
+
+The offline session of a gated finals group (`stop_below`: the export bar, 1 + margin) also
+stops once no candidate can reach the bar: every candidate's speedup interval against some
+baseline lies wholly below it (STOPPED_BELOW_BAR).
+
 `time_after_gaps` is server mode: single calls after fixed idle gaps (L2 flushed), timed the same
 way (a short spin ahead of the start event), so the host path stays out of the number.
 
@@ -44,6 +54,16 @@ from cudal2.timing import stats as S
 # Operand sets: their total footprint (A + B of one layout) exceeds this many L2 sizes (cold).
 COLD_L2_MULTIPLE = 3
 MAX_SPIN_US = 50_000.0
+COLD_METHODS = ("rotate", "flush")
+# The cold-operand rule (cold_plan). A flush writes FLUSH_L2_MULTIPLE x L2 (CudaKernelBackend.
+# flush_l2) once per sample; filling the rotated sets moves about ROTATE_FILL_BYTES_PER_BYTE GPU
+# bytes per operand byte (fp32 normal draws written and read back, fp16 written; B's column-major
+# copy read and written). The flush is chosen when a session's flushes, at its fewest samples
+# (every callable x min_rounds), move fewer bytes than filling the rotated sets: the threshold is
+# the break-even sample count rotate_bytes / flush_bytes_per_sample.
+FLUSH_L2_MULTIPLE = 2
+ROTATE_FILL_BYTES_PER_BYTE = 3
+STOPPED_BELOW_BAR = "no finalist can reach the export bar"
 
 
 @dataclass(frozen=True)
@@ -62,11 +82,19 @@ class KernelTimeConfig:
     early_stop: float | None = None  # screening: stop once a candidate's median is this factor
     #                                  above `reference_us` after min_rounds (clearly slower)
     precall: bool = False          # one untimed call after the spin, before the start event
+    cold: str = "rotate"           # COLD_METHODS: rotate the sets, or flush L2 before each sample
+    #                                (then n_sets must exceed the calls per sample: cold_plan)
+    stop_below: float | None = None  # finals with a gate: stop once every candidate's speedup
+    #                                  interval vs some baseline lies below this bar (pairs)
     seed: int = 0
 
     def __post_init__(self):
         if self.operands not in ("cold", "hot"):
             raise ValueError(f"operands must be 'cold' or 'hot', got {self.operands!r}")
+        if self.cold not in COLD_METHODS:
+            raise ValueError(f"KernelTimeConfig.cold must be one of {COLD_METHODS}, got {self.cold!r}")
+        if self.stop_below is not None and not self.stop_below > 0:
+            raise ValueError(f"KernelTimeConfig.stop_below must be > 0 or None, got {self.stop_below!r}")
         for name in ("max_calls", "min_rounds", "max_rounds", "verify_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"KernelTimeConfig.{name} must be >= 1, got {getattr(self, name)!r}")
@@ -98,6 +126,45 @@ def n_operand_sets(bytes_per_set: int, l2_bytes: int, operands: str = "cold",
         return 1
     want = max(2, math.ceil(COLD_L2_MULTIPLE * l2_bytes / max(bytes_per_set, 1)))
     return max(2, min(want, max_bytes // max(bytes_per_set, 1)))
+
+
+@dataclass(frozen=True)
+class ColdPlan:
+    """How a session keeps operands cold (cold_plan): the method, the operand sets to allocate,
+    and the estimate it was chosen by (GPU bytes moved)."""
+    method: str                    # "rotate" | "flush" | "hot" (one set, L2-resident on purpose)
+    n_sets: int
+    rotate_sets: int               # what rotation needs: total > COLD_L2_MULTIPLE x L2
+    rotate_bytes: float            # filling those sets
+    flush_bytes: float             # the flushes over the session's fewest samples, plus the fill
+    samples: int                   # of N + 1 sets
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "operand_sets": self.n_sets, "rotate_sets": self.rotate_sets,
+                "est_rotate_bytes": self.rotate_bytes, "est_flush_bytes": self.flush_bytes,
+                "est_samples": self.samples}
+
+
+def cold_plan(bytes_per_set: int, l2_bytes: int, operands: str = "cold", *, samples: int,
+              max_calls: int, fill_bytes_per_set: int | None = None,
+              max_bytes: int = 8 << 30) -> ColdPlan:
+    """THE cold-operand rule, one per shape for every callable (candidates and baselines alike).
+    bytes_per_set: what one call reads (A and one B layout); fill_bytes_per_set: what one set
+    allocates (default the same); samples: the fewest samples the session takes (callables x
+    min_rounds); max_calls: the most calls one sample makes. Rotation costs filling
+    `n_operand_sets` sets once; the flush costs FLUSH_L2_MULTIPLE x L2 per sample plus filling
+    max_calls + 1 sets. The cheaper wins (ties: rotate, the method every earlier row used)."""
+    fill = fill_bytes_per_set or bytes_per_set
+    if operands == "hot":
+        return ColdPlan("hot", 1, 1, float(fill), float(fill), samples)
+    rot = n_operand_sets(bytes_per_set, l2_bytes, operands, max_bytes)
+    flush_sets = max_calls + 1
+    rotate_bytes = float(rot) * fill * ROTATE_FILL_BYTES_PER_BYTE
+    flush_bytes = (float(samples) * FLUSH_L2_MULTIPLE * l2_bytes
+                   + float(flush_sets) * fill * ROTATE_FILL_BYTES_PER_BYTE)
+    if rot > flush_sets and flush_bytes < rotate_bytes:
+        return ColdPlan("flush", flush_sets, rot, rotate_bytes, flush_bytes, samples)
+    return ColdPlan("rotate", rot, rot, rotate_bytes, flush_bytes, samples)
 
 
 class KernelBackend(Protocol):
@@ -149,6 +216,8 @@ class KernelTimes:
     n_sets: int = 1
     starved: int = 0                                    # samples retaken: the GPU caught up
     stopped: str = ""                                   # tight | budget | max_rounds | early_stop
+    #                                                     | failed | STOPPED_BELOW_BAR
+    below_bar: dict = field(default_factory=dict)       # candidate -> (baseline, hi) when stopped below the bar
     failures: list[str] = field(default_factory=list)   # "who@round r: why"
     seconds: float = 0.0
     power: list = field(default_factory=list)           # per round: {power_w, throttle} or None
@@ -212,6 +281,10 @@ class KernelTimes:
                 "calls_per_sample": self.calls_per_sample, "operand_sets": self.n_sets,
                 "spin_us": {k: round(v, 1) for k, v in self.spin_us.items()},
                 "starved_retakes": self.starved, "stopped": self.stopped,
+                "cold": self.config.cold if self.config.operands == "cold" else "hot",
+                **({"below_bar": {c: {"baseline": b, "hi": hi, "bar": self.config.stop_below}
+                                  for c, (b, hi) in self.below_bar.items()}}
+                   if self.below_bar else {}),
                 "seconds": round(self.seconds, 3),
                 "sm_clock_mhz": {"median": S.median(clocks), "min": min(clocks),
                                  "max": max(clocks)} if clocks else None,
@@ -293,7 +366,16 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
     cal = calibration or calibrate(callables, config, backend, n_sets=n_sets)
     _warmup(callables, backend, cal, config, n_sets, rng)
     spin = dict(cal.spin_us)
-    N = cal.calls
+    flush = config.cold == "flush" and config.operands == "cold"
+    # with a flush, every timed call of a sample needs its own set, and the pre-call (on the set
+    # before the first) one more: N + 1 distinct sets, so at most n_sets - 1 calls
+    N = min(cal.calls, n_sets - 1) if flush else cal.calls
+    if N < 1:
+        raise ValueError(f"cold='flush' needs more operand sets than calls per sample (n_sets={n_sets})")
+    bar_pairs: dict[str, list[str]] = {}
+    if config.stop_below is not None:
+        for b, c in pairs:
+            bar_pairs.setdefault(c, []).append(b)
     out = KernelTimes(names, {n: [] for n in names}, [], N, spin, config, n_sets=n_sets)
     power_state = getattr(backend, "power_state", None)
     offset = 0
@@ -308,6 +390,8 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
             for attempt in range(4):
                 if prepare is not None:
                     prepare(name)
+                if flush:                     # before the spin: outside the bracket
+                    backend.flush_l2()
                 backend.spin(spin[name])
                 if config.precall:            # warms what a first call pays (not its operands)
                     fn((offset - 1) % n_sets)
@@ -319,10 +403,12 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
                 clock = backend.sm_clock_mhz()
                 if not starved or attempt == 3:
                     break
-                # the GPU reached the start event before the host finished queueing: retake
+                # the GPU reached the start event before the host finished queueing: retake,
+                # on the next sets (the failed attempt just pulled these into L2)
                 out.starved += 1
                 backend.synchronize()
                 spin[name] = min(MAX_SPIN_US, 2 * spin[name])
+                offset = (offset + N) % n_sets
             last_set = (offset + N - 1) % n_sets
             offset = (offset + N) % n_sets
             if clock:
@@ -353,6 +439,11 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
             if S.tight(ivs, config.target):
                 out.stopped = "tight"
                 break
+            if bar_pairs:
+                below = _below_bar(out, bar_pairs, config.stop_below)
+                if below is not None:
+                    out.stopped, out.below_bar = STOPPED_BELOW_BAR, below
+                    break
             if backend.now() - t0 > config.budget_s:
                 out.stopped = "budget"
                 break
@@ -365,6 +456,20 @@ def time_kernels(callables: dict[str, Callable[[int], None]], config: KernelTime
             if why:
                 out.failures.append(f"{name}@round {out.rounds - 1}: {why}")
     out.seconds = backend.now() - t_start
+    return out
+
+
+def _below_bar(kt: KernelTimes, bar_pairs: dict[str, list[str]], bar: float) -> dict | None:
+    """{candidate: (baseline, interval's upper end)} when EVERY candidate has a baseline whose
+    speedup interval (the same bootstrap interval, the same confidence, as the export rule's)
+    lies wholly below `bar`: none can clear the bar against every baseline. Else None."""
+    out = {}
+    for c, bases in bar_pairs.items():
+        his = {b: kt.ratio(b, c).hi for b in bases}
+        worst = min(his, key=his.get)
+        if not his[worst] < bar:
+            return None
+        out[c] = (worst, his[worst])
     return out
 
 
