@@ -395,6 +395,14 @@ def test_measure_times_a_correct_kernel_against_every_baseline_on_gpu():
     assert sess["calls_per_sample"] >= 1 and sess["operand_sets"] >= 2
     assert out["correctness"]["ok"]
     assert out["env"]["gpu"]
+    # where the group's time went: the phases and 'other' sum to measure_group's wall time
+    ph, env = out["env"]["phases_s"], out["env"]
+    assert {"load", "init", "reference", "correctness", "operands", "baselines", "autotune",
+            "calibrate", "offline", "server", "e2e", "wall", "other"} <= set(ph)
+    assert sum(ph.values()) == pytest.approx(env["measure_s"], abs=5e-3)
+    assert ph["other"] < 0.1 * env["measure_s"], ph
+    assert env["shared_inputs"]["references_computed"] == 3 * 2 + 2
+    assert env["cold_operands"]["method"] == "rotate" and env["lt_autotune_choice"]["key"]
 
 
 @pytest.mark.gpu

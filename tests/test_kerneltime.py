@@ -725,3 +725,127 @@ def test_a_candidate_that_can_reach_the_bar_keeps_the_session_going():
     assert gated.stopped == plain.stopped == "max_rounds" and gated.rounds == plain.rounds
     assert gated.per_round == plain.per_round
     assert gated.ratio("base", "win").lo > 1.02
+
+
+def test_time_group_gated_stops_below_the_bar_and_leaves_a_winner_alone():
+    from cudal2.harness import bounds
+    from cudal2.harness.measure import time_group
+    from cudal2.harness.types import EvalRequest, Shape
+
+    def group(durations, gate):
+        rng = random.Random(11)
+
+        class Noisy(FakeGpu):                 # 1% noise: intervals never tight at 1e-9
+            def call(self, name, i=0):
+                self.gpu_us[name] = durations[name] * (1 + 0.01 * rng.gauss(0, 1))
+                super().call(name, i)
+
+        gpu = Noisy(dict(durations))
+        kernel = _kernels(gpu)
+        req = EvalRequest("x", Shape(32, 48, 64), gate_margin=gate)
+        cands = {n: kernel(n) for n in durations if n.startswith("cand")}
+        base = {n: (lambda name, pool, verify: kernel(name)) for n in durations
+                if not n.startswith("cand")}
+        return time_group(cands, base, req, acc="f32", device="cpu",
+                          peak=bounds.peak_for_name("H100"), notes={}, backend=gpu,
+                          l2_bytes=64 << 10,
+                          kernel_config=KT.KernelTimeConfig(precall=True, target=1e-9,
+                                                            max_rounds=20))
+
+    lose = group({"cand0": 12.0, "torch": 10.0, "cublas_nn": 11.0}, 0.02)["cand0"]
+    s = lose["stats"]["offline"]["session"]
+    assert s["stopped"] == KT.STOPPED_BELOW_BAR and s["rounds"] == 6
+    assert s["config"]["stop_below"] == pytest.approx(1.02)
+    assert lose["gate"]["passed"] is False and lose["cold_operands"]["method"] == "rotate"
+    ungated = group({"cand0": 12.0, "torch": 10.0, "cublas_nn": 11.0}, None)["cand0"]
+    assert ungated["stats"]["offline"]["session"]["stopped"] != KT.STOPPED_BELOW_BAR
+    win = group({"cand0": 8.0, "torch": 10.0, "cublas_nn": 11.0}, 0.02)["cand0"]
+    win_plain = group({"cand0": 8.0, "torch": 10.0, "cublas_nn": 11.0}, None)["cand0"]
+    assert win["timings"] == win_plain["timings"] and win["stats"]["offline"]["speedup"] == \
+        win_plain["stats"]["offline"]["speedup"]
+    assert win["gate"]["passed"] is True
+
+
+# ---- the finals' GPU path (measure._measure_group) on CPU fakes ----------------------------------
+
+def test_measure_group_phases_cover_its_wall_time_and_share_one_reference(monkeypatch):
+    """Two candidates of one shape through measure_group's own code path, on CPU tensors and a
+    fake GPU: the phases (PHASES, none overlapping) and 'other' sum to the group's wall time;
+    the autotune is its own phase, not counted in 'baselines'; the main shape's references are
+    computed once for the group; the cold method is recorded."""
+    import time
+
+    import torch
+
+    from cudal2.harness import bounds, check, measure
+    from cudal2.harness.types import EvalRequest, Shape
+
+    gpu = FakeGpu({"cand0": 5.0, "cand1": 6.0, "torch": 10.0, "cublaslt_autotuned": 9.0},
+                  l2_bytes=1 << 16)
+    seen_inputs = {}
+
+    class Lib:
+        def __init__(self, name):
+            self.name = name
+
+        def workspace_bytes(self, M, N, K, opts):
+            return 64 if self.name == "cand1" else 0      # draws differ per kernel: inputs must not
+
+    def so_launcher(lib, opts):
+        def launch(ops):
+            if (ops.M, ops.N, ops.K) == (32, 48, 64):
+                seen_inputs.setdefault(lib.name, []).append(ops.a.clone())
+            ops.c.copy_((ops.a.float() @ ops.b.float()).half())
+            return 0
+        return launch
+
+    def kernel(name):
+        def fn(a, b_rr, b_rc, c):
+            gpu.call(name)
+            c.copy_((a.float() @ b_rr.float()).half())
+            return 0
+        return fn
+
+    class Runners:
+        def __init__(self, libs, M, N, K, acc, layout):
+            self.notes = {}
+
+        def autotune(self, pool, gpu_name, *, verify=None, known=None, backend=None, cold="rotate"):
+            time.sleep(0.2)
+            return {"key": f"{gpu_name}|lt", "index": 0, "source": "results DB"}
+
+        def launcher(self, name):
+            return kernel(name)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(measure, "DEVICE", "cpu")
+    monkeypatch.setattr(measure, "_load", lambda so, o: (Lib(so), {"acc": "f32", "layout": "RR"}, None))
+    monkeypatch.setattr(measure, "_so_launcher", so_launcher)
+    monkeypatch.setattr(measure, "_candidate_launch", lambda lib, lay, M, N, K, o, ws: kernel(lib.name))
+    monkeypatch.setattr(measure, "gpu_env", lambda: {"gpu": "Fake GPU"})
+    monkeypatch.setattr(measure, "_env", lambda before: {"gpu": "Fake GPU"})
+    monkeypatch.setattr(measure.Guard, "active", classmethod(lambda cls: None))
+    monkeypatch.setattr(measure.bounds, "device_peak", lambda: bounds.peak_for_name("H100"))
+    monkeypatch.setattr(measure.KT, "CudaKernelBackend", lambda: gpu)
+    monkeypatch.setattr(measure, "BaselineRunners", Runners)
+    req = EvalRequest("x", Shape(32, 48, 64), baselines=("torch", "cublaslt_autotuned"))
+    out = measure.measure_group(["cand0", "cand1"], [req, req], baseline_libs={"cublas": "-"})
+    assert [r["status"] for r in out] == ["ok", "ok"], [r["detail"] for r in out]
+    env = out[0]["env"]
+    ph = env["phases_s"]
+    assert list(ph) == [k for k in measure.PHASES if k in ph]            # named once, in order
+    assert {"provenance", "load", "init", "reference", "correctness", "operands", "baselines",
+            "autotune", "calibrate", "offline", "other"} <= set(ph)
+    assert sum(ph.values()) == pytest.approx(env["measure_s"], abs=2e-3)
+    assert ph["autotune"] >= 0.2 and ph["baselines"] < 0.2               # nested, not doubled
+    assert ph["other"] < 0.1 * env["measure_s"]
+    # the main shape's 8 references (3 seeds x 0/1 and random, reuse, padded) once for both
+    assert env["shared_inputs"]["references_computed"] == 8
+    assert len(seen_inputs["cand0"]) == len(seen_inputs["cand1"]) > 0
+    assert all(torch.equal(x, y) for x, y in zip(seen_inputs["cand0"], seen_inputs["cand1"]))
+    assert env["cold_operands"]["method"] == "rotate"
+    assert env["lt_autotune_choice"] == {"key": "Fake GPU|lt", "source": "results DB"}
+    assert out[1]["env"] is env

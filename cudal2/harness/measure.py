@@ -21,16 +21,19 @@ measure_group(so_paths, requests)   finals, in a fresh worker: every candidate's
      "stats": {mode_key: {"speedup": {baseline: {median, lo, hi, n}}, "session": {...}}},
      "bounds", "baseline_notes", "lt_autotune": [new autotune entries], "env"}
 
-env["phases_s"] says where a group's worker time went (seconds, the whole group): provenance (GPU
-clock/temperature reads), correctness, operands, baselines (set-up, cuBLASLt autotune), calibrate,
-offline, server, e2e, wall; the
-campaign sums it per stage so a GPU session shows what limits finals per minute.
+env["phases_s"] says where a group's worker time went (seconds, the whole group), by PHASES
+(docs/measurement.md, "Where finals time goes"): the phases do not overlap, each ends with a
+device synchronisation so queued GPU work is charged to the phase that queued it, and with
+"other" (what no phase claims inside measure_group) they sum to env["measure_s"], the group's
+wall time in measure_group; the campaign sums them per stage so a GPU session shows what limits
+finals per minute.
 
 mode keys: "offline" (kernel time), "server_<gap>ms", "e2e_<kind>" (who: candidate = cudal2.matmul,
 torch = torch.matmul), "wall" (CUDA-L2's host clock, labelled).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -47,21 +50,63 @@ from cudal2.runtime.matmul import matmul
 from cudal2.runtime.resolve import serve_kernel
 from cudal2.timing import kerneltime as KT
 
+DEVICE = "cuda"                 # where finals run (CPU tests of the finals path set "cpu")
 N_SCREEN_SETS_MAX = 64          # screening rotates fewer sets (still > 3x L2 for large shapes)
 DERIVED_CUBLAS_BEST = "cublas_best"   # per round, the faster of cuBLAS NN and TN (CUDA-L2's "max")
-PHASES = ("provenance", "correctness", "operands", "baselines", "calibrate", "offline", "server",
-          "e2e", "wall")
+# env["phases_s"]'s keys, named once (docs/measurement.md lists what each holds)
+PHASES = ("provenance",   # GPU clock/temperature/driver reads before and after
+          "load",         # loading each candidate's library, its workspace size and allocation
+          "init",         # torch's cuBLAS handle (the first GEMM's one-time cost), once per group
+          "reference",    # the main shape's correctness inputs and fp32 references, once per group
+          "correctness",  # each candidate's correctness suite (on the shared references)
+          "operands",     # the timing operand sets (kerneltime.cold_plan)
+          "baselines",    # baseline libraries (build-cache lookup, load), handles, cuBLASLt's
+          #                 heuristic query, each baseline's checked first call
+          "autotune",     # cuBLASLt autotuned: the choice (a known key: only the look-up)
+          "calibrate",    # the kernel timer's set-up (NVML handle) and calibration probe
+          "offline", "server", "e2e", "wall",   # the timed sessions
+          "other")        # measure_group's wall time that no phase above claims
+
+
+class PhaseTimes(dict):
+    """Seconds per phase of one finals group. Phases nest without overlapping: a phase entered
+    inside another is counted in its own and taken out of the outer one."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[list[float]] = []      # per open phase: seconds of its inner phases
 
 
 @contextmanager
-def _phase(phases: dict | None, name: str):
-    """Adds the block's host wall time (seconds) to phases[name]."""
+def _phase(phases: dict | None, name: str, sync=None):
+    """Adds the block's host wall time (seconds) to phases[name]; `sync` (e.g. a device
+    synchronise) runs at its end, so GPU work the block queued is charged to it. In a PhaseTimes
+    the time of phases nested inside is not counted twice."""
     t0 = time.perf_counter()
+    stack = getattr(phases, "stack", None)
+    inner = [0.0]
+    if stack is not None:
+        stack.append(inner)
     try:
         yield
+        if sync is not None:
+            sync()
     finally:
+        dt = time.perf_counter() - t0
+        if stack is not None:
+            stack.pop()
+            if stack:
+                stack[-1][0] += dt
         if phases is not None:
-            phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t0, 4)
+            phases[name] = round(phases.get(name, 0.0) + dt - inner[0], 4)
+
+
+def _device_sync(device):
+    """A synchronise for a CUDA device (charges queued work to a phase), else None."""
+    if str(device).startswith("cuda"):
+        import torch
+        return torch.cuda.synchronize
+    return None
 
 
 def _fail(status: str, detail: str, **extra) -> dict:
@@ -94,12 +139,14 @@ def _poisoned(detail: str, **base) -> dict:
 class OperandPool:
     """n_sets operand sets of random normal fp16 data for timing: A (M x K), B row-major (K x N)
     and the same B column-major (stored N x K), and fp32 references computed on demand (a few
-    kept). Cold operands: their total exceeds 3x L2 (kerneltime.n_operand_sets)."""
+    kept). Cold operands (kerneltime.cold_plan): rotated sets whose total exceeds 3x L2, or N + 1
+    sets and an L2 flush before each sample (`cold`, which the autotune's sessions follow too)."""
 
-    def __init__(self, M: int, N: int, K: int, n_sets: int, device, *, seed: int = 12345):
+    def __init__(self, M: int, N: int, K: int, n_sets: int, device, *, seed: int = 12345,
+                 cold: str = "rotate"):
         import torch
 
-        self.M, self.N, self.K, self.n_sets = M, N, K, n_sets
+        self.M, self.N, self.K, self.n_sets, self.cold = M, N, K, n_sets, cold
         gen = torch.Generator(device=device).manual_seed(seed)
         self.A = torch.empty(n_sets, M, K, dtype=torch.float16, device=device)
         self.B = torch.empty(n_sets, K, N, dtype=torch.float16, device=device)
@@ -117,7 +164,13 @@ class OperandPool:
 
     @staticmethod
     def bytes_per_set(M: int, N: int, K: int) -> int:
+        """What one call reads: A and one layout of B (fp16)."""
         return 2 * (M * K + K * N)
+
+    @staticmethod
+    def fill_bytes_per_set(M: int, N: int, K: int) -> int:
+        """What one set allocates and fills: A, B and B's column-major copy (fp16)."""
+        return 2 * (M * K + 2 * K * N)
 
     def a(self, i: int):
         return self.A[i]
@@ -209,18 +262,35 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     writing c. baselines[name] is setup(name, pool, verify) -> such a callable (it runs outside
     timing and may raise to say the baseline is unavailable). e2e(name) -> e2e.measure_e2e's
     dict for a candidate given its kernel time (GPU path; None skips e2e). `phases`, when given,
-    gains the seconds of each stage (PHASES). Returns {name: result part} with status, detail,
-    timings, speedups, stats, bounds."""
+    gains the seconds of each stage (PHASES). Operands are kept cold by kerneltime.cold_plan's
+    method, the same for every callable (each result's "cold_operands" says which). With
+    request.gate_margin set, the offline session also stops once no candidate can reach the
+    export bar (KernelTimeConfig.stop_below). Returns {name: result part} with status, detail,
+    timings, speedups, stats, bounds, cold_operands."""
     import torch
 
     M, N, K = request.shape.M, request.shape.N, request.shape.K
     backend = backend or KT.CudaKernelBackend()
+    sync = _device_sync(device)
     if l2_bytes is None:
         l2_bytes = getattr(backend, "l2_bytes", peak.l2_bytes)
+    cfg = kernel_config or KT.FINAL_CONFIG
     if pool is None:
-        n_sets = KT.n_operand_sets(OperandPool.bytes_per_set(M, N, K), l2_bytes, request.operands)
-        with _phase(phases, "operands"):
-            pool = OperandPool(M, N, K, n_sets, device)
+        plan = KT.cold_plan(OperandPool.bytes_per_set(M, N, K), l2_bytes, request.operands,
+                            samples=(len(candidates) + len(baselines)) * cfg.min_rounds,
+                            max_calls=cfg.max_calls,
+                            fill_bytes_per_set=OperandPool.fill_bytes_per_set(M, N, K))
+        with _phase(phases, "operands", sync):
+            pool = OperandPool(M, N, K, plan.n_sets, device,
+                               cold="flush" if plan.method == "flush" else "rotate")
+        cold_info = plan.to_dict()
+    else:
+        cold_info = {"method": pool.cold if request.operands == "cold" else "hot",
+                     "operand_sets": pool.n_sets}
+    gate = getattr(request, "gate_margin", None)
+    # the same cold method for every callable; a gated session stops below the export bar
+    cfg = dataclasses.replace(cfg, cold=pool.cold,
+                              stop_below=1.0 + gate if gate is not None else cfg.stop_below)
 
     def verify_c(c, i):
         return pool.verify(c, i, acc=acc)
@@ -228,21 +298,21 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     outs = {name: torch.empty(M, N, dtype=torch.float16, device=device) for name in candidates}
     fns = dict(candidates)
     for name, setup in baselines.items():
-        try:
-            with _phase(phases, "baselines"):
+        with _phase(phases, "baselines", sync):
+            try:
                 fn = setup(name, pool, verify_c)
-        except RuntimeError as exc:         # BaselineError, torch errors: unavailable, say why
-            notes[name] = f"unavailable: {exc}"
-            continue
-        c = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
-        try:
-            st = fn(pool.a(0), pool.b_rr(0), pool.b_rc(0), c)
-        except RuntimeError as exc:
-            st = f"{exc}"
-        why = f"returned status {st}" if st else verify_c(c, 0)
-        if why:
-            notes[name] = f"dropped: {why}"
-            continue
+            except RuntimeError as exc:         # BaselineError, torch errors: unavailable, say why
+                notes[name] = f"unavailable: {exc}"
+                continue
+            c = torch.full((M, N), float("nan"), dtype=torch.float16, device=device)
+            try:
+                st = fn(pool.a(0), pool.b_rr(0), pool.b_rc(0), c)
+            except RuntimeError as exc:
+                st = f"{exc}"
+            why = f"returned status {st}" if st else verify_c(c, 0)
+            if why:
+                notes[name] = f"dropped: {why}"
+                continue
         outs[name] = c
         fns[name] = fn
     base_names = [n for n in fns if n not in candidates]
@@ -269,7 +339,8 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     results = {c: {"status": "ok", "detail": "", "timings": {}, "speedups": {}, "stats": {},
                    "bounds": {"lower_bound_us": lower, "peak": peak.name,
                               "peak_source": peak.source, "cold_operands": request.operands == "cold",
-                              "fraction_of_peak": {}}}
+                              "fraction_of_peak": {}},
+                   "cold_operands": cold_info}
                for c in candidates}
 
     def record(key: str, kt: "KT.KernelTimes", session: dict) -> None:
@@ -309,7 +380,6 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
     try:
         cal = None
         if "offline" in request.modes or "server" in request.modes:
-            cfg = kernel_config or KT.FINAL_CONFIG
             with _phase(phases, "calibrate"):
                 cal = KT.calibrate(callables, cfg, backend, n_sets=pool.n_sets)
         if "offline" in request.modes:
@@ -318,7 +388,6 @@ def time_group(candidates: dict, baselines: dict, request, *, acc: str, device, 
                                      verify=verify, prepare=prepare, calibration=cal)
             fail_timed(kt.failures)
             record("offline", kt, kt.session_dict())
-        gate = getattr(request, "gate_margin", None)
         if gate is not None and "offline" in request.modes:
             # server mode and the end-to-end call only for a candidate past the export bar
             for r in results.values():
@@ -539,40 +608,68 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
 
     if not torch.cuda.is_available():
         return [_fail("not_measured", "not measured: no GPU") for _ in requests]
+    t_start = time.perf_counter()
+    phases = PhaseTimes()
+    results = _measure_group_timed(so_paths, requests, baseline_libs, lt_known, done, phases,
+                                   DEVICE)
+    total = time.perf_counter() - t_start
+    phases["other"] = round(max(0.0, total - sum(v for k, v in phases.items() if k != "other")), 4)
+    account = {k: phases[k] for k in PHASES if k in phases}
+    for r in results:
+        if r is not None:       # failed candidates too: the group's time is the group's
+            env = r.setdefault("env", {})
+            env["phases_s"], env["measure_s"] = account, round(total, 4)
+    return results
+
+
+def _measure_group_timed(so_paths, requests, baseline_libs, lt_known, done: dict,
+                         phases: PhaseTimes, device: str = "cuda") -> list[dict]:
+    import torch
+
     req = requests[0]
     M, N, K = req.shape.M, req.shape.N, req.shape.K
-    phases: dict[str, float] = {}
+    sync = _device_sync(device)
     with _phase(phases, "provenance"):
         env_before = gpu_env()
     results: list[dict | None] = [None] * len(requests)
     live: dict[str, tuple] = {}          # name -> (index, lib, meta, opts, ws, layout)
     acc_all = None
     guard = Guard.active()              # preloaded by gpu_pool; None: the row says so
+    shared = None                       # the main shape's inputs and references, once per group
     for i, (so, r) in enumerate(zip(so_paths, requests)):
         done["current"] = i
-        if guard is not None:
-            guard.reset()
-        with _guarded(guard):
-            lib, meta, opts = _load(so, dict(r.options))
+        with _phase(phases, "load"):
+            if guard is not None:
+                guard.reset()
+            with _guarded(guard):
+                lib, meta, opts = _load(so, dict(r.options))
         declared, layout = meta["acc"], meta["layout"]
         acc = r.acc or declared
         base = {"acc": acc, "layout": layout, "meta": meta, "options": dict(r.options)}
         if acc == "f32" and declared == "f16":
             results[i] = _fail("wrong", "kernel declares an f16 accumulator; the request needs f32", **base)
             continue
-        with _guarded(guard):
+        with _phase(phases, "load"), _guarded(guard):
             ws_bytes = lib.workspace_bytes(M, N, K, opts)
         tile = tuple(meta["tile"])[:3] if meta.get("tile") else None
         div = meta.get("divisible")
-        with _phase(phases, "correctness"):
+        if shared is None:
+            with _phase(phases, "init", sync):
+                if sync is not None:                 # torch's cuBLAS, as the references use it
+                    torch.cuda.current_blas_handle()
+            with _phase(phases, "reference", sync):
+                shared = check.ShapeInputs(M, N, K, device=device).prepare(
+                    max(q.seeds for q in requests))
+        with _phase(phases, "correctness", sync):
             report = check.check_kernel(_guarded_launch(guard, _so_launcher(lib, opts)), M, N, K,
                                         acc=acc, layout=layout,
                                         ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),
-                                        tile=tile, seeds=r.seeds, device="cuda",
+                                        tile=tile, seeds=r.seeds, device=device,
                                         divisible=tuple(int(d) for d in div) if div else (1, 1, 1),
                                         workspace=lambda m, n, k: lib.workspace_bytes(m, n, k, opts),
                                         ws_zero_init=bool(meta.get("workspace_zero_init")),
-                                        max_m=meta.get("max_m"), max_n=meta.get("max_n"))
+                                        max_m=meta.get("max_m"), max_n=meta.get("max_n"),
+                                        inputs=shared)
         base["correctness"] = report.to_dict()
         base["call_guard"] = call_record(guard)
         if base["call_guard"].get("refused"):
@@ -593,10 +690,13 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
             done[i] = results[i]
             continue
         # zeroed once here, never between calls (the workspace_zero_init contract, docs/abi.md)
-        ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device="cuda") if ws_bytes else None
+        with _phase(phases, "load"):
+            ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device=device) if ws_bytes else None
         live[f"cand{i}"] = (i, lib, meta, opts, ws, layout, base)
         acc_all = acc
     done.pop("current", None)
+    shared_info = shared.to_dict() if shared is not None else None
+    shared = None                       # its memory is the timing operands' now
     if not live:
         return results
     layouts = {v[5] for v in live.values()}
@@ -609,27 +709,33 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
     runners = None
     new_lt: list[dict] = []
     if wanted:
-        try:
-            libs = baseline_libs or build_baselines(req.arch)
-        except BaselineError as exc:       # torch baselines still run; the rest say why
-            notes["cublas libraries"] = str(exc)
-            libs = {}
-        try:
-            runners = BaselineRunners(libs, M, N, K, acc_all, layout)
-        except BaselineError as exc:
-            notes["cublas libraries"] = str(exc)
-            runners = BaselineRunners({}, M, N, K, acc_all, layout)
-    backend = KT.CudaKernelBackend()
+        with _phase(phases, "baselines", sync):
+            try:
+                libs = baseline_libs or build_baselines(req.arch)
+            except BaselineError as exc:       # torch baselines still run; the rest say why
+                notes["cublas libraries"] = str(exc)
+                libs = {}
+            try:
+                runners = BaselineRunners(libs, M, N, K, acc_all, layout)
+            except BaselineError as exc:
+                notes["cublas libraries"] = str(exc)
+                runners = BaselineRunners({}, M, N, K, acc_all, layout)
+    with _phase(phases, "calibrate"):           # the timer's set-up: NVML handle, L2 size
+        backend = KT.CudaKernelBackend()
+    lt_info: dict = {}
 
     def setup(name: str, pool, verify):
         if name == "cublaslt_autotuned":
-            entry = runners.autotune(pool, env_before.get("gpu") or torch.cuda.get_device_name(),
-                                     verify=verify, known=lt_known, backend=backend)
+            with _phase(phases, "autotune", sync):
+                entry = runners.autotune(pool, env_before.get("gpu") or torch.cuda.get_device_name(),
+                                         verify=verify, known=lt_known, backend=backend,
+                                         cold=pool.cold)
+            lt_info.update(key=entry.get("key"), source=entry.get("source"))
             if entry.get("source") == "tuned now":
                 new_lt.append(entry)
         if name == "torch_tunableop":
             runners.setup_tunableop(pool.a(0), pool.b_rr(0),
-                                    torch.empty(M, N, dtype=torch.float16, device="cuda"))
+                                    torch.empty(M, N, dtype=torch.float16, device=device))
         return runners.launcher(name)
 
     cands = {n: _candidate_launch(v[1], v[5], M, N, K, v[3], v[4]) for n, v in live.items()}
@@ -642,7 +748,7 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
                            HostBackend())
 
     try:
-        timed = time_group(cands, {n: setup for n in wanted}, req, acc=acc_all, device="cuda",
+        timed = time_group(cands, {n: setup for n in wanted}, req, acc=acc_all, device=device,
                            peak=bounds.device_peak(), notes=notes, backend=backend, e2e=e2e,
                            phases=phases)
     finally:
@@ -651,9 +757,13 @@ def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> l
             runners.close()
     with _phase(phases, "provenance"):
         env = _env(env_before)
-    env["phases_s"] = phases
+    env["shared_inputs"] = shared_info
+    if lt_info:
+        env["lt_autotune_choice"] = lt_info      # the key the choice was made or found under
     for name, (i, _, _, _, _, _, base) in live.items():
-        results[i] = dict(base, **timed[name], baseline_notes=notes, lt_autotune=new_lt, env=env)
+        part = dict(timed[name])
+        env["cold_operands"] = part.pop("cold_operands", None)     # the same for the group
+        results[i] = dict(base, **part, baseline_notes=notes, lt_autotune=new_lt, env=env)
     return results
 
 
