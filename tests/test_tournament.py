@@ -122,6 +122,50 @@ def test_a_lone_entrant_goes_straight_to_finals():
     assert be.screened == [] and be.sessions == [(S, [0])] and res.rows[0].stage == "final"
 
 
+def test_the_deadline_is_checked_before_every_finals_session():
+    """tournament.run passes its deadline to the backend (only when it has one) and starts no
+    finals session past it: the finalists it would have run are in not_reached and keep their
+    screening rows; a screening row the deadline cut never goes to finals."""
+    import time
+    from cudal2.harness.pipeline import MIN_SLICE_S, NOT_REACHED, budget_cut
+
+    class Clocked(FakeBackend):
+        def __init__(self, *a, slow_s=0.0, **kw):
+            super().__init__(*a, **kw)
+            self.slow_s, self.deadlines = slow_s, []
+
+        def screen(self, shape, entrants, *, deadline=None):
+            self.deadlines.append(("screen", deadline))
+            return super().screen(shape, entrants)
+
+        def finals(self, shape, entrants, *, deadline=None):
+            self.deadlines.append(("finals", deadline))
+            time.sleep(self.slow_s)
+            return super().finals(shape, entrants)
+
+    ents = [TN.Entrant(_req(i)) for i in range(3)]
+    # the first session fails and runs out the clock: no replacement session starts
+    be = Clocked({0: 10.0, 1: 20.0, 2: 30.0}, {0: "crashed"}, slow_s=0.5)
+    deadline = time.monotonic() + MIN_SLICE_S + 0.3     # a unit needs MIN_SLICE_S left to start
+    res = TN.run(S, ents, be, TN.FinalistPolicy(top=1, within=0), deadline=deadline)
+    assert be.sessions == [(S, [0])] and be.deadlines == [("screen", deadline), ("finals", deadline)]
+    assert res.not_reached == [1] and res.rows[1].stage == "screen" and res.finalists == [0]
+    # past the deadline before finals: nothing runs
+    be2 = Clocked({0: 10.0, 1: 20.0, 2: 30.0})
+    res2 = TN.run(S, ents, be2, TN.FinalistPolicy(top=2), deadline=time.monotonic() - 1)
+    assert be2.sessions == [] and res2.not_reached == [0, 1] and res2.finalists == []
+    # no deadline: the backend is called as before (FakeBackend takes no deadline argument)
+    TN.run(S, ents, FakeBackend({0: 10.0, 1: 20.0, 2: 30.0}), TN.FinalistPolicy())
+    # a screening row the deadline cut is not a finalist (unlike a no-GPU not_measured row)
+    cut = _row(_req(1), "not_measured", "screen")
+    cut.detail = NOT_REACHED
+    assert budget_cut(cut)
+    nogpu = [TN.Entrant(_req(0), screened=_row(_req(0), "not_measured", "screen")),
+             TN.Entrant(_req(1), screened=cut)]
+    res3 = TN.run(S, nogpu, FakeBackend({}), TN.FinalistPolicy(top=2))
+    assert res3.finalists == [0]
+
+
 # ---- server mode and the end-to-end call only past the bar (measure.time_group) ----------------
 
 def test_server_and_e2e_only_for_a_candidate_past_the_export_bar():

@@ -8,7 +8,8 @@ bench, tune, campaign and RL alike.
                                worker: one interleaved session, baselines set up once
     evaluate_many(requests)    evaluate() over a list: parallel builds, then one GPU at a time
     screen(shape, candidates)  ranking only: many pre-built (build, options) candidates of one
-                               shape in one warm worker (smoke check + a few kernel-time samples)
+                               shape in one warm worker (smoke check + a few kernel-time samples),
+                               in chunks with time slices: a fault costs one candidate
 
 Without a GPU the pipeline stops after the audit with status "not_measured": nothing invented
 (an `estimator` may price it, flagged estimated, before it is recorded). Harness errors ("error")
@@ -16,8 +17,10 @@ are recorded but never served from the cache.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
@@ -303,35 +306,65 @@ def _record_lt(db, outs: Iterable[dict], known: dict | None = None) -> None:
                     db.add_baseline_choice(key, entry)
 
 
+# ---- the deadline ---------------------------------------------------------------------------------
+# A run's budget is a deadline (a time.monotonic() value), checked before each unit of work
+# (a screening task, a finals session); a unit's time limit is cut to what is left.
+MIN_SLICE_S = 1.0               # with less than this left before a deadline, no unit starts
+BUDGET = "budget:"              # the detail of every row the deadline cut (budget_cut)
+NOT_REACHED = "budget: not reached before the deadline"
+
+
+def budget_cut(row: Evaluation | None) -> bool:
+    """Whether `row` is a unit the deadline cut (not reached, or stopped at the deadline): a
+    not_measured row never stored, which says nothing about the kernel."""
+    return row is not None and row.status == T.NOT_MEASURED and row.detail.startswith(BUDGET)
+
+
+def _cut(ev: Evaluation, detail: str = NOT_REACHED) -> Evaluation:
+    ev.status, ev.detail = T.NOT_MEASURED, detail
+    return ev
+
+
+def _left(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.monotonic()
+
+
 # ---- finals ---------------------------------------------------------------------------------------
 
 def evaluate(request: EvalRequest, *, db=None, pool=None, build_result=None,
              probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
              probe_timeout_s: float = 30,
              estimator: Callable[[Evaluation], object] | None = None,
-             lt_known: dict | None = None) -> Evaluation:
+             lt_known: dict | None = None, deadline: float | None = None) -> Evaluation:
     """Build, audit and (with a GPU) run the finals of one request; record and return the row.
 
     db: a ResultsDB (cache + store) or None. pool: the GPU WorkerPool (default: a fresh
     gpu_pool() for this call). build_result: a BuildResult already made for this source/arch.
     probe_pool: the CPU pool that reads meta. baseline_libs: built baseline libraries (default:
     built here, cached). gpu: force GPU use on/off (default: whether torch sees one). estimator:
-    prices a not_measured row before it is recorded (RL without a GPU)."""
+    prices a not_measured row before it is recorded (RL without a GPU). deadline: as for
+    evaluate_group."""
     return evaluate_group([request], db=db, pool=pool,
                           build_results=[build_result] if build_result is not None else None,
                           probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=gpu,
                           probe_timeout_s=probe_timeout_s,
-                          estimator=estimator, lt_known=lt_known)[0]
+                          estimator=estimator, lt_known=lt_known, deadline=deadline)[0]
 
 
 def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_results=None,
                    probe_pool=None, baseline_libs: dict | None = None, gpu: bool | None = None,
                    probe_timeout_s: float = 30,
                    estimator: Callable[[Evaluation], object] | None = None,
-                   lt_known: dict | None = None, audits: dict | None = None) -> list[Evaluation]:
+                   lt_known: dict | None = None, audits: dict | None = None,
+                   deadline: float | None = None) -> list[Evaluation]:
     """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
     policy's kernels go one per evaluate()): every candidate's correctness suite, then one
-    interleaved kernel-time session with all of them and every baseline. Rows in input order."""
+    interleaved kernel-time session with all of them and every baseline. Rows in input order.
+
+    deadline (a time.monotonic() value): the session's limit (the sum of the requests'
+    timeout_s) is cut to what is left; a session stopped by the deadline, or not started for
+    want of MIN_SLICE_S, gives not_measured rows with a 'budget:' detail (`budget_cut`), not
+    stored: no verdict on the kernels."""
     requests = list(requests)
     if not requests:
         return []
@@ -369,9 +402,15 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         except BaselineError as e:      # measure still runs the torch baseline and says why
             log.warning("%s", e)
     known = lt_known if lt_known is not None else _lt_known(db)
+    full = sum(requests[i].timeout_s for i, _, _ in runnable)
+    left = _left(deadline)
+    if left < MIN_SLICE_S:
+        for i, ev, _ in runnable:
+            out[i] = _cut(ev)
+        return out  # type: ignore[return-value]
+    timeout = min(full, left)
     own = pool is None
     pool = pool or gpu_pool(spare=0)
-    timeout = sum(requests[i].timeout_s for i, _, _ in runnable)
     mem = max((requests[i].mem_limit_bytes or 0) for i, _, _ in runnable) or None
     try:
         res = pool.run(_measure_task, [str(br.so_path) for _, _, br in runnable],
@@ -384,12 +423,16 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         _record_lt(db, res.value or [], known)
         for (i, ev, _), m in zip(runnable, res.value or []):
             out[i] = record(db, _apply(ev, m, gpu_model), requests[i].source)
+    elif res.status == "timeout" and timeout < full:
+        # the deadline stopped the session, not the requests' own limits: no verdict
+        for i, ev, _ in runnable:
+            out[i] = _cut(ev, f"budget: stopped at the deadline ({timeout:.1f} s of {full:.0f} s)")
     elif len(runnable) > 1 and res.status in ("crashed", "timeout", "oom"):
         # one of them took the worker down: measure each alone, so the verdict lands on it
         for i, ev, br in runnable:
             out[i] = evaluate(requests[i], db=db, pool=None if own else pool, build_result=br,
                               probe_pool=probe_pool, baseline_libs=baseline_libs, gpu=use_gpu,
-                              lt_known=known)
+                              lt_known=known, deadline=deadline)
     else:
         for i, ev, _ in runnable:
             out[i] = record(db, _outcome_verdict(ev, res), requests[i].source)
@@ -466,19 +509,47 @@ class ScreenCandidate:
         object.__setattr__(self, "options", normalise_options(self.options))
 
 
+# Screening's time slices (docs/measurement.md, "Faults cost one candidate"). A task of n
+# candidates in a warm worker may take SCREEN_TASK_S + n * SCREEN_CANDIDATE_S; a task that may
+# land on a fresh worker (the first of a shape, the first after a fault) SCREEN_SETUP_S more, for
+# the worker's set-up of the shape (operand sets, smoke references, torch's time). The H200
+# campaign screened ~2400 candidates per GPU-minute (~25 ms each): the slices bound a hang.
+SCREEN_CHUNK = 8                # trusted candidates per task in one warm worker
+SCREEN_CANDIDATE_S = 5.0        # one candidate: load, smoke check, 3-8 kernel-time rounds
+SCREEN_TASK_S = 5.0             # a task's fixed part: dispatch, the reply
+SCREEN_SETUP_S = 20.0           # a fresh worker's set-up for the shape
+
+
+def screen_slice(n: int, *, cold: bool, candidate_s: float | None = None) -> float:
+    """The time limit of one screening task of `n` candidates (cold: it may set up a worker;
+    candidate_s: one candidate's slice, default SCREEN_CANDIDATE_S)."""
+    per = SCREEN_CANDIDATE_S if candidate_s is None else candidate_s
+    return (SCREEN_SETUP_S if cold else 0.0) + SCREEN_TASK_S + n * per
+
+
 def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm_90a",
            acc: str | None = "f32", db=None, pool=None, gpu: bool | None = None,
            operands: str = "cold", reference_us: float | None = None, trusted: bool = True,
-           probe_pool=None, audits: dict | None = None,
-           timeout_s: float = 120.0) -> tuple[list[Evaluation], dict]:
+           probe_pool=None, audits: dict | None = None, timeout_s: float | None = None,
+           deadline: float | None = None) -> tuple[list[Evaluation], dict]:
     """Screen candidates of one shape: audit each distinct build once (`audits` caches verdicts
-    by source sha across calls), then smoke check and time every (build, options) in ONE warm
-    worker (trusted=True: our templates) or one worker each (trusted=False: policy code).
-    Returns (one stage='screen' row per candidate, in order; the worker's reference dict)."""
+    by source sha across calls), then smoke check and time every (build, options) in a warm
+    worker, SCREEN_CHUNK per task (trusted=True: our templates), or one fresh worker each
+    (trusted=False: policy code). Returns (one stage='screen' row per candidate, in order; the
+    worker's reference dict).
+
+    Faults cost one candidate: a CUDA fault (the worker is poisoned) is the verdict of the
+    candidate that raised it, and the chunk's candidates it did not reach go on in a fresh
+    worker; a crash, a hang (the chunk's slice, `screen_slice`) or an OOM sends the chunk's
+    candidates one by one, each with its own slice. timeout_s: one candidate's slice (default
+    SCREEN_CANDIDATE_S). deadline (a time.monotonic() value): checked before every task, each
+    task's limit cut to what is left; a candidate not reached, or stopped by the deadline, is
+    not_measured with a 'budget:' detail (`budget_cut`) and is not stored."""
     use_gpu = provenance.gpu_visible() if gpu is None else gpu
     gpu_model = provenance.gpu_name() if use_gpu else None
     env = provenance.collect(gpu=use_gpu)
     audits = {} if audits is None else audits
+    cand_s = None if timeout_s is None else float(timeout_s)
     rows: list[Evaluation | None] = [None] * len(candidates)
     todo: list[tuple[int, Evaluation]] = []
     for i, c in enumerate(candidates):
@@ -513,39 +584,82 @@ def screen(shape: T.Shape, candidates: list[ScreenCandidate], *, arch: str = "sm
     reference: dict = {}
     if not todo:
         return rows, reference  # type: ignore[return-value]
+
+    def done(i: int, ev: Evaluation) -> None:
+        rows[i] = ev if budget_cut(ev) else record(db, ev, candidates[i].source)
+
     own = pool is None
     pool = pool or gpu_pool(max_tasks=1000 if trusted else 1, spare=0)
+    queue = collections.deque(todo)        # not screened yet, in order
+    alone: collections.deque = collections.deque()   # a failed chunk's candidates, one per task
+    cold = True                            # the next task may set up a fresh worker
+    best = reference_us                    # the early-stop bar: the best time so far
+    missed: dict[int, int] = {}            # times a candidate's task ended before reaching it
     try:
-        batches = [todo] if trusted else [[t] for t in todo]
-        for batch in batches:
+        while queue or alone:
+            if alone:
+                batch = [alone.popleft()]
+            else:
+                n = SCREEN_CHUNK if trusted else 1
+                batch = [queue.popleft() for _ in range(min(n, len(queue)))]
+            full = screen_slice(len(batch), cold=cold or not trusted, candidate_s=cand_s)
+            left = _left(deadline)
+            if left < MIN_SLICE_S:
+                for i, ev in [*batch, *alone, *queue]:
+                    done(i, _cut(ev))
+                break
+            limit = min(full, left)
             args = [(str(candidates[i].build.so_path), list(candidates[i].options)) for i, _ in batch]
             res = pool.run(_screen_task, (shape.M, shape.N, shape.K), args, arch, acc, operands,
-                           reference_us, timeout_s=timeout_s + 2.0 * len(batch))
+                           best, timeout_s=limit)
+            poisoned = getattr(res, "poisoned", False)
+            cold = res.status != "ok" or poisoned
             if res.status == "ok":
                 reference = res.value.get("reference") or reference
-                if reference.get("torch_us"):
-                    reference_us = min(x for x in (reference_us, reference["torch_us"]) if x)
-                for (i, ev), m in zip(batch, res.value["candidates"]):
+                got = list(res.value.get("candidates") or [])
+                upto = len(got)
+                if poisoned:
+                    # the candidate that broke the context is the last one screened (its
+                    # launch_error); the ones after it were not reached
+                    upto = 1 + max((k for k, m in enumerate(got) if m.get("poisoned")
+                                    or m.get("status") == "launch_error"), default=len(got) - 1)
+                for (i, ev), m in zip(batch[:upto], got):
                     m = dict(m)
                     m.pop("poisoned", None)
                     m["env"] = res.value.get("env")
-                    rows[i] = _apply(ev, m, gpu_model)
-            elif len(batch) > 1:
-                # the batch took the worker down: screen each alone, so the verdict lands on it
+                    done(i, _apply(ev, m, gpu_model))
+                for t in (reference.get("torch_us"), *(screen_us(rows[i]) for i, _ in batch[:upto])):
+                    best = min(x for x in (best, t) if x) if t else best
+                again = []
+                for i, ev in batch[upto:]:       # not reached: on in a fresh worker (3 tries)
+                    missed[i] = missed.get(i, 0) + 1
+                    if missed[i] < 3:
+                        again.append((i, ev))
+                    else:
+                        ev.status, ev.detail = T.ERROR, "not screened: no result in 3 tasks"
+                        done(i, ev)
+                queue.extendleft(reversed(again))
+            elif res.status == "timeout" and limit < full:
+                # the deadline stopped it, not its own slice: no verdict on these kernels
                 for i, ev in batch:
-                    sub, reference = screen(shape, [candidates[i]], arch=arch, acc=acc, db=None,
-                                            pool=pool, gpu=use_gpu, operands=operands,
-                                            reference_us=reference_us, trusted=False,
-                                            audits=audits, timeout_s=timeout_s)
-                    rows[i] = sub[0]
-                    rows[i].id = None
+                    done(i, _cut(ev, f"budget: stopped at the deadline ({limit:.1f} s of a "
+                                     f"{full:.0f} s slice)"))
+            elif len(batch) > 1:
+                # crashed, hung or over memory: one by one, so the verdict lands on the culprit
+                alone.extendleft(reversed(batch))
             else:
                 i, ev = batch[0]
-                rows[i] = _outcome_verdict(ev, res)
+                done(i, _outcome_verdict(ev, res))
     finally:
         if own:
             pool.close()
-    for i, ev in todo:
-        if rows[i] is not None and rows[i].id is None:
-            rows[i] = record(db, rows[i], candidates[i].source)
     return rows, reference  # type: ignore[return-value]
+
+
+def screen_us(row: Evaluation | None) -> float | None:
+    """The time a screening row ranks its candidate by (None: not timed)."""
+    if row is None or row.status != T.OK:
+        return None
+    t = ((row.timings or {}).get("screen") or {}).get("candidate") or {}
+    us = t.get("median_us")
+    return float(us) if us and us > 0 else None

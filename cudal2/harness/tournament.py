@@ -17,6 +17,13 @@ call `run`; docs/measurement.md describes it.
          screened entrant (of its group); the replacements share one further session; at most
          `replacements` such sessions per shape
 
+    deadline (a time.monotonic() value, None: none) is checked before the screening, every
+    finals session and every replacement session, and each unit's time limit is cut to what is
+    left (pipeline.screen's chunks, evaluate_group's session): a hung final costs at most the
+    time left. Finalists whose session never started are in Result.not_reached and keep their
+    screening rows; rows the deadline cut are not_measured with a 'budget:' detail
+    (pipeline.budget_cut) and never stored.
+
 The backend does the GPU work (HarnessBackend: cudal2.harness.pipeline.screen and
 evaluate_group); tests give a fake one. Rows are written only through pipeline.record (inside
 screen and evaluate_group, or by HarnessBackend when finals bypass the cache).
@@ -29,7 +36,8 @@ from typing import Protocol
 
 from cudal2.core.identity import source_sha
 from cudal2.harness import types as T
-from cudal2.harness.pipeline import ScreenCandidate, evaluate_group, record, screen
+from cudal2.harness.pipeline import (MIN_SLICE_S, ScreenCandidate, budget_cut, evaluate_group,
+                                     record, screen, screen_us)
 from cudal2.harness.types import EvalRequest, Evaluation, Shape
 
 # a finalist with one of these final verdicts keeps its place; any other verdict is a failure
@@ -70,15 +78,6 @@ class Entrant:
         return (source_sha(self.request.source), self.request.options)
 
 
-def screen_us(row: Evaluation | None) -> float | None:
-    """The time a screening row ranks its candidate by (None: not timed)."""
-    if row is None or row.status != T.OK:
-        return None
-    t = ((row.timings or {}).get("screen") or {}).get("candidate") or {}
-    us = t.get("median_us")
-    return float(us) if us and us > 0 else None
-
-
 def finalists(screened: list[tuple[float | None, str]], policy: FinalistPolicy,
               reference_us: float | None = None, *,
               runnable: list[bool] | None = None) -> tuple[list[int], list[int]]:
@@ -110,16 +109,21 @@ def finalists(screened: list[tuple[float | None, str]], policy: FinalistPolicy,
 
 
 class Backend(Protocol):
-    """The GPU work of a tournament (HarnessBackend; tests fake it)."""
-    def screen(self, shape: Shape, entrants: list[Entrant]) -> tuple[list[Evaluation], dict]: ...
-    def finals(self, shape: Shape, entrants: list[Entrant]) -> list[Evaluation]: ...
+    """The GPU work of a tournament (HarnessBackend; tests fake it). `run` passes deadline= only
+    when it has one, so a backend that never gets a deadline need not take it."""
+    def screen(self, shape: Shape, entrants: list[Entrant], *,
+               deadline: float | None = None) -> tuple[list[Evaluation], dict]: ...
+    def finals(self, shape: Shape, entrants: list[Entrant], *,
+               deadline: float | None = None) -> list[Evaluation]: ...
 
 
 @dataclass
 class Result:
     """One shape's tournament. rows[i]: entrant i's final row if it ran in finals, else its
     screening row (None: neither). sessions: finals sessions run (1 unless a finalist failed).
-    finalists: entrant indices in the order they entered finals; replaced: (failed, replacement)."""
+    finalists: entrant indices in the order they entered finals; replaced: (failed, replacement);
+    not_reached: entrants picked for a finals session the deadline did not let start (their
+    rows stay the screening rows)."""
     shape: Shape
     rows: list
     screened: list
@@ -131,6 +135,7 @@ class Result:
     finals_s: float = 0.0
     reference: dict = field(default_factory=dict)
     entrants_group: list = field(default_factory=list)
+    not_reached: list[int] = field(default_factory=list)
 
     def winner(self, group: str | None = None) -> tuple[int, Evaluation] | None:
         """(index, final row) of the group's finalist (every group when None) that kept its
@@ -144,16 +149,19 @@ class Result:
 
 
 def run(shape: Shape, entrants: list[Entrant], backend: Backend,
-        policy: FinalistPolicy = FinalistPolicy(), *, reference_us: float | None = None) -> Result:
-    """The tournament of one shape (see the module's docstring). Returns a Result."""
+        policy: FinalistPolicy = FinalistPolicy(), *, reference_us: float | None = None,
+        deadline: float | None = None) -> Result:
+    """The tournament of one shape (see the module's docstring). deadline: a time.monotonic()
+    value no unit of work may run past (None: none). Returns a Result."""
     entrants = list(entrants)
+    kw = {} if deadline is None else {"deadline": deadline}
     res = Result(shape=shape, rows=[e.screened for e in entrants],
                  screened=[e.screened for e in entrants],
                  entrants_group=[e.group for e in entrants])
     todo = [i for i, e in enumerate(entrants) if e.screened is None]
     if todo and len(entrants) > 1:
         t0 = time.monotonic()
-        rows, ref = backend.screen(shape, [entrants[i] for i in todo])
+        rows, ref = backend.screen(shape, [entrants[i] for i in todo], **kw)
         res.screen_s = time.monotonic() - t0
         res.screened_fresh = len(todo)
         res.reference = ref or {}
@@ -167,7 +175,8 @@ def run(shape: Shape, entrants: list[Entrant], backend: Backend,
     else:
         chosen, reserve = finalists(
             [(screen_us(r), e.group) for r, e in zip(res.screened, entrants)], policy, reference_us,
-            runnable=[r is not None and r.status == T.NOT_MEASURED for r in res.screened])
+            runnable=[r is not None and r.status == T.NOT_MEASURED and not budget_cut(r)
+                      for r in res.screened])
     # one entrant per (kernel, options): a kernel two groups found runs once and answers both
     first: dict[tuple, int] = {}
     session = []
@@ -178,8 +187,11 @@ def run(shape: Shape, entrants: list[Entrant], backend: Backend,
     t0 = time.monotonic()
     sessions_left = 1 + policy.replacements
     while session and sessions_left:
+        if deadline is not None and deadline - time.monotonic() < MIN_SLICE_S:
+            res.not_reached += session
+            break
         sessions_left -= 1
-        rows = backend.finals(shape, [entrants[i] for i in session])
+        rows = backend.finals(shape, [entrants[i] for i in session], **kw)
         res.sessions += 1
         res.finalists += session
         for i, row in zip(session, rows):
@@ -221,34 +233,36 @@ class HarnessBackend:
     def __init__(self, *, db=None, cache: bool = True, screen_pool=None, finals_pool=None,
                  gpu: bool | None = None, trusted: bool = True, baseline_libs=None,
                  lt_known: dict | None = None, audits: dict | None = None,
-                 screen_timeout_s: float = 120.0, store_screens: bool = True):
+                 screen_timeout_s: float | None = None, store_screens: bool = True):
         self.db, self.cache, self.screen_pool, self.finals_pool = db, cache, screen_pool, finals_pool
         self.gpu, self.trusted, self.baseline_libs = gpu, trusted, baseline_libs
         self.lt_known, self.audits, self.screen_timeout_s = lt_known, audits, screen_timeout_s
         self.store_screens = store_screens
 
-    def screen(self, shape, entrants):
+    def screen(self, shape, entrants, *, deadline=None):
         r0 = entrants[0].request
         return screen(shape, [ScreenCandidate(e.request.source, e.build, e.request.options,
                                               e.request.origin or "screen") for e in entrants],
                       arch=r0.arch, acc=r0.acc, db=self.db if self.store_screens else None,
                       pool=self.screen_pool, gpu=self.gpu, operands=r0.operands,
-                      trusted=self.trusted, audits=self.audits, timeout_s=self.screen_timeout_s)
+                      trusted=self.trusted, audits=self.audits, timeout_s=self.screen_timeout_s,
+                      deadline=deadline)
 
-    def finals(self, shape, entrants):
+    def finals(self, shape, entrants, *, deadline=None):
         by_layout: dict[str, list[int]] = {}
         for k, e in enumerate(entrants):
             lay = e.layout or (e.screened.layout if e.screened is not None else "")
             by_layout.setdefault(lay, []).append(k)
         out: list = [None] * len(entrants)
         for ks in by_layout.values():
-            for k, ev in zip(ks, self._session([entrants[k] for k in ks])):
+            for k, ev in zip(ks, self._session([entrants[k] for k in ks], deadline)):
                 out[k] = ev
         return out
 
-    def _session(self, entrants):
+    def _session(self, entrants, deadline=None):
         kw = dict(pool=self.finals_pool, build_results=[e.build for e in entrants], gpu=self.gpu,
-                  baseline_libs=self.baseline_libs, lt_known=self.lt_known, audits=self.audits)
+                  baseline_libs=self.baseline_libs, lt_known=self.lt_known, audits=self.audits,
+                  deadline=deadline)
         reqs = [e.request for e in entrants]
         db = self.db if self.cache else None
         try:
@@ -257,5 +271,6 @@ class HarnessBackend:
             rows = [evaluate_group([r], db=db, **dict(kw, build_results=[e.build]))[0]
                     for r, e in zip(reqs, entrants)]
         if not self.cache:
-            rows = [record(self.db, ev, r.source) for ev, r in zip(rows, reqs)]
+            rows = [ev if budget_cut(ev) else record(self.db, ev, r.source)
+                    for ev, r in zip(rows, reqs)]
         return rows
