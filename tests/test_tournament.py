@@ -122,6 +122,33 @@ def test_a_lone_entrant_goes_straight_to_finals():
     assert be.screened == [] and be.sessions == [(S, [0])] and res.rows[0].stage == "final"
 
 
+def test_option_variants_of_one_binary_collapse_to_its_fastest_finalist():
+    """Several screened entrants of one build that differ only in runtime options: only the
+    fastest variant goes to finals; the others wait behind every other binary, so a failing
+    finalist is replaced by a different binary first."""
+    P, f = TN.FinalistPolicy, TN.finalists
+    keys = [("X", (("swizzle", 1),)), ("X", (("swizzle", 2),)), ("Y", ()), ("X", (("swizzle", 4),)),
+            ("Z", ())]
+    times = [(10.0, ""), (10.1, ""), (10.2, ""), (10.05, ""), (30.0, "")]
+    # without the keys X's three variants would fill every place within 3%
+    assert f(times, P(top=1, cap=3))[0] == [0, 3, 1]
+    assert f(times, P(top=1, cap=3), keys=keys) == ([0, 2], [4, 3, 1])
+    # one kernel entered twice (same options) is one entrant, not a variant
+    assert f([(10.0, ""), (10.0, "")], P(top=2), keys=[("X", ()), ("X", ())])[0] == [0, 1]
+    # per group, variants collapse within an arm only (each arm's best still meets the others)
+    assert f([(10.0, "a"), (9.0, "b"), (12.0, "a")], P(per_group=True),
+             keys=[("X", (("s", 1),)), ("X", (("s", 2),)), ("Y", ())]) == ([1, 0], [2])
+    # through run(): the failing X variant is replaced by Z (another binary), not by X again
+    be = FakeBackend({0: 10.0, 1: 10.1, 2: 30.0}, {0: "wrong"})
+    src = {0: "int kernel0;\n", 1: "int kernel0;\n", 2: "int kernel2;\n"}
+    ents = [TN.Entrant(EvalRequest(source=src[0], shape=S, options={"swizzle": 1})),
+            TN.Entrant(EvalRequest(source=src[1], shape=S, options={"swizzle": 2})),
+            TN.Entrant(EvalRequest(source=src[2], shape=S))]
+    be._i = lambda e: 1 if e.request.options == (("swizzle", 2),) else int(e.request.source[10])
+    res = TN.run(S, ents, be, TN.FinalistPolicy(top=1, cap=3))
+    assert be.sessions == [(S, [0]), (S, [2])] and res.replaced == [(0, 2)]
+
+
 def test_the_deadline_is_checked_before_every_finals_session():
     """tournament.run passes its deadline to the backend (only when it has one) and starts no
     finals session past it: the finalists it would have run are in not_reached and keep their

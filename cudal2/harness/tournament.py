@@ -14,7 +14,8 @@ call `run`; docs/measurement.md describes it.
          (measure.measure_group); with `gate_margin` set on the requests, server mode and the
          end-to-end call run only for a finalist past the export rule's kernel-time bar
       4. a finalist that fails (wrong, crashed, timeout, too fast...) gives its place to the next
-         screened entrant (of its group); the replacements share one further session; at most
+         screened entrant (of its group; another binary before another option variant of one
+         already in finals); the replacements share one further session; at most
          `replacements` such sessions per shape
 
     deadline (a time.monotonic() value, None: none) is checked before the screening, every
@@ -79,21 +80,32 @@ class Entrant:
 
 
 def finalists(screened: list[tuple[float | None, str]], policy: FinalistPolicy,
-              reference_us: float | None = None, *,
-              runnable: list[bool] | None = None) -> tuple[list[int], list[int]]:
+              reference_us: float | None = None, *, runnable: list[bool] | None = None,
+              keys: list[tuple] | None = None) -> tuple[list[int], list[int]]:
     """THE finalist rule. screened[i] = (screening time or None, group). Returns (finalists,
     reserve): indices of the finalists, and the rest of the timed entrants fastest first (who
     replaces a failing finalist). Without any timing (no GPU) the runnable entrants (`runnable`,
-    e.g. not_measured rows) stand in input order, so the plumbing runs end to end."""
+    e.g. not_measured rows) stand in input order, so the plumbing runs end to end.
+
+    keys[i]: entrant i's (source sha, runtime options) (Entrant.key). Option variants of one
+    binary (one sha, other options) collapse, within a group under per_group: only the fastest
+    variant of a binary can be a finalist; its other variants wait in reserve behind every
+    entrant of another binary, so a failing finalist is replaced by a different binary first.
+    Entrants with the same key are one kernel (run() runs it once), not variants."""
     timed = sorted((t, i) for i, (t, _g) in enumerate(screened) if t)
-    if not timed:
-        order = [i for i in range(len(screened)) if runnable and runnable[i]]
-        if policy.per_group:
-            firsts = list({screened[i][1]: i for i in reversed(order)}.values())[::-1]
-            return firsts, [i for i in order if i not in firsts]
-        return order[:policy.top], order[policy.top:]
-    groups: dict[str, list[tuple[float, int]]] = {}
+    untimed = not timed
+    if untimed:
+        timed = [(0.0, i) for i in range(len(screened)) if runnable and runnable[i]]
+    # the fastest variant of each binary stands; the other variants go to the reserve's end
+    lead_key: dict = {}
+    lead, later = [], []
     for t, i in timed:
+        key = keys[i] if keys else (i, ())
+        binary = (screened[i][1] if policy.per_group else "", key[0])
+        variant = lead_key.setdefault(binary, key) != key
+        (later if variant else lead).append((t, i))
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for t, i in lead:
         groups.setdefault(screened[i][1] if policy.per_group else "", []).append((t, i))
     chosen: list[int] = []
     for ranked in groups.values():
@@ -101,10 +113,13 @@ def finalists(screened: list[tuple[float | None, str]], policy: FinalistPolicy,
         if policy.per_group:
             chosen += [i for _, i in ranked[:1]]
             continue
+        if untimed:
+            chosen += [i for _, i in ranked[:policy.top]]
+            continue
         bar = max(best, reference_us or 0.0) * (1.0 + policy.within)
         pick = [i for _, i in ranked[:policy.top]] + [i for t, i in ranked[policy.top:] if t <= bar]
         chosen += pick[:policy.cap]
-    reserve = [i for _, i in timed if i not in chosen]
+    reserve = [i for _, i in lead + later if i not in chosen]
     return chosen, reserve
 
 
@@ -176,7 +191,8 @@ def run(shape: Shape, entrants: list[Entrant], backend: Backend,
         chosen, reserve = finalists(
             [(screen_us(r), e.group) for r, e in zip(res.screened, entrants)], policy, reference_us,
             runnable=[r is not None and r.status == T.NOT_MEASURED and not budget_cut(r)
-                      for r in res.screened])
+                      for r in res.screened],
+            keys=[e.key for e in entrants])
     # one entrant per (kernel, options): a kernel two groups found runs once and answers both
     first: dict[tuple, int] = {}
     session = []
