@@ -235,7 +235,7 @@ class _CheapModel:
             self._sums[key] = (meta, zlib.crc32(repr(sorted(meta.items())).encode()) % 1000 / 100.0)
         return 3.0 + self._sums[key][1] + shape.M * shape.N * shape.K * 1e-9
 
-    def rank_options(self, meta, resources, shape, candidates):
+    def rank_options(self, meta, resources, shape, candidates, facts=None):
         first = next(iter(candidates))
         return [(self.predict_us(meta, resources, shape), dict(first))]
 

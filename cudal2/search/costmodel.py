@@ -581,24 +581,32 @@ class CostModel:
     def predict_us(self, meta: Any, resources: Any, shape, options: dict | None = None) -> float:
         """Estimated median time (us) of one call of the kernel on `shape` with these runtime
         options ({name: int}, kernel ABI 2; None or missing names: the declared defaults)."""
-        prior, x = _features(kernel_facts(meta, resources, options), shape, self.spec)
+        return self.predict_facts_us(kernel_facts(meta, resources, options), shape)
+
+    def predict_facts_us(self, facts: KernelFacts, shape) -> float:
+        """predict_us from a kernel's facts (kernel_facts), which do not depend on the shape."""
+        prior, x = _features(facts, shape, self.spec)
         if not self.weights:
             return prior
         return float(math.exp(float(np.dot(self.weights, x))))
 
-    def rank_options(self, meta: Any, resources: Any, shape, candidates: Iterable[dict]) -> list[tuple[float, dict]]:
+    def rank_options(self, meta: Any, resources: Any, shape, candidates: Iterable[dict], *,
+                     facts: list | None = None) -> list[tuple[float, dict]]:
         """(predicted us, options) for each option combination, fastest first; combinations that
         run the same schedule on this shape (CUTLASS clamps the swizzle by the tile counts, the
-        heuristic raster resolves to one of the others) are kept once, the first listed."""
+        heuristic raster resolves to one of the others) are kept once, the first listed.
+        facts: kernel_facts of each combination, in order, when the caller keeps them (a plan
+        ranks one kernel's options for many shapes)."""
         out, seen = [], set()
-        for opts in candidates:
-            f = kernel_facts(meta, resources, opts)
+        candidates = list(candidates)
+        facts = facts or [kernel_facts(meta, resources, o) for o in candidates]
+        for opts, f in zip(candidates, facts):
             key = (cutlass_schedule(f, shape, self.spec.sms).effective()
                    if f.style.startswith("cutlass") else tuple(sorted(opts.items())))
             if key in seen:
                 continue
             seen.add(key)
-            out.append((self.predict_us(meta, resources, shape, opts), dict(opts)))
+            out.append((self.predict_facts_us(f, shape), dict(opts)))
         out.sort(key=lambda r: r[0])
         return out
 

@@ -33,7 +33,7 @@ from cudal2.harness.db import ResultsDB
 from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
 from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
-from cudal2.search.costmodel import CostModel
+from cudal2.search.costmodel import CostModel, kernel_facts
 from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
@@ -167,6 +167,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     src_of: dict[Any, str] = {}
     metas: dict[Any, dict] = {}
     option_spaces: dict[Any, list[dict]] = {}
+    facts: dict[Any, list] = {}                # each config's options' facts: shape-independent
     selecting = bool(limit_per_shape or per_family)
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs
@@ -176,8 +177,10 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             if cfg not in metas:
                 metas[cfg] = config_meta(cfg)
                 option_spaces[cfg] = fam.option_space(cfg)
+                facts[cfg] = [kernel_facts(metas[cfg], None, o) for o in option_spaces[cfg]]
             if selecting or len(option_spaces[cfg]) > 1:
-                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[cfg])
+                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[cfg],
+                                                 facts=facts[cfg])
             else:                                  # nothing to rank: one way to call it
                 ranked[cfg] = [(float("nan"), dict(option_spaces[cfg][0]))]
         if per_family:
