@@ -27,6 +27,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_BUILD_JOBS", "<cpu count>", "parallel nvcc processes for build_many"),
     Knob("CUDAL2_LOG", "warning", "log level of the cudal2 logger"),
     Knob("CUDAL2_ADAPTER", "<repo>/rl/data/adapter", "the LoRA adapter the default policy (smollm2) merges"),
+    Knob("CUDAL2_FAKE_DEVICE", "", "a time scale (e.g. 0.1): GPU workers answer as a fake device "
+         "(synthetic timings, sleeps scaled), for CPU rehearsals of GPU runs; nothing it makes exports"),
     Knob("CUDA_HOME", "", "CUDA toolkit root, searched first for nvcc (standard name)"),
 )
 
@@ -85,6 +87,21 @@ def adapter_dir() -> Path | None:
     None: the adapter that ships in rl/data/adapter."""
     value = _get("CUDAL2_ADAPTER")
     return Path(value).expanduser() if value else None
+
+
+def fake_device_scale() -> float | None:
+    """CUDAL2_FAKE_DEVICE: the time scale of the fake device (cudal2/harness/fakedevice.py), or
+    None when unset (the real GPU, if any)."""
+    value = _get("CUDAL2_FAKE_DEVICE")
+    if not value:
+        return None
+    try:
+        scale = float(value)
+    except ValueError:
+        raise ValueError(f"CUDAL2_FAKE_DEVICE must be a time scale (a number > 0), got {value!r}") from None
+    if not scale > 0:
+        raise ValueError(f"CUDAL2_FAKE_DEVICE must be > 0, got {value!r}")
+    return scale
 
 
 def repo_root() -> Path:

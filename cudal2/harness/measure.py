@@ -40,7 +40,7 @@ from contextlib import contextmanager
 
 from cudal2.core.abi import load_library
 from cudal2.core.vocab import WIN_MARGIN
-from cudal2.harness import bounds, check
+from cudal2.harness import bounds, check, fakedevice
 from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
 from cudal2.harness.callguard import Guard
 from cudal2.harness.e2e import KINDS, E2EConfig, HostBackend, measure_e2e
@@ -584,6 +584,8 @@ def measure_group(so_paths: list[str], requests: list, *, baseline_libs: dict | 
             raise ValueError("measure_group: requests differ in shape or timing settings")
     done: dict[int, dict] = {}
     try:
+        if fakedevice.enabled():
+            return _fake_group(so_paths, requests, done)
         return _measure_group(so_paths, requests, baseline_libs, lt_known, done)
     except Exception as exc:  # noqa: BLE001 - only CUDA errors are verdicts; the rest re-raise
         if not _cuda_error(exc):
@@ -601,6 +603,20 @@ def measure_group(so_paths: list[str], requests: list, *, baseline_libs: dict | 
                 out.append(_fail("error", "not measured: another candidate in the same worker "
                                           "broke the CUDA context"))
         return out
+
+
+def _fake_group(so_paths, requests, done: dict) -> list[dict]:
+    """measure_group on the fake device (cudal2/harness/fakedevice.py): same result shape."""
+    phases: dict[str, float] = {}
+    wanted = list(requests[0].baselines) + list(requests[0].extra_baselines)
+    out = []
+    for i, (so, r) in enumerate(zip(so_paths, requests)):
+        done["current"] = i
+        out.append(fakedevice.measure_one(_load, so, r, wanted, phases))
+        done[i] = out[-1]
+    done.pop("current", None)
+    env = dict(fakedevice.env(), phases_s=phases, measure_s=round(sum(phases.values()), 4))
+    return [dict(res, env=env) for res in out]
 
 
 def _measure_group(so_paths, requests, baseline_libs, lt_known, done: dict) -> list[dict]:
@@ -795,6 +811,11 @@ def screen(shape, candidates: list, *, arch: str = "sm_90a", acc: str | None = N
     ends the batch: the remaining candidates come back as 'error' (retried elsewhere)."""
     import torch
 
+    if fakedevice.enabled():
+        torch_us = fakedevice.torch_us(tuple(shape))
+        one = lambda so, options, best: fakedevice.screen_one(_load, so, options, tuple(shape), acc)  # noqa: E731
+        return {"candidates": _screen_all(candidates, one, torch_us),
+                "reference": {"torch_us": torch_us}, "env": fakedevice.env()}
     if not torch.cuda.is_available():
         return {"candidates": [_fail("not_measured", "not measured: no GPU") for _ in candidates],
                 "reference": {}, "env": {}}
@@ -802,28 +823,8 @@ def screen(shape, candidates: list, *, arch: str = "sm_90a", acc: str | None = N
     cfg = config or KT.SCREEN_CONFIG
     env_before, backend, pool, smoke, torch_us, torch_stats = _screen_setup(M, N, K, operands, cfg)
     best = min(x for x in (reference_us, torch_us) if x)
-    out = []
-    for idx, (so, options) in enumerate(candidates):
-        try:
-            out.append(_screen_one(so, options, M, N, K, acc, pool, smoke, backend, cfg, best))
-        except Exception as exc:  # noqa: BLE001
-            if _cuda_error(exc):
-                detail = f"CUDA error while screening: {type(exc).__name__}: {exc}"[:1000]
-                mark_poisoned(detail)
-                out.append(_fail("launch_error", detail, options=dict(options or {})))
-                out += [_fail("error", "not screened: an earlier candidate broke the CUDA context",
-                              options=dict(o or {})) for _, o in candidates[idx + 1:]]
-                break
-            out.append(_fail("error", f"{type(exc).__name__}: {exc}"[:1000],
-                             options=dict(options or {})))
-            continue
-        t = out[-1].get("timings", {}).get("screen", {}).get("candidate", {}).get("median_us")
-        if out[-1]["status"] == "ok" and t:
-            best = min(best, t)
-        if out[-1].get("poisoned"):
-            out += [_fail("error", "not screened: an earlier candidate broke the CUDA context",
-                          options=dict(o or {})) for _, o in candidates[idx + 1:]]
-            break
+    out = _screen_all(candidates, lambda so, options, best: _screen_one(
+        so, options, M, N, K, acc, pool, smoke, backend, cfg, best), best)
     return {"candidates": out, "reference": {"torch_us": torch_us, "torch": torch_stats},
             "env": _env(env_before)}
 
@@ -859,6 +860,34 @@ def _screen_setup(M: int, N: int, K: int, operands: str, cfg) -> tuple:
     _SETUP[key] = (env_before, backend, pool, smoke, ref_t.time("torch").median,
                    ref_t.stats_dict("torch"))
     return _SETUP[key]
+
+
+def _screen_all(candidates: list, screen_one, best: float) -> list[dict]:
+    """Each candidate through screen_one(so, options, best_us) in turn; a CUDA error poisons the
+    worker and ends the batch (the rest come back as 'error', retried elsewhere)."""
+    out = []
+    for idx, (so, options) in enumerate(candidates):
+        try:
+            out.append(screen_one(so, options, best))
+        except Exception as exc:  # noqa: BLE001
+            if _cuda_error(exc):
+                detail = f"CUDA error while screening: {type(exc).__name__}: {exc}"[:1000]
+                mark_poisoned(detail)
+                out.append(_fail("launch_error", detail, options=dict(options or {})))
+                out += [_fail("error", "not screened: an earlier candidate broke the CUDA context",
+                              options=dict(o or {})) for _, o in candidates[idx + 1:]]
+                break
+            out.append(_fail("error", f"{type(exc).__name__}: {exc}"[:1000],
+                             options=dict(options or {})))
+            continue
+        t = out[-1].get("timings", {}).get("screen", {}).get("candidate", {}).get("median_us")
+        if out[-1]["status"] == "ok" and t:
+            best = min(best, t)
+        if out[-1].get("poisoned"):
+            out += [_fail("error", "not screened: an earlier candidate broke the CUDA context",
+                          options=dict(o or {})) for _, o in candidates[idx + 1:]]
+            break
+    return out
 
 
 def _screen_one(so, options, M, N, K, acc_req, pool, smoke, backend, cfg, best_us) -> dict:

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from cudal2.core.toolchain import find_toolchain
+from cudal2.harness import fakedevice
 from cudal2.timing.kerneltime import visible_gpu_index
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +85,10 @@ def gpu_facts() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def gpu_visible() -> bool:
-    """True when torch sees a CUDA GPU (no context is created by the check)."""
+    """True when torch sees a CUDA GPU (no context is created by the check), or the fake device
+    is on (cudal2/harness/fakedevice.py: CPU rehearsals)."""
+    if fakedevice.enabled():
+        return True
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
     try:
@@ -99,6 +103,8 @@ def gpu_name() -> str | None:
     """The GPU model the workers will run on (the results-DB cache key), or None."""
     if not gpu_visible():
         return None
+    if fakedevice.enabled():
+        return fakedevice.FAKE_GPU
     name = gpu_facts().get("gpu")
     if name:
         return name

@@ -211,6 +211,8 @@ def unmeasured(ev, mode: str) -> str | None:
     """None if `ev` holds a measured time of a correct candidate in `mode`, else why not."""
     if ev.estimated:
         return "estimated (a cost-model number, not a measurement)"
+    if (ev.env or {}).get("fake_device"):
+        return "fake device (a CPU rehearsal, not a measurement)"
     if ev.status != OK:
         return f"status {ev.status}"
     if (ev.correctness or {}).get("ok") is False:

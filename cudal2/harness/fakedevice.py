@@ -1,0 +1,115 @@
+"""A fake device for CPU rehearsals of GPU runs (CUDAL2_FAKE_DEVICE=<time scale>).
+
+A GPU worker with the knob set answers screening and finals in the shape a device gives, never
+in substance: each library is really loaded (its ABI symbols, meta and runtime options are
+checked), its times are synthetic (a roofline bound times a factor fixed by the library's bytes
+and options), and each unit of work sleeps what it cost on a GPU, times the scale. Rows name the
+GPU FAKE_GPU, and the export rule refuses them. What a rehearsal exercises is everything around
+the measurement (workers, the tournament, the DB, a run's deadline, phases and files), not the
+measurement.
+
+Faults for fault-injection rehearsals: CUDAL2_FAKE_FAULTS="<so sha256 prefix>:trap,<prefix>:hang"
+(trap: the launch raises the CUDA error a device fault raises; hang: the launch never returns).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+from cudal2.core import knobs
+from cudal2.harness import bounds
+
+FAKE_GPU = "fake device (CPU rehearsal)"
+_PEAK = bounds.KNOWN_PEAKS[1][1]          # times shaped like an H200's
+# what one unit cost on a GPU (the H200 campaign of 2026-11-26: ~2400 screenings and ~29 finals
+# per GPU-minute; the finals' split as its by-phase line gave it, per finalist)
+SCREEN_S = 0.025
+SCREEN_SETUP_S = 0.3                      # operand pool, smoke inputs, torch's reference time
+FINAL_PHASES_S = {"provenance": 0.01, "load": 0.02, "init": 0.05, "reference": 0.1,
+                  "correctness": 0.2, "operands": 0.05, "baselines": 0.3, "autotune": 0.05,
+                  "calibrate": 0.01, "offline": 1.2}
+FAULTS_ENV = "CUDAL2_FAKE_FAULTS"
+
+
+def enabled() -> bool:
+    return knobs.fake_device_scale() is not None
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds * (knobs.fake_device_scale() or 0.0))
+
+
+def _so_hash(so_path: str) -> str:
+    with open(so_path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _launch(so_path: str) -> None:
+    """Where a real launch would run: injected faults happen here."""
+    h = _so_hash(so_path)
+    for item in filter(None, os.environ.get(FAULTS_ENV, "").split(",")):
+        prefix, _, kind = item.partition(":")
+        if prefix and h.startswith(prefix):
+            if kind == "trap":
+                raise RuntimeError("CUDA error: an illegal instruction was encountered (fake device)")
+            if kind == "hang":
+                while True:
+                    time.sleep(3600)
+
+
+def _us(so_path: str, options: dict, M: int, N: int, K: int, who: str = "candidate") -> float:
+    """A synthetic median: the cold roofline bound (at least 3 us of launch) times a factor in
+    [0.8, 1.6) fixed by the library's bytes, its options and `who`."""
+    seed = hashlib.sha256(f"{_so_hash(so_path) if so_path else ''}{sorted(options.items())}{who}".encode())
+    factor = 0.8 + 0.8 * int(seed.hexdigest()[:8], 16) / 2**32
+    return max(3.0, bounds.lower_bound_us(M, N, K, _PEAK, cold=True) * 1.5) * factor
+
+
+def _stats(us: float, n: int = 200) -> dict:
+    return {"median_us": us, "lo_us": us * 0.995, "hi_us": us * 1.005, "p10_us": us * 0.99,
+            "p90_us": us * 1.01, "n": n}
+
+
+def env() -> dict:
+    return {"gpu": FAKE_GPU, "device_name": FAKE_GPU, "fake_device": True,
+            "time_scale": knobs.fake_device_scale()}
+
+
+def screen_one(load, so_path: str, options: dict, shape: tuple, acc: str | None) -> dict:
+    """One screening: load (measure._load), launch (faults), a synthetic time."""
+    lib, meta, _ = load(so_path, options)
+    _sleep(SCREEN_S)
+    _launch(so_path)
+    us = _us(so_path, dict(options or {}), *shape)
+    return {"status": "ok", "detail": "", "acc": acc or meta["acc"], "layout": meta["layout"],
+            "meta": meta, "options": dict(options or {}), "speedups": {},
+            "timings": {"screen": {"candidate": _stats(us, 20)}},
+            "stats": {"screen": {"session": {"fake_device": True}}}}
+
+
+def torch_us(shape: tuple) -> float:
+    _sleep(SCREEN_SETUP_S)
+    return _us("", {}, *shape, who="torch")
+
+
+def measure_one(load, so_path: str, request, baselines: list[str], phases: dict) -> dict:
+    """One finalist's result as measure_group gives it: every baseline timed beside it in the
+    offline mode, the phases slept and counted."""
+    lib, meta, _ = load(so_path, dict(request.options))
+    M, N, K = request.shape.M, request.shape.N, request.shape.K
+    for name, seconds in FINAL_PHASES_S.items():
+        t0 = time.perf_counter()
+        _sleep(seconds)
+        if name == "correctness":
+            _launch(so_path)
+        phases[name] = round(phases.get(name, 0.0) + time.perf_counter() - t0, 4)
+    cand = _us(so_path, dict(request.options), M, N, K)
+    base = {b: _us("", {}, M, N, K, who=b) for b in baselines}
+    ivs = {b: {"median": t / cand, "lo": t / cand * 0.99, "hi": t / cand * 1.01} for b, t in base.items()}
+    return {"status": "ok", "detail": "", "acc": request.acc or meta["acc"], "layout": meta["layout"],
+            "meta": meta, "options": dict(request.options),
+            "timings": {"offline": {"candidate": _stats(cand), **{b: _stats(t) for b, t in base.items()}}},
+            "speedups": {"offline": {b: iv["median"] for b, iv in ivs.items()}},
+            "stats": {"offline": {"speedup": ivs, "session": {"fake_device": True, "rounds": 10}}},
+            "baseline_notes": {}, "lt_autotune": []}
