@@ -176,14 +176,26 @@ def test_sweeps_and_throughput_table():
     assert tab["screen <1e9"]["per_gpu_minute"] == pytest.approx(1200.0)
     assert tab["final all"]["per_gpu_minute"] == pytest.approx(40.0)
     assert any("per GPU-minute" in line for line in t.lines())
-    assert t.phase_line() is None                       # no phases recorded: no line
-    t.add_phases({"offline": 1.0, "correctness": 0.5})
-    t.add_phases({"offline": 0.5, "e2e": 0.25})
-    assert t.phases == {"offline": 1.5, "correctness": 0.5, "e2e": 0.25}
-    line = t.lines()[-1]
-    assert line == t.phase_line()
-    assert "offline 1.5 s, correctness 0.5 s, e2e 0.2 s" in line
-    assert line.endswith("outside measure 0.8 s")        # 3.0 s of finals, 2.25 s inside measure
+
+
+def test_the_call_account_sums_to_the_wall_time(tmp_path):
+    """Phases before the campaign (a script's JSON), the campaign's steps and the finals' measure
+    phases, with the rest named: they sum to the call's wall time."""
+    from cudal2.runs.account import HANDOVER, UNATTRIBUTED, Account
+    f = tmp_path / "call.json"
+    f.write_text('{"start": 1000.0, "phases": {"canary": 2.0, "tests": 30.0}}')
+    a = Account.from_file(f)
+    a.add("screening", 10.0)
+    a.add_finals(20.0, {"offline": 9.0, "correctness": 4.0})
+    t = a.table(now=1070.0)
+    assert t["wall_s"] == 70.0
+    assert t["phases"][HANDOVER] == 7.0 and t["phases"]["tests"] == 30.0
+    assert t["phases"][UNATTRIBUTED] == pytest.approx(8.0)
+    assert sum(t["phases"].values()) == pytest.approx(t["wall_s"])
+    assert "unattributed" in a.line(now=1070.0)
+    f.write_text("{}")
+    with pytest.raises(ValueError, match="not a call account"):
+        Account.from_file(f)
 
 
 def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):
@@ -288,11 +300,11 @@ def test_run_spreads_shapes_over_every_gpu_lane(pack, tmp_path, monkeypatch):
     seen = []
     real = campaign._LocalLane.run
 
-    def slow_run(self, shape, entrants, policy):   # a GPU's time: the other lane takes the next shape
+    def slow_run(self, shape, entrants, policy, deadline=None):   # a GPU's time: the other lane takes the next shape
         seen.append((self.name, self.screen_pool._env.get("CUDA_VISIBLE_DEVICES"),
                      self.final_pool._env.get("CUDA_VISIBLE_DEVICES"), threading.get_ident()))
         _t.sleep(0.5)
-        return real(self, shape, entrants, policy)
+        return real(self, shape, entrants, policy, deadline)
     monkeypatch.setattr(campaign._LocalLane, "run", slow_run)
     summary = campaign.run(out, tmp_path / "rep", budget_s=120, allow_no_gpu=True,
                            devices=["0", "1"], log=lambda *a: None)
@@ -352,3 +364,47 @@ def test_a_model_shapes_file_packs_rc_builds(pack, tmp_path):
     with pytest.raises(ValueError, match="one layout per file"):
         shapes_layout(mixed)
     assert shapes_layout(tmp_path / "tiny.csv") == "RC"
+
+
+def test_run_on_the_fake_device_accounts_for_the_whole_call(pack, tmp_path, monkeypatch):
+    """The fake device (a CPU rehearsal): every step runs as on a GPU, the by-phase account sums
+    to the call's wall time with little unattributed, the live folder holds a DB that opens and
+    the summary after every shape, and nothing it made is exported or counted as measured."""
+    import json
+    from cudal2.harness import provenance
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.types import unmeasured
+    out, _, _, _ = pack
+    monkeypatch.setenv("CUDAL2_FAKE_DEVICE", "0.05")
+    provenance.gpu_visible.cache_clear()
+    provenance.gpu_name.cache_clear()
+    try:
+        summary = campaign.run([out], tmp_path / "rep", budget_s=300, live_dir=tmp_path / "live",
+                               kernels_root=tmp_path / "gk", finals_per_shape=1, log=lambda *a: None)
+    finally:
+        monkeypatch.delenv("CUDAL2_FAKE_DEVICE")
+        provenance.gpu_visible.cache_clear()
+        provenance.gpu_name.cache_clear()
+    assert summary["complete"] and summary["shapes_done"] == 2
+    assert summary["statuses"].get("ok", 0) >= 2 and summary["exported"] == 0
+    call = summary["call"]
+    assert sum(call["phases"].values()) == pytest.approx(call["wall_s"], rel=0.01)
+    assert {"audit", "screening", "offline", "correctness", "finals hand-over"} <= set(call["phases"])
+    assert call["unattributed_fraction"] < 0.10
+    live = json.loads((tmp_path / "live" / "summary.json").read_text())
+    assert live["complete"] and live["shapes_done"] == 2
+    with ResultsDB(tmp_path / "live" / "results.db", readonly=True) as db:
+        finals = [ev for ev in db.rows() if ev.stage == "final"]
+    assert finals and all(unmeasured(ev, "offline").startswith("fake device") for ev in finals)
+    assert not (tmp_path / "gk" / "index.csv").exists()
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["results.db", "summary.json"]
+
+
+def test_largest_shapes_screen_only_the_best_options():
+    class Model:
+        def predict_us(self, meta, resources, shape, options=None):
+            return (options or {}).get("x", 0)
+    c = {"family": "cutlass_sm90", "params": [], "resources": {},
+         "sweeps": [[[8192, 8192, 8192], [{"x": 3}, {"x": 1}, {"x": 2}]], [[64, 64, 64], [{"x": 3}, {"x": 1}, {"x": 2}]]]}
+    assert campaign._screened_options(c, (8192, 8192, 8192), Model()) == [{"x": 1}, {"x": 2}]
+    assert len(campaign._screened_options(c, (64, 64, 64), Model())) == 3

@@ -271,5 +271,8 @@ def test_the_three_callers_reach_tournament_run():
         src = inspect.getsource(fn)
         assert "tournament.run(" in src, f"{fn.__qualname__} does not call tournament.run"
     run_src = inspect.getsource(campaign.run)
-    assert "lane.run(" in run_src and "_LocalLane(" in run_src and "_RayLane(" in run_src
+    assert "_drive(" in run_src and "_open_lanes(" in run_src
+    assert "lane.run(" in inspect.getsource(campaign._shape)
+    lanes_src = inspect.getsource(campaign._open_lanes)
+    assert "_LocalLane(" in lanes_src and "_RayLane(" in lanes_src
     assert "_LocalLane(" in inspect.getsource(campaign._CampaignActor.run)    # Ray actors too

@@ -408,6 +408,15 @@ class ResultsDB:
         with self._lock:
             return self._conn.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
 
+    def backup_to(self, dest) -> None:
+        """A consistent copy of this DB as one self-contained file (rollback journal, not WAL:
+        no -wal/-shm files beside it), e.g. a snapshot that must stay usable if the writer dies."""
+        with self._lock:
+            with sqlite3.connect(str(dest)) as out:
+                self._conn.backup(out)
+                out.execute("PRAGMA journal_mode=DELETE")
+            out.close()
+
     def to_dataframe(self, **filters):
         """A pandas DataFrame: the scalar columns plus flattened timings
         (`<mode>_<who>_median_us`) and speedups (`speedup_<mode>_<baseline>`)."""

@@ -30,24 +30,26 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from cudal2.core.abi import preload_cuda_runtime
 from cudal2.core.build import BuildSpec, build_many, result_from_json
 from cudal2.core.identity import source_sha
 from cudal2.core.store import KernelIndex
 from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
-from cudal2.harness import baselines as hb
+from cudal2.harness import baselines as hb, fakedevice, provenance
 from cudal2.harness.audit import check_dependencies
 from cudal2.harness.db import ResultsDB
 from cudal2.harness import tournament
 from cudal2.harness.cluster import connect_ray, ray_actors, visible_devices
-from cudal2.harness.pipeline import audit_verdict, gpu_pool, record
+from cudal2.harness.pipeline import audit_verdict, budget_cut, gpu_pool, record
 from cudal2.harness.tournament import Entrant
 from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
+from cudal2.runs.account import Account, Throughput
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
 from cudal2.search.tune import build_plan, plan, read_shapes, shapes_layout
@@ -107,13 +109,16 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
             jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
             order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
-            log=print) -> dict:
+            lt_choices_from=(), log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
     the run re-measures what dispatch serves today. layout: the shapes file's layout column
     (a `cudal2 shapes --model` file says RC), else `layout`, else RR. order "gain": the shapes
     `measured_dbs` (results DBs) have not measured by kernel time, most promising first
-    (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering."""
+    (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering.
+    lt_choices_from: results DBs, or folders holding them (results.db, results.db.gz), whose
+    cuBLASLt autotune choices the pack carries: the run reuses a choice whose key (GPU, cuBLASLt
+    version, shape, accumulator, layout) matches instead of autotuning again."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -211,6 +216,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
         "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
+        "lt_choices": lt_choices(lt_choices_from),
         "candidates": cands, "baselines": bases,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -228,6 +234,24 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
         f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
     return manifest
+
+
+def lt_choices(paths) -> dict:
+    """{autotune key: entry}: the cuBLASLt choices recorded in these results DBs (folders: every
+    results.db / results.db.gz under them), the latest recorded winning."""
+    dbs = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            dbs += sorted(q for q in p.rglob("results.db*") if q.name in ("results.db", "results.db.gz"))
+        elif p.is_file():
+            dbs.append(p)
+        else:
+            raise ValueError(f"--lt-choices-from {p}: no such file or folder")
+    out: dict = {}
+    for p in dbs:
+        with ResultsDB(p, readonly=True) as db:
+            out.update(db.baseline_choice_log())
+    return out
 
 
 def load_manifest(pack) -> dict:
@@ -361,8 +385,22 @@ def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
     for shape in dict.fromkeys(order):
         cs = per_shape.get(shape, [])
         cs.sort(key=lambda c: model.predict_us(_meta(c), c["resources"], shape))
-        out.append((shape, [(c, o) for c in cs for o in _sweep(c, shape)]))
+        out.append((shape, [(c, o) for c in cs for o in _screened_options(c, shape, model)]))
     return out
+
+
+# On the largest shapes a screening costs milliseconds of GPU time per option: screen only the
+# cost model's best few runtime options of each build there.
+LARGE_SHAPE_FLOP = 1e12
+LARGE_SHAPE_OPTIONS = 2
+
+
+def _screened_options(c: dict, shape: tuple, model) -> list[dict]:
+    opts = _sweep(c, shape)
+    M, N, K = shape
+    if 2.0 * M * N * K < LARGE_SHAPE_FLOP or len(opts) <= LARGE_SHAPE_OPTIONS:
+        return opts
+    return sorted(opts, key=lambda o: model.predict_us(_meta(c), c["resources"], shape, o))[:LARGE_SHAPE_OPTIONS]
 
 
 def _sweep(c: dict, shape: tuple) -> list[dict]:
@@ -374,60 +412,14 @@ def _sweep(c: dict, shape: tuple) -> list[dict]:
 
 
 def _copy_db(src: Path, dest: Path) -> None:
-    """A consistent copy of a results DB (sqlite's backup API: WAL contents included)."""
-    import sqlite3
+    """A consistent copy of a results DB (a live one with its WAL contents, or a committed
+    results.db.gz)."""
     if not src.is_file():
         raise ValueError(f"--resume-db {src}: no such file")
     if dest.exists():
         raise ValueError(f"--resume-db: {dest} already exists (a run folder is never overwritten)")
-    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as a, sqlite3.connect(dest) as b:
-        a.backup(b)
-
-
-class Throughput:
-    """Screenings and finals per GPU-minute, by size bucket (the campaign's benchmark)."""
-
-    def __init__(self):
-        self.rec: dict[str, dict[str, float]] = {}
-        self.phases: dict[str, float] = {}      # finals: seconds per measure phase, all groups
-
-    def add_phases(self, phases: dict | None) -> None:
-        """One finals group's env["phases_s"] (measure.PHASES), summed over the run."""
-        for k, v in (phases or {}).items():
-            self.phases[k] = self.phases.get(k, 0.0) + float(v)
-
-    def phase_line(self) -> str | None:
-        """Where the finals' wall time went: the measure phases, and the rest (worker start,
-        DB, cache lookups, process hand-over) as 'outside measure'."""
-        final = sum(r["seconds"] for k, r in self.rec.items() if k.startswith("final"))
-        if not final or not self.phases:
-            return None
-        inside = sum(self.phases.values())
-        parts = [f"{k} {v:.1f} s" for k, v in sorted(self.phases.items(), key=lambda kv: -kv[1])]
-        return (f"  finals {final:.1f} s by phase: " + ", ".join(parts)
-                + f", outside measure {max(0.0, final - inside):.1f} s")
-
-    def add(self, stage: str, bucket: str, n: int, seconds: float) -> None:
-        r = self.rec.setdefault(f"{stage} {bucket}", {"n": 0, "seconds": 0.0})
-        r["n"] += n
-        r["seconds"] += seconds
-
-    def table(self) -> dict:
-        out: dict = {}
-        for k, r in sorted(self.rec.items()):
-            out[k] = dict(r, per_gpu_minute=r["n"] / (r["seconds"] / 60.0) if r["seconds"] else None)
-        for stage in ("screen", "final"):
-            n = sum(r["n"] for k, r in self.rec.items() if k.startswith(stage))
-            t = sum(r["seconds"] for k, r in self.rec.items() if k.startswith(stage))
-            out[f"{stage} all"] = {"n": n, "seconds": t, "per_gpu_minute": n / (t / 60.0) if t else None}
-        return out
-
-    def lines(self) -> list[str]:
-        out = [f"  {k:<22} {v['n']:5d} in {v['seconds']:7.1f} s: "
-               + (f"{v['per_gpu_minute']:8.1f} per GPU-minute" if v["per_gpu_minute"] else "-")
-               for k, v in self.table().items()]
-        phase = self.phase_line()
-        return out + ([phase] if phase else [])
+    with ResultsDB(src, readonly=True) as db:
+        db.backup_to(dest)
 
 
 class _LocalLane:
@@ -446,8 +438,8 @@ class _LocalLane:
                                                  trusted=True, baseline_libs=base_libs,
                                                  lt_known=known_lt, audits=audits)
 
-    def run(self, shape, entrants, policy):
-        return tournament.run(shape, entrants, self.backend, policy)
+    def run(self, shape, entrants, policy, deadline=None):
+        return tournament.run(shape, entrants, self.backend, policy, deadline=deadline)
 
     def close(self):
         self.screen_pool.close()
@@ -468,18 +460,19 @@ class _CampaignActor:
         m = load_manifest(pack)
         self.base_libs = packed_baselines(pack, m, log=lambda *a: None) if self.has_gpu else None
         self.lane = None
-        self.known_lt: dict = {}
+        self.known_lt: dict = dict(m.get("lt_choices") or {})
 
     def gpu_name(self) -> str:
         return self.gpu
 
-    def run(self, shape, entrants, policy, audits=None):
+    def run(self, shape, entrants, policy, audits=None, seconds_left=None):
         """One shape's tournament; `audits` (the driver's verdicts by sha) come with the first
-        call only."""
+        call only; seconds_left: the driver's deadline, as this process's clock can take it."""
         if self.lane is None:
             self.lane = _LocalLane(None, has_gpu=self.has_gpu, db=None, base_libs=self.base_libs,
                                    known_lt=self.known_lt, audits=audits)
-        return self.lane.run(shape, entrants, policy)
+        deadline = None if seconds_left is None else time.monotonic() + seconds_left
+        return self.lane.run(shape, entrants, policy, deadline)
 
 
 class _RayLane:
@@ -490,12 +483,13 @@ class _RayLane:
         self.ray, self.actor, self.db, self.audits = ray, actor, db, audits
         self.name = f"ray actor {actor._actor_id.hex()[:8]}"
 
-    def run(self, shape, entrants, policy):
-        res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits))
+    def run(self, shape, entrants, policy, deadline=None):
+        left = None if deadline is None else deadline - time.monotonic()
+        res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits, left))
         self.audits = None                  # the actor keeps them
         src = {e.key: e.request.source for e in entrants}
         for row in list(res.screened) + list(res.rows):
-            if row is not None and row.id is None:
+            if row is not None and row.id is None and not budget_cut(row):
                 record(self.db, row, src.get((row.source_sha, tuple(sorted((row.options or {}).items())))))
         return res
 
@@ -506,227 +500,398 @@ class _RayLane:
             pass
 
 
+# ---- run: the GPU half, as named steps ---------------------------------------------------------
+
+# kept from the budget for export, reports and the summary after the last timing (8 s for 49
+# shapes in an H100 campaign of 2026-11-23)
+FINISH_RESERVE_S = 15.0
+
+
+@dataclass
+class _Run:
+    """One campaign run: what its steps share."""
+    pack: Path
+    m: dict
+    out: Path
+    gpu: str = "no-gpu"
+    has_gpu: bool = False
+    run_dir: Path | None = None
+    db: ResultsDB | None = None
+    plan: list = field(default_factory=list)
+    builds: dict = field(default_factory=dict)
+    audits: dict = field(default_factory=dict)
+    lanes: list = field(default_factory=list)
+    deadline: float = float("inf")         # time.monotonic(): no new work past it
+    acct: Account = field(default_factory=Account)
+    thr: Throughput = field(default_factory=Throughput)
+    statuses: dict = field(default_factory=dict)
+    lane_shapes: dict = field(default_factory=dict)
+    done_shapes: int = 0
+    live: Path | None = None               # a folder kept current after every shape
+    log: Callable = print
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    summary: dict = field(default_factory=dict)
+
+
 def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "server"), baselines=None,
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
         server_gaps_ms=None, finals_per_shape: int = 2, db_path=None, devices=None,
         executor: str = "local", address: str | None = None, ray_cpus: int | None = None,
-        log=print) -> dict:
-    """The GPU half. Returns a summary dict (counts, paths, throughput). resume_db: the
-    results.db of an earlier run of this pack: its rows are copied in and what it recorded is
-    not timed again (the harness's cache rule). db_path: a results DB to append to (created if
-    absent; default <run folder>/results.db): calls on any machine accumulate into it, and what it
-    already holds is not timed again. Shapes spread over lanes, each running whole
-    tournaments: executor "local" has one lane per GPU in `devices` (default: every visible
-    GPU; CUDA_VISIBLE_DEVICES names), "ray" one per actor of the cluster at `address` ("auto";
-    None: a local cluster of `ray_cpus` CPUs); rows reach the DB only here, in this process."""
-
+        live_dir=None, call_account=None, exclude_families=(), log=print) -> dict:
+    """The GPU half. Returns a summary dict (counts, paths, throughput, the by-phase account).
+    budget_s: a deadline, checked before each unit of work (a shape, a screening chunk, a finals
+    session), FINISH_RESERVE_S before it kept for export and reports. resume_db: the results.db
+    of an earlier run of this pack: its rows are copied in and what it recorded is not timed
+    again (the harness's cache rule). db_path: a results DB to append to (created if absent;
+    default <run folder>/results.db). Shapes spread over lanes, each running whole tournaments:
+    executor "local" has one lane per GPU in `devices` (default: every visible GPU), "ray" one per
+    actor of the cluster at `address`; rows reach the DB only here, in this process. live_dir: a
+    folder holding a consistent copy of the DB and the summary, rewritten after every shape (what
+    a killed run leaves). call_account: the JSON a calling script began (account.Account.from_file:
+    the call's start and its phases before the campaign). exclude_families: pack families (and
+    "split-K": every build with SPLITK > 1) kept out of this run, e.g. a family whose GPU tests
+    failed in the same call."""
+    packs = [Path(p).resolve() for p in ([pack] if isinstance(pack, (str, Path)) else pack)]
+    r = _Run(pack=packs[0], m=_merge_packs(packs), out=Path(out), log=log,
+             acct=Account.from_file(call_account) if call_account else Account(),
+             live=Path(live_dir) if live_dir else None)
     start = time.monotonic()
-    pack, out = Path(pack).resolve(), Path(out)
-    m = load_manifest(pack)
-    baselines = tuple(baselines or BASELINES)
-    import torch
-    ray_mod, ray_lanes, ray_owned = None, None, False
+    _exclude(r, exclude_families)
+    with r.acct.phase("campaign start"):
+        ray_mod, ray_owned = _open_device(r, executor, address, ray_cpus, allow_no_gpu)
+        modes, baselines = tuple(modes), tuple(baselines or BASELINES)
+        gaps = tuple(server_gaps_ms or DEFAULT_SERVER_GAPS_MS)
+        _open_run_dir(r, db_path, resume_db)
+        r.deadline = start + budget_s - min(FINISH_RESERVE_S, 0.1 * budget_s)
+        model = CostModel.default(r.gpu if r.has_gpu else None, arch=r.m["arch"])
+        r.plan = [item for part in r.m["parts"] for item in _per_shape(part, model)]
+        log(f"campaign run: {len(r.plan)} shapes, {len(r.m['candidates'])} builds, "
+            f"{sum(len(c) for _, c in r.plan)} screenings planned; finals: modes {list(modes)} "
+            f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {r.gpu}, "
+            f"{'no time budget' if budget_s == float('inf') else f'budget {budget_s:.0f} s'}; "
+            f"output {r.run_dir}")
+    with r.acct.phase("audit"):
+        _audit_builds(r)
+    with r.acct.phase("campaign start"):
+        _open_lanes(r, devices, ray_mod)
+    request = dict(arch=r.m["arch"], acc=r.m.get("acc"), modes=modes, baselines=baselines,
+                   origin="tune", server_gaps_ms=gaps, gate_margin=margin)
+    try:
+        _drive(r, tournament.FinalistPolicy(top=finals_per_shape), request)
+    finally:
+        with r.acct.phase("campaign end"):
+            for ln in r.lanes:
+                ln.close()
+            if ray_owned:
+                ray_mod.shutdown()
+    _finish(r, kernels_root=kernels_root, margin=margin)
+    log(f"campaign done in {time.monotonic() - start:.0f} s: {r.done_shapes} shapes {r.statuses}, "
+        f"{r.summary['exported']} exported, {r.summary['removed']} removed; DB, CSV and reports in {r.run_dir}")
+    return r.summary
+
+
+def _merge_packs(packs: list[Path]) -> dict:
+    """One manifest for a run over several packs (e.g. RR and RC shapes, planned apart): the
+    first pack's, every candidate's folder made absolute, candidates of all packs (each build
+    once), and "parts": each pack's own plan input, timed in the order given."""
+    ms = [load_manifest(p) for p in packs]
+    for key in ("arch", "acc"):
+        if len({m.get(key) for m in ms}) > 1:
+            raise ValueError(f"campaign run: the packs differ in {key}: "
+                             + ", ".join(f"{p} {m.get(key)}" for p, m in zip(packs, ms)))
+    merged = dict(ms[0], candidates=[], parts=[], lt_choices={})
+    seen: set[str] = set()
+    for p, m in zip(packs, ms):
+        for c in m["candidates"]:
+            c["dir"] = str(p / c["dir"])
+            c.setdefault("layout", _meta(c).get("layout", m.get("layout", "RR")))
+            if c["sha"] not in seen:
+                seen.add(c["sha"])
+                merged["candidates"].append(c)
+        merged["parts"].append(m)
+        merged["lt_choices"].update(m.get("lt_choices") or {})
+    return merged
+
+
+def _exclude(r: _Run, families) -> None:
+    """Drop the pack's candidates of these families ("split-K": any build with SPLITK > 1)."""
+    families = set(families or ())
+    if not families:
+        return
+    def out(c):
+        return c["family"] in families or ("split-K" in families and dict(c["params"]).get("SPLITK", 1) > 1)
+    gone = [c for c in r.m["candidates"] if out(c)]
+    r.m["candidates"] = [c for c in r.m["candidates"] if not out(c)]
+    for part in r.m["parts"]:
+        part["candidates"] = [c for c in part["candidates"] if not out(c)]
+    r.log(f"excluded {len(gone)} builds of {sorted(families)} from this run")
+
+
+def _open_device(r: _Run, executor: str, address, ray_cpus, allow_no_gpu: bool):
+    """Find the GPU(s): r.has_gpu, r.gpu. Returns (ray module or None, whether we started it)."""
+    ray_mod, ray_owned = None, False
     if executor == "ray":
         ray_mod, ray_owned = connect_ray(address, num_cpus=ray_cpus)
         # one actor per GPU; a cluster without GPUs (plumbing only) gets ray_cpus of them (2)
-        ray_lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(pack),
-                                       compile_workers=ray_cpus or 2)
-        has_gpu = n_gpus > 0
-        gpu = ray_mod.get(ray_lanes[0].gpu_name.remote()) if has_gpu else "no-gpu"
+        r.lanes, n_gpus = ray_actors(ray_mod, _CampaignActor, str(r.pack), compile_workers=ray_cpus or 2)
+        r.has_gpu = n_gpus > 0
+        r.gpu = ray_mod.get(r.lanes[0].gpu_name.remote()) if r.has_gpu else "no-gpu"
     elif executor == "local":
-        has_gpu = torch.cuda.is_available()
-        gpu = torch.cuda.get_device_name(0) if has_gpu else "no-gpu"
+        r.has_gpu = provenance.gpu_visible()     # a real GPU, or the fake device of a rehearsal
+        r.gpu = (provenance.gpu_name() or "GPU") if r.has_gpu else "no-gpu"
     else:
         raise ValueError(f"unknown executor {executor!r}; use 'local' or 'ray'")
-    if not has_gpu and not allow_no_gpu:
+    if not r.has_gpu and not allow_no_gpu:
         if ray_owned:
             ray_mod.shutdown()
         raise RuntimeError("campaign run needs a CUDA GPU (torch.cuda.is_available() is False); "
                            "--allow-no-gpu runs the plumbing only (rows are not_measured)")
-    # local: one lane per visible GPU (a worker pool pinned to it); one unpinned lane otherwise
-    if devices:
-        devices = [str(d) for d in devices]          # as asked: pinned, even a single one
-    else:
-        found = visible_devices() if has_gpu else []
-        devices = found if len(found) > 1 else [None]
-    tag = gpu.replace(" ", "_").replace("/", "_")
-    run_dir = out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    gaps = tuple(server_gaps_ms or DEFAULT_SERVER_GAPS_MS)
-    plan_ = _per_shape(m, CostModel.default(gpu if has_gpu else None, arch=m["arch"]))
-    log(f"campaign run: {len(plan_)} shapes, {len(m['candidates'])} builds, "
-        f"{sum(len(c) for _, c in plan_)} screenings planned; finals: modes {list(modes)} "
-        f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {gpu}, "
-        f"{'no time budget' if budget_s == float('inf') else f'budget {budget_s:.0f} s'}; "
-        f"output {run_dir}")
-    base_libs = packed_baselines(pack, m, log=log) if has_gpu and executor == "local" else None
-    db_path = Path(db_path) if db_path else run_dir / "results.db"
+    return ray_mod, ray_owned
+
+
+def _open_run_dir(r: _Run, db_path, resume_db) -> None:
+    """The run folder <out>/<gpu>/<date>-campaign and its results DB (resumed or appended to)."""
+    tag = r.gpu.replace(" ", "_").replace("/", "_").replace("(", "").replace(")", "")
+    r.run_dir = r.out / tag / (_dt.datetime.now().strftime("%Y-%m-%d-%H%M") + "-campaign")
+    r.run_dir.mkdir(parents=True, exist_ok=True)
+    db_path = Path(db_path) if db_path else r.run_dir / "results.db"
     if db_path.suffix == ".gz":
         raise ValueError(f"--db {db_path}: a gzipped DB is read-only; gunzip it or `cudal2 db merge` it")
     if resume_db:
         _copy_db(Path(resume_db), db_path)
-    db = ResultsDB(db_path)
-    known_lt = db.baseline_choices()
-    # export + reports after the last timing: 8 s for 49 shapes in the third H100 session
-    # (its 60 s reserve left ~50 s of the lease idle)
-    reserve = min(30.0, 0.1 * budget_s)
-    deadline = start + budget_s - reserve
-    thr = Throughput()
-    statuses: dict[str, int] = {}
-    done_shapes, avg = 0, None
-    builds = {c["sha"]: pack_build_result(pack, c, run_dir / "ptx") for c in m["candidates"]}
-    # every build audited once, up front and in parallel (CPU work the GPU would wait for)
-    t0 = time.monotonic()
-    probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=m["arch"], acc=m.get("acc"))
-    srcs = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c in m["candidates"]}
-    with ThreadPoolExecutor(8) as ex:
-        futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, builds[sha])
-                for sha in builds}
-        audits = {sha: f.result() for sha, f in futs.items()}
-    log(f"audited {len(audits)} builds in {time.monotonic() - t0:.1f} s "
-        f"({sum(not a['ok'] for a in audits.values())} rejected)")
-    policy = tournament.FinalistPolicy(top=finals_per_shape)
-    if ray_lanes is not None:
-        lanes = [_RayLane(ray_mod, a, db, audits) for a in ray_lanes]
-    else:
-        lanes = [_LocalLane(d, has_gpu=has_gpu, db=db, base_libs=base_libs, known_lt=known_lt,
-                            audits=audits) for d in devices]
-    if len(lanes) > 1:
-        log(f"  {len(lanes)} lanes: " + ", ".join(ln.name for ln in lanes))
-    todo = iter(plan_)
-    lock = threading.Lock()
-    stop = []
+    r.db = ResultsDB(db_path)
 
-    def drive(lane):
-        """One lane (a GPU) takes the next shape until the plan or the budget runs out."""
-        nonlocal done_shapes, avg
+
+def _audit_builds(r: _Run) -> None:
+    """Every build audited once, up front and in parallel (CPU work the GPU would wait for)."""
+    r.builds = {c["sha"]: pack_build_result(r.pack, c, r.run_dir / "ptx") for c in r.m["candidates"]}
+    probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=r.m["arch"], acc=r.m.get("acc"))
+    srcs = {c["sha"]: (r.pack / c["dir"] / "kernel.cu").read_text() for c in r.m["candidates"]}
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as ex:
+        futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, r.builds[sha])
+                for sha in r.builds}
+        r.audits = {sha: f.result() for sha, f in futs.items()}
+    r.log(f"audited {len(r.audits)} builds in {time.monotonic() - t0:.1f} s "
+          f"({sum(not a['ok'] for a in r.audits.values())} rejected)")
+
+
+def _open_lanes(r: _Run, devices, ray_mod) -> None:
+    """One lane per GPU: local worker pools, or the Ray actors _open_device made."""
+    if ray_mod is not None:
+        r.lanes = [_RayLane(ray_mod, a, r.db, r.audits) for a in r.lanes]
+    else:
+        if devices:
+            devices = [str(d) for d in devices]          # as asked: pinned, even a single one
+        else:
+            found = visible_devices() if r.has_gpu and not fakedevice.enabled() else []
+            devices = found if len(found) > 1 else [None]
+        base_libs = packed_baselines(r.pack, r.m, log=r.log) if r.has_gpu else None
+        # cuBLASLt choices: the pack's (from the DBs it was prepared with), then this run's DB
+        known_lt = {**(r.m.get("lt_choices") or {}), **r.db.baseline_choices()}
+        r.lanes = [_LocalLane(d, has_gpu=r.has_gpu, db=r.db, base_libs=base_libs,
+                              known_lt=known_lt, audits=r.audits) for d in devices]
+    if len(r.lanes) > 1:
+        r.log(f"  {len(r.lanes)} lanes: " + ", ".join(ln.name for ln in r.lanes))
+
+
+def _drive(r: _Run, policy, request: dict) -> None:
+    """Every lane takes the next shape until the plan runs out or the deadline passes."""
+    todo = iter(r.plan)
+
+    def lane_loop(lane):
         while True:
-            with lock:
-                now = time.monotonic()
-                if stop:
-                    return
-                if now + (avg or 0.0) > deadline:
-                    stop.append(True)
-                    log(f"budget: stopping after {done_shapes} of {len(plan_)} shapes "
-                        f"({now - start:.0f} s used, {reserve:.0f} s kept for export and reports)")
+            with r.lock:
+                if time.monotonic() >= r.deadline:
+                    if not r.summary.get("stopped"):
+                        r.summary["stopped"] = f"deadline: stopped after {r.done_shapes} of {len(r.plan)} shapes"
+                        r.log(f"budget: {r.summary['stopped']}")
                     return
                 nxt = next(todo, None)
             if nxt is None:
                 return
-            shape, pairs = nxt
-            t_shape = time.monotonic()
-            S = Shape(*shape)
-            bucket = report.size_bucket(*shape)
-            sources = {c["sha"]: (pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
-            # screen, finalists, one finals session (cudal2.harness.tournament)
-            prior = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev
-                     for ev in db.rows(shape=S, stage="screen", gpu=gpu if has_gpu else "")}
-            entrants = [Entrant(EvalRequest(source=sources[c["sha"]], shape=S, arch=m["arch"],
-                                            acc=m.get("acc"), modes=tuple(modes), baselines=baselines,
-                                            origin="tune", options=o, server_gaps_ms=gaps,
-                                            gate_margin=margin,
-                                            timeout_s=max(10.0, min(120.0, deadline - time.monotonic()))),
-                                builds[c["sha"]], layout=_meta(c).get("layout", m.get("layout", "RR")),
-                                screened=prior.get((c["sha"], tuple(sorted(o.items())))))
-                        for c, o in pairs]
-            before = {ev.id for ev in db.rows(shape=S)}      # resumed rows: timed earlier
-            res = lane.run(S, entrants, policy)
-            with lock:
-                if res.screened_fresh:
-                    thr.add("screen", bucket, res.screened_fresh, res.screen_s)
-                for r in res.screened:
-                    if r is not None:
-                        statuses[f"screen {r.status}"] = statuses.get(f"screen {r.status}", 0) + 1
-                evs = list({id(res.rows[i]): res.rows[i] for i in res.finalists}.values())
-                if evs:
-                    thr.add_phases(next((ev.env.get("phases_s") for ev in evs
-                                         if ev.id not in before and (ev.env or {}).get("phases_s")), None))
-                    thr.add("final", bucket, len(evs), res.finals_s)
-                    for ev in evs:
-                        statuses[ev.status] = statuses.get(ev.status, 0) + 1
-                    best = [ev for ev in evs if ev.status == "ok"]
-                    note = ""
-                    if best:
-                        b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
-                        iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
-                        if iv:
-                            note = f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]"
-                    log(f"  {S} {bucket}{' on ' + lane.name if len(lanes) > 1 else ''}: {len(pairs)} "
-                        f"screened, {len(evs)} in finals ({res.sessions} session{'s' if res.sessions != 1 else ''}): "
-                        f"{', '.join(ev.status for ev in evs)}{note} ({time.monotonic() - t_shape:.1f} s)")
-                lane_shapes[lane.name] = lane_shapes.get(lane.name, 0) + 1
-                done_shapes += 1
-                dt = time.monotonic() - t_shape
-                avg = dt if avg is None else 0.7 * avg + 0.3 * dt
+            _shape(r, lane, *nxt, policy, request)
+            with r.lock:
+                _checkpoint(r)
 
-    lane_shapes: dict[str, int] = {}
-    try:
-        with ThreadPoolExecutor(len(lanes)) as ex:
-            for f in [ex.submit(drive, ln) for ln in lanes]:
-                f.result()
-    finally:
-        for ln in lanes:
-            ln.close()
-        if ray_owned:
-            ray_mod.shutdown()
-    rows = db.rows()
-    summary = {"gpu": gpu, "run_dir": str(run_dir), "shapes_done": done_shapes,
-               "shapes_planned": len(plan_), "statuses": statuses, "exported": 0, "removed": 0,
-               "reports": [], "throughput": thr.table(), "finals_phases_s": thr.phases,
-               "lanes": lane_shapes, "noise": noise_summary(rows)}
-    nz = summary["noise"]
-    log(f"noise: {nz['discarded_throttled']} of {nz['rounds']} finals rounds discarded as throttled, "
-        f"SM clock {nz['sm_clock_mhz']} MHz, power {nz['power_w']} W, "
-        f"{len(nz['baselines_disagree'])} shape(s) whose baselines disagree beyond their intervals")
-    log("throughput (wall time of each stage on the GPU machine):")
-    for line in thr.lines():
-        log(line)
-    src_for = export_mod.sources_from(db, [pack / c["dir"] for c in m["candidates"]])
-    by_sha = {c["sha"]: pack / c["dir"] / "kernel.cu" for c in m["candidates"]}
-    metas = {c["sha"]: _meta(c) for c in m["candidates"]}
+    with ThreadPoolExecutor(len(r.lanes)) as ex:
+        for f in [ex.submit(lane_loop, ln) for ln in r.lanes]:
+            f.result()
+
+
+def _entrants(r: _Run, S: Shape, pairs: list, request: dict) -> list:
+    """The shape's (build, options) entrants, with the screening rows an earlier run recorded."""
+    sources = {c["sha"]: (r.pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
+    prior = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev
+             for ev in r.db.rows(shape=S, stage="screen", gpu=r.gpu if r.has_gpu else "")}
+    # each request keeps its own timeout: the tournament cuts what the deadline leaves (a cut is
+    # not the kernel's timeout)
+    return [Entrant(EvalRequest(source=sources[c["sha"]], shape=S, options=o, timeout_s=120.0,
+                                **request),
+                    r.builds[c["sha"]], layout=c["layout"],
+                    screened=prior.get((c["sha"], tuple(sorted(o.items())))))
+            for c, o in pairs]
+
+
+def _shape(r: _Run, lane, shape: tuple, pairs: list, policy, request: dict) -> None:
+    """One shape's tournament on `lane`; its counts, phases and log line."""
+    t_shape = time.monotonic()
+    S, bucket = Shape(*shape), report.size_bucket(*shape)
+    entrants = _entrants(r, S, pairs, request)
+    before = {ev.id for ev in r.db.rows(shape=S)}      # resumed rows: timed earlier
+    t_run = time.monotonic()
+    res = lane.run(S, entrants, policy, r.deadline)
+    with r.lock:
+        r.acct.add("shape setup", t_run - t_shape)
+        r.acct.add("screening", res.screen_s)
+        if res.screened_fresh:
+            r.thr.add("screen", bucket, res.screened_fresh, res.screen_s)
+        for row in res.screened:
+            if row is not None:
+                k = "screen cut by the deadline" if budget_cut(row) else f"screen {row.status}"
+                r.statuses[k] = r.statuses.get(k, 0) + 1
+        if res.not_reached:
+            r.statuses["finals cut by the deadline"] = r.statuses.get("finals cut by the deadline", 0) + len(res.not_reached)
+        evs = [ev for ev in {id(res.rows[i]): res.rows[i] for i in res.finalists}.values()
+               if not budget_cut(ev)]
+        fresh = [ev for ev in evs if ev.id not in before]
+        sessions = {json.dumps(ev.env.get("phases_s"), sort_keys=True): ev.env["phases_s"]
+                    for ev in fresh if (ev.env or {}).get("phases_s")}
+        measure = {}
+        for ph in sessions.values():
+            for k, v in ph.items():
+                measure[k] = measure.get(k, 0.0) + float(v)
+        r.acct.add_finals(res.finals_s, measure)
+        r.acct.add("shape setup", max(0.0, time.monotonic() - t_run - res.screen_s - res.finals_s))
+        if evs:
+            r.thr.add("final", bucket, len(evs), res.finals_s)
+            for ev in evs:
+                r.statuses[ev.status] = r.statuses.get(ev.status, 0) + 1
+        r.lane_shapes[lane.name] = r.lane_shapes.get(lane.name, 0) + 1
+        r.done_shapes += 1
+        r.log(f"  {S} {bucket}{' on ' + lane.name if len(r.lanes) > 1 else ''}: {len(pairs)} screened, "
+              f"{len(evs)} in finals ({res.sessions} session{'s' if res.sessions != 1 else ''}): "
+              f"{', '.join(ev.status for ev in evs)}{_best_note(evs)} ({time.monotonic() - t_shape:.1f} s)")
+
+
+def _best_note(evs: list) -> str:
+    """', best vs cuBLASLt autotuned <median> [lo, hi]' for the best ok finalist, else ''."""
+    best = [ev for ev in evs if ev.status == "ok"]
+    if not best:
+        return ""
+    b = max(best, key=lambda e: (e.speedups.get("offline") or {}).get("cublaslt_autotuned", 0))
+    iv = ((b.stats.get("offline") or {}).get("speedup") or {}).get("cublaslt_autotuned")
+    return f", best vs cuBLASLt autotuned {iv['median']:.3f} [{iv['lo']:.3f}, {iv['hi']:.3f}]" if iv else ""
+
+
+def _summary(r: _Run, complete: bool) -> dict:
+    """The run's summary so far (complete=False: written after each shape, for a killed run)."""
+    s = r.summary
+    s.update(gpu=r.gpu, run_dir=str(r.run_dir), complete=complete, shapes_done=r.done_shapes,
+             shapes_planned=len(r.plan), statuses=dict(r.statuses), throughput=r.thr.table(),
+             call=r.acct.table(), lanes=dict(r.lane_shapes))
+    s.setdefault("exported", 0)
+    s.setdefault("removed", 0)
+    s.setdefault("reports", [])
+    return s
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _checkpoint(r: _Run) -> None:
+    """After a shape: summary.json in the run folder, and in the live folder a consistent copy of
+    the DB and the summary (what a run killed at any point leaves usable)."""
+    text = json.dumps(_summary(r, complete=False), indent=1) + "\n"
+    _write_atomic(r.run_dir / "summary.json", text)
+    if r.live is None:
+        return
+    with r.acct.phase("checkpoint"):
+        r.live.mkdir(parents=True, exist_ok=True)
+        tmp = r.live / "results.db.tmp"
+        tmp.unlink(missing_ok=True)
+        r.db.backup_to(tmp)
+        tmp.replace(r.live / "results.db")
+        _write_atomic(r.live / "summary.json", text)
+
+
+def _finish(r: _Run, *, kernels_root, margin: float) -> None:
+    """Export by the export rule, the cost model's held-out score, reports, the final summary."""
+    with r.acct.phase("campaign end"):
+        rows = r.db.rows()
+        r.summary["noise"] = nz = noise_summary(rows)
+    r.log(f"noise: {nz['discarded_throttled']} of {nz['rounds']} finals rounds discarded as throttled, "
+          f"SM clock {nz['sm_clock_mhz']} MHz, power {nz['power_w']} W, "
+          f"{len(nz['baselines_disagree'])} shape(s) whose baselines disagree beyond their intervals")
+    r.log("throughput (wall time of each stage on the GPU machine):")
+    for line in r.thr.lines():
+        r.log(line)
+    if r.has_gpu:
+        with r.acct.phase("export"):
+            _export(r, rows, kernels_root, margin)
+    measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated and ev.stage == "final"]
+    with r.acct.phase("cost model"):
+        _costmodel(r, measured)
+    with r.acct.phase("reports"):
+        _reports(r, rows, measured)
+    shutil.rmtree(r.run_dir / "ptx", ignore_errors=True)     # unpacked copies; the pack keeps them
+    r.log(r.acct.line())
+    _checkpoint(r)
+    _write_atomic(r.run_dir / "summary.json", json.dumps(_summary(r, complete=True), indent=1) + "\n")
+    if r.live is not None:
+        _write_atomic(r.live / "summary.json", json.dumps(r.summary, indent=1) + "\n")
+
+
+
+def _export(r: _Run, rows: list, kernels_root, margin: float) -> None:
+    src_for = export_mod.sources_from(r.db, [r.pack / c["dir"] for c in r.m["candidates"]])
+    by_sha = {c["sha"]: r.pack / c["dir"] / "kernel.cu" for c in r.m["candidates"]}
 
     def source_for(sha):
         p = by_sha.get(sha)
         return p.read_text() if p else src_for(sha)
 
-    if has_gpu:
-        res = export_mod.export(rows, source_for, root=kernels_root, mode="offline", margin=margin,
-                                report=str(run_dir), gpu=gpu)
-        summary["exported"] = len(res.exported)
-        summary["removed"] = len(res.removed)
-        (run_dir / "export.txt").write_text("\n".join(
-            f"{'exported' if d.exported else 'refused '} {d.key}: {d.reason}" for d in res.decisions) + "\n")
-    # The cost model's honest score: fitted on some shapes, ranked on the others.
-    measured = [ev for ev in rows if ev.status == "ok" and not ev.estimated and ev.stage == "final"]
-    if measured:
-        for ev in measured:                   # the DB row may lack the meta: take the pack's
-            if not ev.meta and ev.source_sha in metas:
-                ev.meta = metas[ev.source_sha]
-        try:
-            summary["costmodel_held_out"] = held_out_rank_correlation(measured, mode="offline")
-            CostModel.fit(measured, gpu=gpu, mode="offline").save(run_dir / "costmodel.json")
-            log(f"cost model on held-out shapes: {summary['costmodel_held_out']}")
-        except Exception as exc:  # noqa: BLE001 - a report extra; never lose the run for it
-            log(f"cost model fit skipped: {exc}")
+    res = export_mod.export(rows, source_for, root=kernels_root, mode="offline", margin=margin,
+                            report=str(r.run_dir), gpu=r.gpu)
+    r.summary["exported"] = len(res.exported)
+    r.summary["removed"] = len(res.removed)
+    (r.run_dir / "export.txt").write_text("\n".join(
+        f"{'exported' if d.exported else 'refused '} {d.key}: {d.reason}" for d in res.decisions) + "\n")
+
+
+def _costmodel(r: _Run, measured: list) -> None:
+    """The cost model's honest score: fitted on some shapes, ranked on the others."""
+    if not measured:
+        return
+    metas = {c["sha"]: _meta(c) for c in r.m["candidates"]}
+    for ev in measured:                   # the DB row may lack the meta: take the pack's
+        if not ev.meta and ev.source_sha in metas:
+            ev.meta = metas[ev.source_sha]
+    try:
+        r.summary["costmodel_held_out"] = held_out_rank_correlation(measured, mode="offline")
+        CostModel.fit(measured, gpu=r.gpu, mode="offline").save(r.run_dir / "costmodel.json")
+        r.log(f"cost model on held-out shapes: {r.summary['costmodel_held_out']}")
+    except Exception as exc:  # noqa: BLE001 - a report extra; never lose the run for it
+        r.log(f"cost model fit skipped: {exc}")
+
+
+def _reports(r: _Run, rows: list, measured: list) -> None:
     weights = None
     try:
-        weights = report.read_weights(pack / "shapes.csv")
+        weights = report.read_weights(r.pack / "shapes.csv")
     except ValueError:          # a shape list without weights: no time-weighted speedup
         pass
-    keys = sorted({k for ev in measured for k in (ev.timings or {})},
-                  key=lambda k: (k != "offline", k))
+    keys = sorted({k for ev in measured for k in (ev.timings or {})}, key=lambda k: (k != "offline", k))
     for key in keys:
         shape_rows = report.collect(rows, mode=key)
         if shape_rows:
-            paths = report.write_summary(shape_rows, run_dir / key, mode=key, weights=weights,
-                                         title=f"campaign on {gpu}", command=" ".join(sys.argv))
-            summary["reports"].append(str(paths["summary"]))
-    shutil.rmtree(run_dir / "ptx", ignore_errors=True)     # unpacked copies; the pack keeps them
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    write_evaluations_csv(rows, run_dir / "evaluations.csv")
-    log(f"campaign done in {time.monotonic() - start:.0f} s: {done_shapes} shapes {statuses}, "
-        f"{summary['exported']} exported, {summary['removed']} removed; DB, CSV and reports in {run_dir}")
-    return summary
+            paths = report.write_summary(shape_rows, r.run_dir / key, mode=key, weights=weights,
+                                         title=f"campaign on {r.gpu}", command=" ".join(sys.argv))
+            r.summary["reports"].append(str(paths["summary"]))
+    write_evaluations_csv(rows, r.run_dir / "evaluations.csv")
 
 
 def noise_summary(rows) -> dict:
@@ -807,10 +972,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--db", nargs="+", default=[],
                    help="--order gain: results DBs (results.db.gz too) whose measurements are skipped "
                         "and rank the rest")
+    p.add_argument("--lt-choices-from", nargs="+", default=[],
+                   help="results DBs or folders of them (e.g. reports/) whose cuBLASLt autotune "
+                        "choices the pack carries, reused where their key matches")
     p.add_argument("--max-pack-mib", type=float, default=None,
                    help="refuse a pack larger than this many MiB (default: no limit)")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
-    r.add_argument("pack", help="a folder made by `cudal2 campaign prepare`")
+    r.add_argument("pack", nargs="+",
+                   help="folders made by `cudal2 campaign prepare` (several: one run, their shapes "
+                        "in the order given, e.g. an RC pack of decode shapes and an RR pack)")
     r.add_argument("--budget-s", type=float, default=0.0,
                    help="wall-clock budget for the whole run in seconds; the run stops cleanly "
                         "before it (0, the default: no limit, every planned shape is timed)")
@@ -829,6 +999,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="results DB to append to (created if absent; default <run folder>/results.db): "
                         "runs accumulate into it and skip what it already holds")
     r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
+    r.add_argument("--exclude-families", nargs="+", default=[],
+                   help="pack families kept out of this run ('split-K': every build with SPLITK > 1)")
+    r.add_argument("--live", default=None,
+                   help="a folder kept current after every shape (a consistent copy of the DB as "
+                        "results.db, and summary.json): what a run killed at any point leaves")
+    r.add_argument("--call-account", default=None,
+                   help="JSON {start: epoch s, phases: {name: s}} a calling script began: the "
+                        "summary's by-phase account then covers the whole call")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
     r.add_argument("--devices", nargs="+", default=None,
                    help="GPUs to spread shapes over, as CUDA_VISIBLE_DEVICES names them (default: every visible GPU)")
@@ -848,13 +1026,15 @@ def run_cli(args: argparse.Namespace) -> int:
                     per_family=args.per_family or None,
                     acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
                     max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
-                    order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db)
+                    order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db,
+                    lt_choices_from=args.lt_choices_from)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
                 finals_per_shape=args.finals_per_shape, db_path=args.db, devices=args.devices,
-                executor=args.executor, address=args.address)
+                executor=args.executor, address=args.address, live_dir=args.live,
+                call_account=args.call_account, exclude_families=args.exclude_families)
         else:
             problems = dry_run(args.pack)
             for p in problems:
