@@ -167,13 +167,10 @@ def _call_guard_env() -> dict | None:
     if os.environ.get("CUDAL2_CALL_GUARD", "1") == "0":
         return None
     try:
-        shim = str(callguard.build())
+        return callguard.preload_env()
     except (callguard.CallGuardError, OSError, subprocess.SubprocessError) as exc:
         log.warning("cudal2: GPU workers run without the call guard: %s", exc)
         return None
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = " ".join([shim] + [p for p in env.get("LD_PRELOAD", "").split() if p])
-    return env
 
 
 # ---- build + audit ------------------------------------------------------------------------------
