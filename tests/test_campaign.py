@@ -408,3 +408,18 @@ def test_largest_shapes_screen_only_the_best_options():
          "sweeps": [[[8192, 8192, 8192], [{"x": 3}, {"x": 1}, {"x": 2}]], [[64, 64, 64], [{"x": 3}, {"x": 1}, {"x": 2}]]]}
     assert campaign._screened_options(c, (8192, 8192, 8192), Model()) == [{"x": 1}, {"x": 2}]
     assert len(campaign._screened_options(c, (64, 64, 64), Model())) == 3
+
+
+def test_a_tournament_that_raises_costs_its_shape_not_the_run(pack, tmp_path, monkeypatch):
+    out, _, _, _ = pack
+    real = campaign._LocalLane.run
+
+    def flaky(self, shape, entrants, policy, deadline=None):
+        if shape.M == 64:
+            raise RuntimeError("a harness bug")
+        return real(self, shape, entrants, policy, deadline)
+    monkeypatch.setattr(campaign._LocalLane, "run", flaky)
+    lines = []
+    summary = campaign.run(out, tmp_path / "rep", budget_s=120, allow_no_gpu=True, log=lines.append)
+    assert summary["complete"] and summary["statuses"]["shape error"] == 1
+    assert summary["shapes_done"] == 1 and any("a harness bug" in ln for ln in lines)

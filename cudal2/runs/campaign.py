@@ -710,7 +710,12 @@ def _drive(r: _Run, policy, request: dict) -> None:
                 nxt = next(todo, None)
             if nxt is None:
                 return
-            _shape(r, lane, *nxt, policy, request)
+            try:
+                _shape(r, lane, *nxt, policy, request)
+            except Exception as exc:  # noqa: BLE001 - the harness's bug costs this shape, not the run
+                with r.lock:
+                    r.statuses["shape error"] = r.statuses.get("shape error", 0) + 1
+                    r.log(f"  {Shape(*nxt[0])}: the tournament raised {type(exc).__name__}: {exc}")
             with r.lock:
                 _checkpoint(r)
 
