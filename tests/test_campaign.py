@@ -389,7 +389,8 @@ def test_run_on_the_fake_device_accounts_for_the_whole_call(pack, tmp_path, monk
     assert summary["statuses"].get("ok", 0) >= 2 and summary["exported"] == 0
     call = summary["call"]
     assert sum(call["phases"].values()) == pytest.approx(call["wall_s"], rel=0.01)
-    assert {"audit", "screening", "offline", "correctness", "finals hand-over"} <= set(call["phases"])
+    assert {"audit", "screening", "offline", "correctness", "finals hand-over", "DB"} <= set(call["phases"])
+    assert call["phases"]["DB"] > 0
     assert call["unattributed_fraction"] < 0.10
     live = json.loads((tmp_path / "live" / "summary.json").read_text())
     assert live["complete"] and live["shapes_done"] == 2

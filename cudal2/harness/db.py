@@ -186,6 +186,7 @@ class ResultsDB:
         # add_baseline_choice; waits for the lock and SQLite's busy wait included), cumulative,
         # so a campaign can attribute its DB time
         self.write_seconds = 0.0
+        self._thread = threading.local()          # the same, per writing thread
         if self.path.suffix == ".gz":
             readonly = True
         self.readonly = readonly
@@ -282,7 +283,13 @@ class ResultsDB:
         try:
             yield
         finally:
-            self.write_seconds += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.write_seconds += dt
+            self._thread.seconds = getattr(self._thread, "seconds", 0.0) + dt
+
+    def thread_write_seconds(self) -> float:
+        """write_seconds spent by the calling thread alone (a campaign lane's own share)."""
+        return getattr(self._thread, "seconds", 0.0)
 
     def add(self, ev: Evaluation, source: str | None = None) -> int:
         """Append one evaluation (and its source, if given and new); one transaction. Returns

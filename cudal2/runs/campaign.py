@@ -422,10 +422,33 @@ def _copy_db(src: Path, dest: Path) -> None:
         db.backup_to(dest)
 
 
+class _DBTimed:
+    """A tournament backend whose DB writes (this thread's: ResultsDB.thread_write_seconds) are
+    counted apart from its GPU work, in seconds["screen"] and seconds["finals"]."""
+
+    def __init__(self, inner, db):
+        self.inner, self.db, self.seconds = inner, db, {"screen": 0.0, "finals": 0.0}
+
+    def _timed(self, what, fn, *a, **kw):
+        w0 = self.db.thread_write_seconds() if self.db is not None else 0.0
+        try:
+            return fn(*a, **kw)
+        finally:
+            if self.db is not None:
+                self.seconds[what] += self.db.thread_write_seconds() - w0
+
+    def screen(self, *a, **kw):
+        return self._timed("screen", self.inner.screen, *a, **kw)
+
+    def finals(self, *a, **kw):
+        return self._timed("finals", self.inner.finals, *a, **kw)
+
+
 class _LocalLane:
     """Tournaments on one GPU of this machine: a screening pool and a finals pool pinned to
     `device` (CUDA_VISIBLE_DEVICES; None: unpinned), rows into the shared DB (its writes are
-    serialised; pipeline.record is the writer)."""
+    serialised; pipeline.record is the writer). db_s: the DB seconds inside its screenings and
+    finals, and after them."""
 
     def __init__(self, device, *, has_gpu: bool, db, base_libs, known_lt, audits):
         self.name = f"GPU {device}" if device is not None else "GPU"
@@ -433,10 +456,13 @@ class _LocalLane:
                             else WorkerPool(1, device=device))
         self.final_pool = (gpu_pool(device, max_tasks=1, spare=2) if has_gpu
                            else WorkerPool(1, device=device))
-        self.backend = tournament.HarnessBackend(db=db, screen_pool=self.screen_pool,
-                                                 finals_pool=self.final_pool, gpu=has_gpu,
-                                                 trusted=True, baseline_libs=base_libs,
-                                                 lt_known=known_lt, audits=audits)
+        self.backend = _DBTimed(tournament.HarnessBackend(
+            db=db, screen_pool=self.screen_pool, finals_pool=self.final_pool, gpu=has_gpu,
+            trusted=True, baseline_libs=base_libs, lt_known=known_lt, audits=audits), db)
+
+    @property
+    def db_s(self) -> dict:
+        return dict(self.backend.seconds, after=0.0)
 
     def run(self, shape, entrants, policy, deadline=None):
         return tournament.run(shape, entrants, self.backend, policy, deadline=deadline)
@@ -482,15 +508,18 @@ class _RayLane:
     def __init__(self, ray, actor, db, audits):
         self.ray, self.actor, self.db, self.audits = ray, actor, db, audits
         self.name = f"ray actor {actor._actor_id.hex()[:8]}"
+        self.db_s = {"screen": 0.0, "finals": 0.0, "after": 0.0}   # rows recorded here, after
 
     def run(self, shape, entrants, policy, deadline=None):
         left = None if deadline is None else deadline - time.monotonic()
         res = self.ray.get(self.actor.run.remote(shape, entrants, policy, self.audits, left))
         self.audits = None                  # the actor keeps them
         src = {e.key: e.request.source for e in entrants}
+        w0 = self.db.thread_write_seconds()
         for row in list(res.screened) + list(res.rows):
             if row is not None and row.id is None and not budget_cut(row):
                 record(self.db, row, src.get((row.source_sha, tuple(sorted((row.options or {}).items())))))
+        self.db_s["after"] += self.db.thread_write_seconds() - w0
         return res
 
     def close(self):
@@ -744,11 +773,15 @@ def _shape(r: _Run, lane, shape: tuple, pairs: list, policy, request: dict) -> N
     S, bucket = Shape(*shape), report.size_bucket(*shape)
     entrants = _entrants(r, S, pairs, request)
     before = {ev.id for ev in r.db.rows(shape=S)}      # resumed rows: timed earlier
+    db0 = lane.db_s
     t_run = time.monotonic()
     res = lane.run(S, entrants, policy, r.deadline)
+    t_end = time.monotonic()
+    db = {k: v - db0[k] for k, v in lane.db_s.items()}
     with r.lock:
         r.acct.add("shape setup", t_run - t_shape)
-        r.acct.add("screening", res.screen_s)
+        r.acct.add("screening", res.screen_s - db["screen"])
+        r.acct.add("DB", sum(db.values()))
         if res.screened_fresh:
             r.thr.add("screen", bucket, res.screened_fresh, res.screen_s)
         for row in res.screened:
@@ -766,8 +799,9 @@ def _shape(r: _Run, lane, shape: tuple, pairs: list, policy, request: dict) -> N
         for ph in sessions.values():
             for k, v in ph.items():
                 measure[k] = measure.get(k, 0.0) + float(v)
-        r.acct.add_finals(res.finals_s, measure)
-        r.acct.add("shape setup", max(0.0, time.monotonic() - t_run - res.screen_s - res.finals_s))
+        r.acct.add_finals(res.finals_s - db["finals"], measure)
+        r.acct.add("shape setup", max(0.0, t_end - t_run - res.screen_s - res.finals_s - db["after"])
+                   + time.monotonic() - t_end)
         if evs:
             r.thr.add("final", bucket, len(evs), res.finals_s)
             for ev in evs:
