@@ -188,7 +188,8 @@ def test_input_writer_is_caught():
     assert not rep.checks["inputs"]["ok"]
 
 
-def test_pointer_memoiser_is_caught():
+def _pointer_memoiser():
+    """A planted bug: answers from a cache keyed by the operands' pointers."""
     cache = {}
 
     def memo(ops):
@@ -197,6 +198,11 @@ def test_pointer_memoiser_is_caught():
             cache[key] = fp32_acc(ops.a, ops.b)
         ops.c.copy_(cache[key])
         return 0
+    return memo
+
+
+def test_pointer_memoiser_is_caught():
+    memo = _pointer_memoiser()
     rep = run_suite(memo)
     assert not rep.checks["reuse"]["ok"]
 
@@ -458,14 +464,7 @@ def test_references_past_the_budget_are_computed_on_each_use():
 
 def test_planted_bugs_are_still_caught_on_shared_references():
     shared = check.ShapeInputs(64, 48, 256).prepare(2)
-    cache = {}
-
-    def memo(ops):
-        key = (ops.a.data_ptr(), ops.b_store.data_ptr(), ops.c.data_ptr())
-        if key not in cache:
-            cache[key] = fp32_acc(ops.a, ops.b)
-        ops.c.copy_(cache[key])
-        return 0
+    memo = _pointer_memoiser()
     assert not run_suite(memo, inputs=shared).checks["reuse"]["ok"]
     assert not run_suite(lambda ops: (ops.c.copy_(fp16_acc(ops.a, ops.b)), 0)[1],
                          inputs=shared).checks["random_tol"]["ok"]

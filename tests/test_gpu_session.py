@@ -92,23 +92,29 @@ def test_run_and_collect_without_gpu(tmp_path):
     assert (d / "rc").read_text().strip() == "0"
 
 
-@pytest.mark.compile
-def test_campaign_stage_on_a_small_pack(tmp_path):
-    """prepare.sh (campaign only, two shapes, one candidate each) -> run.sh campaign without a
-    GPU (plumbing: rows not_measured) -> collect.sh remakes its reports."""
+def _small_pack(tmp_path, shapes: list[str], per_shape: int) -> Path:
+    """prepare.sh's pack alone (mma candidates) for these "M,N,K" shapes; skips without nvcc."""
     try:
         from cudal2.core.toolchain import find_toolchain
         find_toolchain()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no CUDA toolchain: {exc}")
-    shapes = tmp_path / "shapes.csv"
-    shapes.write_text("M,N,K\n128,128,128\n256,512,128\n")
+    csv_file = tmp_path / "shapes.csv"
+    csv_file.write_text("M,N,K\n" + "\n".join(shapes) + "\n")
     root = tmp_path / "root"
-    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", shapes, "--no-wheels", "--no-policy",
-             "--no-prefill", "--families", "mma", "--limit-per-shape", "1"], timeout=600)
+    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", csv_file, "--no-wheels", "--no-policy",
+             "--no-prefill", "--no-experiment", "--families", "mma", "--limit-per-shape", str(per_shape)],
+            timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "total" in r.stdout and "carry:" in r.stdout
-    pack = root / ".gpu_campaign"
+    return root / ".gpu_campaign"
+
+
+@pytest.mark.compile
+def test_campaign_stage_on_a_small_pack(tmp_path):
+    """prepare.sh (campaign only, two shapes, one candidate each) -> run.sh campaign without a
+    GPU (plumbing: rows not_measured) -> collect.sh remakes its reports."""
+    pack = _small_pack(tmp_path, ["128,128,128", "256,512,128"], per_shape=1)
     out = tmp_path / "out"
     r = _sh([KIT / "run.sh", "--allow-no-gpu", "campaign"],
             env={"OUT": str(out), "GPU_SESSION_WORK": str(tmp_path / "work"), "GPU_SESSION_PACK": str(pack),
@@ -128,19 +134,9 @@ def test_the_verdict_call_rehearsed_with_the_fake_device(tmp_path):
     campaign) on the fake device under a scaled deadline: at most 8 files come back, the deadline
     is kept, the summary is complete with its by-phase account; the call killed at a random
     point leaves a DB that opens and a summary that parses."""
-    try:
-        from cudal2.core.toolchain import find_toolchain
-        find_toolchain()
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"no CUDA toolchain: {exc}")
-    shapes = tmp_path / "shapes.csv"
-    shapes.write_text("M,N,K\n128,128,128\n256,512,128\n64,64,64\n")
-    root = tmp_path / "root"
-    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", shapes, "--no-wheels", "--no-policy",
-             "--no-prefill", "--no-experiment", "--families", "mma", "--limit-per-shape", "2"], timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    r = _sh([KIT / "rehearse.sh", "--pack", root / ".gpu_campaign", "--scale", "0.1", "--work", tmp_path / "w"],
-            env={"GPU_SESSION_CACHE": str(root / ".gpu_cache")}, timeout=600)
+    pack = _small_pack(tmp_path, ["128,128,128", "256,512,128", "64,64,64"], per_shape=2)
+    r = _sh([KIT / "rehearse.sh", "--pack", pack, "--scale", "0.1", "--work", tmp_path / "w"],
+            env={"GPU_SESSION_CACHE": str(pack.parent / ".gpu_cache")}, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert "rehearse: passed" in r.stdout
     summary = next((tmp_path / "w" / "out").glob("summary.json"))

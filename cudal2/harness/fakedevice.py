@@ -13,6 +13,7 @@ Faults for fault-injection rehearsals: CUDAL2_FAKE_FAULTS="<so sha256 prefix>:tr
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
@@ -40,6 +41,7 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds * (knobs.fake_device_scale() or 0.0))
 
 
+@functools.lru_cache(maxsize=4096)
 def _so_hash(so_path: str) -> str:
     with open(so_path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
