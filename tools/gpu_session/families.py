@@ -100,7 +100,7 @@ def _family_of(test_id: str, group: str) -> list[str]:
         return ["split-K"]
     if "cutlass" in name:
         return ["cutlass_sm90"]
-    return [f for f in GROUPS[group]["exclude"]]
+    return list(GROUPS[group]["exclude"])
 
 
 def excluded(junit_dir: Path) -> list[str]:
