@@ -102,7 +102,13 @@ def launch(a, b, out):
         c = out
     fn, ws_bytes, ws_c, opts, ws_zero = served
     stream = _raw_stream(dev)
-    ws = _vp(_workspace(dev, stream, ws_bytes, ws_zero)) if ws_bytes else _NULL
+    if ws_bytes:
+        ws = _workspace(dev, stream, ws_bytes, ws_zero)
+        if ws is None:    # inside a capture whose graph has no buffer of its own: torch serves
+            return None
+        ws = _vp(ws)
+    else:
+        ws = _NULL
     if opts is None:      # ABI 1: twelve arguments
         rc = fn(_vp(pa), _vp(pb), _vp(c.data_ptr()), M, N, K, lda, ldb, ldc, ws, ws_c,
                 _vp(stream) if stream else _NULL)

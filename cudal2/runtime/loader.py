@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 from typing import Callable
 
 import torch
@@ -72,22 +73,67 @@ def launcher(lib, M: int, N: int, K: int, options=None) -> tuple:
 
 
 class Workspaces:
-    """A per-(device, stream) byte buffer, grown as needed (kernels never allocate). Kernels
-    declaring workspace_zero_init (docs/abi.md) share their own buffer per (device, stream):
-    zeroed when it is allocated, never again; each such call leaves it zero. The others' buffer
-    is never read as zero, so they may leave anything in it."""
+    """The workspace a kernel call gets, grown as needed (kernels never allocate).
 
-    def __init__(self):
+    Eager calls: one buffer per (device, stream), and kernels declaring workspace_zero_init
+    (docs/abi.md) their own buffer per (device, stream): zeroed when it is allocated, never
+    again; each such call leaves it zero. The others may leave anything in theirs.
+
+    Calls inside a CUDA graph capture: a buffer per captured graph (held while the graph lives),
+    never a stream's. Graphs captured on one capture stream and one memory pool would otherwise
+    share one buffer, zeroed only by the graph that allocated it: replayed first, another graph
+    would find a split-K semaphore holding garbage. A graph's zero-init buffer is zeroed inside
+    that graph (a memset node before its first zero-init kernel), so every replay starts from
+    zero whatever the order of replays. A capture whose graph cannot be named gets None: the
+    caller serves torch instead."""
+
+    def __init__(self, capturing: Callable[[], bool] | None = None,
+                 capturing_graph: Callable[[], object] | None = None,
+                 alloc: Callable[[int, int, bool], torch.Tensor] | None = None):
+        self._capturing = capturing or _capturing
+        self._capturing_graph = capturing_graph or _capturing_graph
+        self._alloc = alloc or _alloc
         self._bufs: dict[tuple, torch.Tensor] = {}
+        self._graph_bufs: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
 
-    def get(self, dev: int, stream: int, nbytes: int, zero: bool = False) -> int:
-        key = (dev, stream, zero)
-        buf = self._bufs.get(key)
+    def get(self, dev: int, stream: int, nbytes: int, zero: bool = False) -> int | None:
+        """The device pointer of a buffer of at least nbytes; None inside a capture whose graph
+        is unknown."""
+        if self._capturing():
+            graph = self._capturing_graph()
+            if graph is None:
+                return None
+            bufs = self._graph_bufs.setdefault(graph, {})
+            key = (dev, zero)
+        else:
+            bufs, key = self._bufs, (dev, stream, zero)
+        buf = bufs.get(key)
         if buf is None or buf.numel() < nbytes:
-            alloc = torch.zeros if zero else torch.empty
-            buf = alloc(max(nbytes, 1 << 20), dtype=torch.uint8, device=f"cuda:{dev}")
-            self._bufs[key] = buf
+            buf = self._alloc(dev, max(nbytes, 1 << 20), zero)
+            bufs[key] = buf
         return buf.data_ptr()
 
     def clear(self) -> None:
         self._bufs.clear()
+        self._graph_bufs.clear()
+
+
+def _alloc(dev: int, nbytes: int, zero: bool) -> torch.Tensor:
+    # on the current stream: inside a capture, from the graph's pool, a zero-fill recorded in it
+    return (torch.zeros if zero else torch.empty)(nbytes, dtype=torch.uint8, device=f"cuda:{dev}")
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+def _capturing_graph():
+    """The torch.cuda.CUDAGraph being captured on the current stream (weakly referenceable), or
+    None where this torch cannot say."""
+    get = getattr(getattr(torch._C, "_CUDAGraph", None), "get_currently_capturing_graph", None)
+    try:
+        graph = get() if get is not None else None
+        weakref.ref(graph)
+    except Exception:  # noqa: BLE001 - an older torch, or a graph object no weakref can hold
+        return None
+    return graph

@@ -1,5 +1,5 @@
-"""A split-K kernel called the way cudal2.runtime calls it (loader.Workspaces + launcher), inside
-two CUDA graphs captured as a serving engine captures them (one per batch size, on
+"""A split-K kernel served by cudal2.runtime's hot path (hot.launch: its Workspaces, the launcher
+recorded by serve_kernel), resolved and called eagerly first, then inside two CUDA graphs captured as a serving engine captures them (one per batch size, on
 torch.cuda.graph's shared capture stream, from one memory pool an earlier graph has dirtied),
 replayed in the reverse order of capture.
 
@@ -18,23 +18,23 @@ import torch
 
 from cudal2.core.abi import load_library
 from cudal2.core.build import build
-from cudal2.runtime.loader import Workspaces, launcher
+from cudal2.runtime import hot, resolve
 from cudal2.templates import FAMILIES
 
 CFG = FAMILIES["mma"].default().with_(SPLITK=3)     # tests/test_splitk.py's GPU_CASES[2] (RR)
 SHAPES = ((64, 256, 4096), (128, 256, 4096))       # two "batch sizes", one graph each
-workspaces = Workspaces()
 
 
-def call(lib, a, b, c) -> None:
-    """resolve._nearest's launch: the workspace of the current stream, zeroed when first asked."""
-    (M, K), N = a.shape, b.shape[1]
-    _, ws_bytes, _, opts, zero = launcher(lib, M, N, K)
-    stream = torch.cuda.current_stream().cuda_stream
-    ws = workspaces.get(0, stream, ws_bytes, zero) if ws_bytes else 0
-    rc = lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, N, N, ws, ws_bytes,
-                    stream, opts)
-    assert rc == 0, f"launch returned cudaError {rc}"
+def call(a, b, c) -> None:
+    """What cudal2.matmul does for a served shape; the kernel must launch (a None would mean
+    torch served the call and the probe tested nothing)."""
+    assert hot.launch(a, b, c) is c, "the hot path handed the call to torch"
+
+
+def buffers() -> list:
+    """Every workspace the runtime holds: the eager streams' and each captured graph's."""
+    ws = resolve.workspaces
+    return list(ws._bufs.values()) + [b for g in list(ws._graph_bufs.values()) for b in g.values()]
 
 
 def dirty_pool(pool) -> None:
@@ -51,13 +51,15 @@ def dirty_pool(pool) -> None:
 
 def main() -> dict:
     lib = load_library(build(FAMILIES[CFG.family].build_spec(CFG, "sm_90a")).so_path)
+    for M, N, K in SHAPES:
+        resolve.serve_kernel(lib, M, N, K, "RR", dev=0)
     torch.manual_seed(0)
     ops = [(torch.randn(M, K, device="cuda", dtype=torch.float16),
             torch.randn(K, N, device="cuda", dtype=torch.float16)) for M, N, K in SHAPES]
     eager = []
     for a, b in ops:                                 # resolved and served eagerly first
         c = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.float16)
-        call(lib, a, b, c)
+        call(a, b, c)
         eager.append(c)
     torch.cuda.synchronize()
     pool = torch.cuda.graph_pool_handle()            # one pool for every graph (vLLM, SGLang)
@@ -67,20 +69,21 @@ def main() -> dict:
         c = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.float16)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
-            call(lib, a, b, c)
+            call(a, b, c)
         graphs.append(g)
         outs.append(c)
     torch.cuda.synchronize()
-    verdict = {"shapes": SHAPES, "splitk": CFG.get("SPLITK"), "workspaces": len(workspaces._bufs),
+    verdict = {"shapes": SHAPES, "splitk": CFG.get("SPLITK"), "workspaces": len(buffers()),
+               "graph_workspaces": len(resolve.workspaces._graph_bufs),
                # whether the scenario was reached: non-zero workspace bytes before any replay
-               "nonzero_before_replay": [int(b.count_nonzero()) for b in workspaces._bufs.values()]}
+               "nonzero_before_replay": [int(b.count_nonzero()) for b in buffers()]}
     for name, order in (("reverse", (1, 0)), ("forward", (0, 1))):
         for i in order:
             outs[i].zero_()
             graphs[i].replay()
         torch.cuda.synchronize()
         verdict[name] = [bool(torch.equal(outs[i], eager[i])) for i in range(len(SHAPES))]
-    verdict["workspaces_zero"] = [int(buf.count_nonzero()) == 0 for buf in workspaces._bufs.values()]
+    verdict["workspaces_zero"] = [int(buf.count_nonzero()) == 0 for buf in buffers()]
     return verdict
 
 
