@@ -61,8 +61,12 @@ def test_rules():
     assert FAM.accepts(c, 1, 4096, 4096) and FAM.accepts(c, 16, 4095, 4096)      # RC: any N
     assert not FAM.accepts(c, 17, 4096, 4096) and not FAM.accepts(c, 8, 4096, 4100)
     assert not FAM.accepts(c.with_(LAYOUT="RR"), 8, 4095, 4096)
-    assert FAM.option_space(c)[0] == {"splits": 0} and len(FAM.option_space(c)) == 8
+    # splits 0 with each decomposition (heuristic, split-K, stream-K), then each split count
+    assert FAM.option_space(c)[0] == {"splits": 0, "decomposition": 0} and len(FAM.option_space(c)) == 10
+    assert {"splits": 0, "decomposition": 3} in FAM.option_space(c)
+    assert {"splits": 4, "decomposition": 3} not in FAM.option_space(c)   # stream-K ignores splits
     assert FAM.option_problems(c, {"splits": 3})
+    assert FAM.option_problems(c, {"splits": 0, "decomposition": 1})
     assert len(_space()) > 100
 
 
@@ -133,17 +137,22 @@ def test_meta_and_refusals(cfg, arch):
         assert m["max_m"] == BM and "max_n" not in m and m["tile"] == [BM, BN, p["BK"]]
     assert m["workspace_zero_init"] is True and m["any_shape"] is True
     assert m["divisible"] == [1, 1 if p["LAYOUT"] == "RC" else 8, 8] and m["layout"] == p["LAYOUT"]
-    assert [o["name"] for o in m["options"]] == ["splits"] and m["params"] == p
+    assert [o["name"] for o in m["options"]] == ["splits", "decomposition"] and m["params"] == p
+    assert m["options"][1] == {"name": "decomposition", "values": [0, 2, 3], "default": 0}
+    assert m["cluster_splitk_max"] == (8 if arch == "sm_90a" else 0) and m["streamk"] is True
     rc = p["LAYOUT"] == "RC"
     tiles = -(-4096 // BN)
-    # an explicit split count sizes the workspace without asking the device; the mirror's
-    # tiles run along M
-    want = -(-4 * BM * 4096 * 4 // 16) * 16 + 4 * tiles
+    # an explicit split count above 8 (never a cluster) sizes the workspace without asking the
+    # device; the mirror's tiles run along M
+    want = -(-16 * BM * 4096 * 4 // 16) * 16 + 4 * tiles
     small = (4096, BM) if mirror else (BM, 4096)
-    assert lib.workspace_bytes(*small, 4096, lib.options({"splits": 4})) == want
+    assert lib.workspace_bytes(*small, 4096, lib.options({"splits": 16})) == want
     assert lib.workspace_bytes(*small, 4096, lib.options({"splits": 1})) == 0
+    # 4 splits: the global fixup's workspace, or none where a cluster reduces them (a device)
+    four_ws = lib.workspace_bytes(*small, 4096, lib.options({"splits": 4}))
+    assert four_ws in (0, -(-4 * BM * 4096 * 4 // 16) * 16 + 4 * tiles) and (four_ws or arch == "sm_90a")
     P = 1 << 20
-    four = lib.options({"splits": 4})
+    four = lib.options({"splits": 16})
 
     def call(S, big=4096, K=4096, lda=4096, ldb=None, ldc=None, a=P, b=P, c=P, ws=P, wsb=want,
              options=four):
@@ -162,8 +171,10 @@ def test_meta_and_refusals(cfg, arch):
     assert call(BM, wsb=want - 1) == INVALID_VALUE             # too small a workspace
     assert call(BM, ws=P + 4) == INVALID_VALUE                 # misaligned workspace
     assert call(BM, ws=0) == INVALID_VALUE
-    bad = (__import__("ctypes").c_int * 1)(3)
+    bad = (__import__("ctypes").c_int * 2)(3, 0)
     assert call(BM, options=bad) == INVALID_VALUE              # not a listed split count
+    bad = (__import__("ctypes").c_int * 2)(0, 1)
+    assert call(BM, options=bad) == INVALID_VALUE              # not a listed decomposition
 
 
 @pytest.mark.compile
@@ -252,3 +263,56 @@ def test_max_n_bounds_what_the_mirror_serves_and_the_edge_shapes():
     assert not meta_accepts(meta, 4096, 17, 4096) and not meta_accepts(meta, 4096, 16, 4095)
     # near a 16-column target the suite's edge shapes keep N at or below max_n
     assert edge_shapes(4096, 16, 4096, (1, 1, 8), None, 16) == [(4095, 16, 4072), (4097, 15, 4136)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CASES, ids=lambda c: f"{c.family}-{c.label().split(':')[1]}")
+def test_stream_k_and_cluster_splits_are_exact_and_leave_the_workspace_zero(cfg):
+    """Every decomposition on minimal and residue shapes (stream-K, the heuristic, split-K at 2,
+    8 (a cluster on sm_90a) and 64 splits, K = 0) against torch; then a 200-call stress run per
+    decomposition on one workspace zeroed once: the same bits every call and the workspace zero
+    after every call."""
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.toolchain import detect_arch
+    from test_templates import _run
+    fam = FAMILIES[cfg.family]
+    arch = detect_arch()
+    if arch not in fam.arches:
+        pytest.skip(f"{fam.name} does not target {arch}")
+    lib = load_library(_build(cfg, arch).so_path)
+    meta = lib.meta
+    mirror = fam is MIRROR
+    decomps = [{"decomposition": 3}, {"decomposition": 0}, {"splits": 2}, {"splits": 8},
+               {"splits": 64}, {"splits": 0, "decomposition": 2}]
+    shapes = [(1, 8, 8), (3, 1000, 72), (13, 136, 264), (5, 72, 8200), (1, 6144, 4096), (16, 64, 0)]
+    for M, N, K in shapes:
+        if mirror:
+            M, N = N, M
+        if not fam.accepts(cfg, M, N, K):
+            continue
+        for o in decomps:
+            _run(lib, meta, M, N, K, options=o)
+    stream = torch.cuda.current_stream().cuda_stream
+    small, big, K = min(cfg.get("BM"), 5), 6144, 4096
+    M, N = (big, small) if mirror else (small, big)
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.float16)
+    b = w if meta["layout"] == "RC" else w.t().contiguous()
+    for o in ({"decomposition": 3}, {"decomposition": 0}, {"splits": 8}, {"splits": 64}):
+        opts = lib.options(o)
+        ws_bytes = lib.workspace_bytes(M, N, K, opts)
+        ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
+        first = None
+        for i in range(200):
+            c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+            assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, b.stride(0), N,
+                              ws.data_ptr() if ws_bytes else 0, ws_bytes, stream, opts) == 0
+            torch.cuda.synchronize()
+            assert int(ws.count_nonzero()) == 0, (o, i)
+            if first is None:
+                first = c
+                ref = a.double() @ w.double().t()
+                assert (c.double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item() + 1e-3, o
+            else:
+                assert torch.equal(first, c), (o, i)

@@ -19,7 +19,7 @@ from cudal2.templates import FAMILIES, template_dir
 DATA = Path(__file__).parent / "data"
 
 
-def _emulate(tmp_path, deterministic: int) -> str:
+def _emulate(tmp_path, deterministic: int, source: str = "splitk_emulate.cu") -> str:
     """Builds the emulation with the host C++ compiler (cuda_fp16.h is host-usable) and runs it."""
     import shutil
     from cudal2.core.toolchain import find_toolchain, nvcc_root, pip_cuda_roots
@@ -32,10 +32,10 @@ def _emulate(tmp_path, deterministic: int) -> str:
             if (d / "cuda_fp16.h").is_file()]
     if not fp16:
         pytest.skip("cuda_fp16.h not found")
-    exe = tmp_path / f"emulate{deterministic}"
+    exe = tmp_path / f"emulate{deterministic}_{Path(source).stem}"
     subprocess.run([cxx, "-std=c++17", "-O1", "-x", "c++", f"-DSPLITK_DETERMINISTIC={deterministic}",
                     "-I", str(template_dir()), "-I", str(fp16[0]),
-                    *tc.compile_flags(), str(DATA / "splitk_emulate.cu"), "-o", str(exe)],
+                    *tc.compile_flags(), str(DATA / source), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert "FAIL" not in r.stdout and r.returncode == 0, r.stdout + r.stderr
@@ -59,6 +59,20 @@ def test_atomic_fixup_keeps_the_workspace_contract(tmp_path):
     assert len(oks) == 13 and "shared_workspace_across_shapes" in oks, out
     # arrival-order accumulation really is order-dependent (why it is not the default)
     assert max(int(n) for n in re.findall(r"^distinct (\d+)", out, re.M)) > 1, out
+
+
+@pytest.mark.compile
+def test_cluster_reduction_is_bit_identical_to_the_global_fixup(tmp_path):
+    """The cluster path's own code (cluster_slice_begin, cluster_sum4) on the host: for 1..8
+    splits and random partials, the rank-ordered sum over each rank's slice equals the global
+    fixup's split-index-order sum bit for bit (fp32 and the fp16 C), and the ranks' slices of each
+    chunk are disjoint and cover it (tests/data/splitk_cluster_emulate.cu)."""
+    out = _emulate(tmp_path, 1, "splitk_cluster_emulate.cu")
+    oks = re.findall(r"^ok (\S+)", out, re.M)
+    assert len(oks) == 4 * 8 * 3, out
+    for what in ("slices_disjoint_and_cover", "fp32_sum_bit_identical", "fp16_c_bit_identical"):
+        assert sorted(int(o.rsplit("_s", 1)[1]) for o in oks if o.startswith(what)) == \
+            sorted(list(range(1, 9)) * 4), what
 
 
 def _entries(ptx: str) -> list[str]:
@@ -86,16 +100,43 @@ def test_split_k_build_is_one_kernel_and_no_memset(cfg):
     assert len(names) == 2 and all("hgemm_kernel" in n for n in names), names
     ptx = r.ptx_path.read_text()
     assert "mma.sync.aligned.m16n8k16" in ptx and "atom.global.add.u32" in ptx, cfg.label()
+    # the cluster reduction (sm_90a): DSMEM through mapa, the cluster barrier
+    for insn in ("mapa.shared::cluster.u32", "ld.shared::cluster.v4.f32",
+                 "barrier.cluster.arrive.release", "barrier.cluster.wait.acquire",
+                 "%cluster_nctarank"):
+        assert insn in ptx, insn
     from test_wgmma import _cuobjdump
     tool = _cuobjdump()
-    if tool:   # the tensor-core instruction in the SASS (needs cuobjdump)
+    if tool:   # the tensor-core instruction and the cluster's in the SASS (needs cuobjdump)
         sass = subprocess.run([tool, "-sass", str(r.so_path)], capture_output=True, text=True,
                               check=True).stdout
         assert "HMMA.16816" in sass
+        # cluster barrier arrive / wait; the DSMEM reads are generic 128-bit loads of mapa'd
+        # addresses (ld.shared::cluster.v4 -> LD.E.128)
+        for insn in ("UCGABAR_ARV", "UCGABAR_WAIT", "LD.E.128"):
+            assert insn in sass, insn
     imports = audit.undefined_symbols(r.so_path)
     assert not [s for s in imports if "Memset" in s or "Memcpy" in s], imports
     launches = [s for s in imports if "Launch" in s]
-    assert launches, imports
+    assert launches and any("cudaLaunchKernelExC" in s for s in imports), imports
+    assert any("cudaOccupancyMaxActiveClusters" in s for s in imports), imports
+
+
+@pytest.mark.compile
+def test_split_k_on_sm80_keeps_the_global_fixup_only():
+    """sm_80 has no clusters: the same config builds without the cluster path (no cluster PTX, no
+    cudaLaunchKernelEx import) and its meta says so (cluster_splitk_max 0)."""
+    from cudal2.core.abi import load_library
+    from cudal2.core.build import build
+    from cudal2.harness import audit
+    cfg = SPLIT_CASES[0]
+    r = build(FAMILIES[cfg.family].build_spec(cfg, "sm_80"))
+    assert r.ok and r.spills == 0, r.log[-2000:]
+    ptx = r.ptx_path.read_text()
+    assert "atom.global.add.u32" in ptx and "barrier.cluster" not in ptx and "mapa" not in ptx
+    imports = audit.undefined_symbols(r.so_path)
+    assert not [s for s in imports if "LaunchKernelEx" in s or "Occupancy" in s], imports
+    assert load_library(r.so_path).meta["cluster_splitk_max"] == 0
 
 
 @pytest.mark.compile
@@ -106,11 +147,18 @@ def test_split_k_meta_declares_the_zero_init_workspace(cfg):
     lib = load_library(build(FAMILIES[cfg.family].build_spec(cfg, "sm_90a")).so_path)
     m = lib.meta
     p = cfg.as_dict()
+    # the global fixup stays reachable (a cluster that cannot be resident): zero-init is kept
     assert m["workspace_zero_init"] is True and m["splitk_fixup"] == "deterministic"
+    assert m["cluster_splitk_max"] == 8
     X, BM, BN = p["SPLITK_MAX_MN"], p["BM"], p["BN"]
     tiles = X // (BM * BN) + X // min(BM, BN) + 3
     assert m["workspace_bytes"] == -(-p["SPLITK"] * 4 * X // 16) * 16 + 4 * tiles
-    # too small a workspace for 64 x 64 (partials + one semaphore) is refused before any access
+    import torch
+    if torch.cuda.is_available():
+        return   # a device may run the cluster path, which needs no workspace: the fake runtime
+        #          test checks the refusals with clusters unavailable
+    # no device (no resident cluster): too small a workspace for 64 x 64 (partials + one
+    # semaphore) is refused before any access
     P = 1 << 20
     need = p["SPLITK"] * 64 * 64 * 4 + 4
     assert lib.launch(P, P, P, 64, 64, 64, 64, 64, 64, P, need - 1, 0) == 1
@@ -121,71 +169,157 @@ _FAKE_RUN = r"""
 import ctypes, json, sys
 fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
 lib = ctypes.CDLL(sys.argv[2])
+dev = json.loads(sys.argv[4])
+fake.fake_set_sm_count(dev["sms"])
+fake.fake_set_blocks_per_sm(dev["per_sm"])
+fake.fake_set_max_clusters(dev["clusters"])
 vp, P = ctypes.c_void_p, 1 << 20
+abi2 = hasattr(lib, "cudal2_workspace")
+if abi2:
+    lib.cudal2_workspace.restype = ctypes.c_size_t
 out = []
-for M, N, K, sms, split_opt in json.loads(sys.argv[3]):
-    fake.fake_set_sm_count(sms)
+for M, N, K, opts, ws in json.loads(sys.argv[3]):
     fake.fake_reset()
-    args = [vp(P), vp(P), vp(P), M, N, K, K, K, N, vp(P), ctypes.c_size_t(1 << 40), vp(0)]
-    if split_opt is not None:
-        args.append((ctypes.c_int * 1)(split_opt))
+    o = (ctypes.c_int * len(opts))(*opts) if opts is not None else None
+    need = lib.cudal2_workspace(M, N, K, o) if abi2 else None
+    if ws == -1:            # exactly what cudal2_workspace asks for
+        ws = need
+    args = [vp(P), vp(P), vp(P), M, N, K, K, K, N, vp(P if ws else 0), ctypes.c_size_t(ws), vp(0)]
+    if abi2:
+        args.append(o)
     rc = lib.cudal2_hgemm(*args)
-    g = (ctypes.c_uint * 3)()
+    g, cl = (ctypes.c_uint * 3)(), (ctypes.c_uint * 3)()
     fake.fake_last_grid(g)
-    out.append([rc, fake.fake_launches(), fake.fake_memsets(), list(g)])
+    fake.fake_last_cluster(cl)
+    out.append({"rc": rc, "launches": fake.fake_launches(), "ex": fake.fake_ex_launches(),
+                "memsets": fake.fake_memsets(), "grid": list(g), "cluster": list(cl), "need": need})
 print(json.dumps(out))
 """
 
 
-def _fake_calls(tmp_path, so_path, calls):
-    """Runs cudal2_hgemm of a built .so against tests/data/fake_cudart.c (no GPU): per call,
-    [return code, launches, memsets, grid of the last launch]."""
+def _fake_calls(tmp_path, so_path, calls, sms=132, per_sm=2, clusters=16):
+    """Runs cudal2_hgemm of a built .so against tests/data/splitk_fake_cudart.c (no GPU) in a
+    process of its own (the kernel caches the SM count, the resident slots and the cluster
+    residency per device), on a fake device of `sms` SMs, `per_sm` resident CTAs per SM and
+    `clusters` resident clusters (0: none can be resident). calls: [M, N, K, options or None,
+    workspace bytes (-1: what cudal2_workspace asks for)]. Per call: rc, launches, ex (of them
+    cudaLaunchKernelEx), memsets, grid and cluster dims of the last launch, need (cudal2_workspace)."""
     import json
     import shutil
     import sys
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
-    fake = tmp_path / "libfake_cudart.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(DATA / "fake_cudart.c"), "-o", str(fake)],
-                   check=True, capture_output=True, text=True)
-    r = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(fake), str(so_path), json.dumps(calls)],
-                       capture_output=True, text=True, timeout=120)
+    fake = tmp_path / "libsplitk_fake_cudart.so"
+    if not fake.exists():
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", str(DATA / "splitk_fake_cudart.c"), "-o",
+                        str(fake)], check=True, capture_output=True, text=True)
+    dev = {"sms": sms, "per_sm": per_sm, "clusters": clusters}
+    r = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(fake), str(so_path), json.dumps(calls),
+                        json.dumps(dev)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def _one(got, grid, cluster=(1, 1, 1)):
+    """One launch, no memset, that grid; a cluster launch (cudaLaunchKernelEx) iff cluster."""
+    ex = int(tuple(cluster) != (1, 1, 1))
+    return got["rc"] == 0 and got["launches"] == 1 and got["memsets"] == 0 and \
+        got["grid"] == list(grid) and got["cluster"] == list(cluster) and got["ex"] == ex
+
+
+def _skinny_plan(N, K, BN, BK, BM, sms, per_sm, splits=0, dec=0, clusters=True):
+    """skinny_hgemm.cuh's decide() replayed: (mode, grid, workspace bytes) of one call."""
+    from cudal2.search.costmodel import skinny_splits
+    tiles, kt = -(-N // BN), -(-K // BK)
+    slots = sms * per_sm
+    s = skinny_splits(N, K, BN, BK, sms, splits)
+    chunk = -(-kt // max(1, min(max(splits or -(-2 * sms // tiles), 1), 64, kt))) * BK
+    streamk = dec == 3
+    if dec == 0 and splits == 0:
+        G = min(tiles * kt, slots)
+        streamk = -(-tiles * kt // G) < -(-tiles * s // slots) * (chunk // BK)
+    if streamk:
+        G = min(tiles * kt, slots, 2048)
+        ws = 0 if G <= 1 or kt <= 1 else -(-(G + tiles - 1) * BM * BN * 4 // 16) * 16 + 4 * tiles
+        return "streamk", (G, 1, 1), ws
+    if 2 <= s <= 8 and clusters:
+        return "cluster", (tiles, s, 1), 0
+    return "global", (tiles, s, 1), 0 if s == 1 else None
 
 
 @pytest.mark.compile
 def test_a_split_k_call_is_one_launch_with_a_fake_runtime(tmp_path):
     """A fake CUDA runtime counts what one cudal2_hgemm call puts on the stream: one kernel, no
-    memset, for mma split-K (grid.y = SPLITK) and for skinny, whose split count follows the SM
-    count as the cost model's replay (skinny_splits) says."""
+    memset. mma split-K on sm_90a (grid.y = SPLITK <= 8): one cudaLaunchKernelEx with cluster dims
+    (1, SPLITK, 1) and no workspace; where no such cluster can be resident, the global fixup with
+    its workspace. skinny: the split count follows the SM count as the cost model's replay
+    (skinny_splits) says, <= 8 splits in a cluster, more through the workspace; stream-K's grid is
+    the resident slots (decomposition 3, or 0 where split-K would end in a partial wave)."""
     from cudal2.core.build import build
-    from cudal2.search.costmodel import skinny_splits
     cfg = SPLIT_CASES[0]
     mma = build(FAMILIES["mma"].build_spec(cfg, "sm_90a"))
-    got = _fake_calls(tmp_path, mma.so_path, [[256, 256, 1024, 132, None], [256, 256, 0, 132, None]])
-    assert got[0] == [0, 1, 0, [4, 4, 1]], got      # 2 x 2 tiles, 4 splits, one launch
-    assert got[1] == [0, 1, 0, [4, 1, 1]], got      # K == 0: the same kernel writes zeros
+    got = _fake_calls(tmp_path, mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 0, None, 0]])
+    assert _one(got[0], (4, 4, 1), (1, 4, 1)), got   # 2 x 2 tiles, 4 splits, a cluster, no workspace
+    assert _one(got[1], (4, 1, 1)), got               # K == 0: the same kernel writes zeros
+    # no resident cluster: the global fixup, which refuses a missing or too small workspace
+    need = 4 * 256 * 256 * 4 + 4 * 4
+    got = _fake_calls(tmp_path, mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 1024, None, need - 1],
+                                              [256, 256, 1024, None, need]], clusters=0)
+    assert [g["rc"] for g in got[:2]] == [1, 1] and got[0]["launches"] == got[1]["launches"] == 0
+    assert _one(got[2], (4, 4, 1)), got
+
     sk_cfg = FAMILIES["skinny"].default()
     sk = build(FAMILIES["skinny"].build_spec(sk_cfg, "sm_90a"))
-    calls = [[1, 4096, 4096, 132, 0], [4, 11008, 4096, 132, 0], [1, 128, 4096, 132, 0],
-             [8, 4096, 4096, 132, 16], [1, 4096, 64, 132, 0], [16, 4096, 4096, 66, 0]]
-    # the kernel caches the SM count per device: a process per device size
-    got = _fake_calls(tmp_path, sk.so_path, calls[:-1]) + _fake_calls(tmp_path, sk.so_path, calls[-1:])
-    BN, BK = sk_cfg.get("BN"), sk_cfg.get("BK")
-    for (M, N, K, sms, opt), (rc, launches, memsets, grid) in zip(calls, got):
-        assert (rc, launches, memsets) == (0, 1, 0), (M, N, K, got)
-        assert grid == [-(-N // BN), skinny_splits(N, K, BN, BK, sms, opt), 1], (M, N, K, grid)
-    assert [g[3][1] for g in got] == [8, 4, 64, 16, 1, 5]   # 32, 86, 1, 32, 32, 32 N tiles
+    BM, BN, BK = sk_cfg.get("BM"), sk_cfg.get("BN"), sk_cfg.get("BK")
+    # decomposition 2: split-K as before (skinny_splits); <= 8 splits reduce in a cluster
+    calls = [[1, 4096, 4096, [0, 2], -1], [4, 11008, 4096, [0, 2], -1], [1, 128, 4096, [0, 2], -1],
+             [8, 4096, 4096, [16, 0], -1], [1, 4096, 64, [0, 2], -1]]
+    got = _fake_calls(tmp_path, sk.so_path, calls)
+    for (M, N, K, opt, _), g in zip(calls, got):
+        mode, grid, ws = _skinny_plan(N, K, BN, BK, BM, 132, 2, *opt)
+        assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)
+        assert (g["need"] == 0) == (mode == "cluster" or grid[1] == 1), (M, N, K, g)
+    assert [g["grid"][1] for g in got] == [8, 4, 64, 16, 1]   # 32, 86, 1, 32, 32 N tiles
+    assert [g["cluster"][1] for g in got] == [8, 4, 1, 1, 1]
+    # a device of 66 SMs (another process: the SM count is cached per device): 5 splits
+    got = _fake_calls(tmp_path, sk.so_path, [[16, 4096, 4096, [0, 2], -1]], sms=66)
+    assert _one(got[0], (32, 5, 1), (1, 5, 1)) and got[0]["need"] == 0, got
+    # no resident cluster: the same split counts through the workspace
+    got = _fake_calls(tmp_path, sk.so_path, [[1, 4096, 4096, [0, 2], 0], [1, 4096, 4096, [0, 2], -1]],
+                      clusters=0)
+    assert got[0]["rc"] == 1 and got[0]["launches"] == 0 and got[1]["need"] > 0, got
+    assert _one(got[1], (32, 8, 1)), got
+    # stream-K on the Llama-3 8B decode shapes: the grid is the resident slots (132 x 2), the
+    # heuristic takes it where split-K would leave a partial wave (qkv 288, gate_up 448 CTAs)
+    # and keeps the 8-way cluster split where it fills 256 of 264 slots (o_proj)
+    calls = [[1, 6144, 4096, [0, 3], -1], [1, 6144, 4096, [0, 0], -1], [1, 4096, 4096, [0, 0], -1],
+             [1, 28672, 4096, [0, 0], -1], [1, 4096, 14336, [0, 0], -1], [1, 6144, 4096, None, -1],
+             [1, 6144, 4096, [0, 3], 0]]
+    got = _fake_calls(tmp_path, sk.so_path, calls)
+    modes = []
+    for (M, N, K, opt, ws), g in zip(calls[:-1], got):
+        mode, grid, need = _skinny_plan(N, K, BN, BK, BM, 132, 2, *(opt or [0, 0]))
+        modes.append(mode)
+        assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (N, K, opt, g)
+        if mode == "streamk":
+            assert g["need"] == need, (N, K, g)
+    assert modes == ["streamk", "streamk", "cluster", "streamk", "streamk", "streamk"], modes
+    assert got[-1]["rc"] == 1 and got[-1]["launches"] == 0     # stream-K needs its workspace
+    # a device with 3 CTAs per SM: the stream-K grid follows the occupancy query
+    got = _fake_calls(tmp_path, sk.so_path, [[1, 6144, 4096, [0, 3], -1]], per_sm=3)
+    assert _one(got[0], (396, 1, 1)), got
+
     # the mirror (N small, M large): its tiles and splits run along M, still one launch
     sn = build(FAMILIES["skinny_n"].build_spec(FAMILIES["skinny_n"].default(), "sm_90a"))
-    calls = [[4096, 16, 4096, 132, 0], [8192, 8, 4096, 132, 0], [4096, 17, 4096, 132, 0]]
+    calls = [[4096, 16, 4096, [0, 2], -1], [8192, 8, 4096, [0, 2], -1], [4096, 17, 4096, [0, 2], -1],
+             [4096, 16, 4096, [0, 3], -1]]
     got = _fake_calls(tmp_path, sn.so_path, calls)
-    for (M, N, K, sms, opt), (rc, launches, memsets, grid) in zip(calls[:2], got):
-        assert (rc, launches, memsets) == (0, 1, 0), (M, N, K, got)
-        assert grid == [-(-M // BN), skinny_splits(M, K, BN, BK, sms, opt), 1], (M, N, K, grid)
-    assert got[2][:3] == [1, 0, 0]                   # N beyond BM: refused, nothing launched
+    for (M, N, K, opt, _), g in zip(calls[:2], got):
+        mode, grid, _ws = _skinny_plan(M, K, BN, BK, BM, 132, 2, *opt)
+        assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)
+    assert got[2]["rc"] == 1 and got[2]["launches"] == 0      # N beyond BM: refused, nothing launched
+    assert _one(got[3], (min(32 * 64, 264), 1, 1)), got       # stream-K along M
 
 
 @pytest.mark.gpu
@@ -240,3 +374,72 @@ def test_split_k_inside_cuda_graphs_replayed_in_reverse_order_is_exact(record_pr
     record_property("probe", json.dumps(verdict))    # in the junit XML, passed or not
     assert verdict["reverse"] == [True, True] and verdict["forward"] == [True, True], verdict
     assert all(verdict["workspaces_zero"]), verdict
+
+
+def _global_only(spec):
+    """The same kernel built without the cluster reduction (every split through the workspace):
+    the reference the cluster path must equal bit for bit."""
+    from cudal2.core.build import BuildSpec
+    return BuildSpec("#define CUDAL2_CLUSTER_SPLITK 0\n" + spec.source, arch=spec.arch,
+                     name=spec.name + "-global")
+
+
+CLUSTER_GPU_CASES = GPU_CASES + [FAMILIES["skinny"].default(), FAMILIES["skinny_n"].default()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CLUSTER_GPU_CASES,
+                         ids=lambda c: f"{c.family}-{c.get('SPLITK') if c.family in ('mma', 'ptx') else 'rt'}")
+def test_cluster_split_k_is_bit_identical_to_the_global_fixup(cfg):
+    """sm_90a: a split-K call with <= 8 splits reduces inside its cluster (no workspace needed:
+    cudal2_workspace says 0 for the skinny families) and gives the very bits the global fixup
+    gives (the same kernel built with CUDAL2_CLUSTER_SPLITK 0), on residue shapes and odd leading
+    dimensions; K = 0 writes zeros; the global build leaves its workspace zero."""
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.build import build
+    from cudal2.core.toolchain import detect_arch
+    if detect_arch() != "sm_90a":
+        pytest.skip("the cluster reduction is sm_90a's")
+    spec = FAMILIES[cfg.family].build_spec(cfg, "sm_90a")
+    lib, ref_lib = load_library(build(spec).so_path), load_library(build(_global_only(spec)).so_path)
+    assert lib.meta["cluster_splitk_max"] == 8 and ref_lib.meta["cluster_splitk_max"] == 0
+    skinny = lib.meta.get("abi") == 2
+    mirror = cfg.family == "skinny_n"
+    rc = lib.meta["layout"] == "RC"
+    stream = torch.cuda.current_stream().cuda_stream
+    if skinny:
+        shapes = [(8, 4096, 4096, 0), (13, 136, 264, 0), (5, 72, 8200, 0), (1, 8, 8, 0), (16, 64, 0, 0)]
+        split_opts = [2, 4, 8]
+    else:
+        shapes = [(200, 136, 1000, 0), (128, 64, 12288, 0), (1, 8, 8, 0), (77, 91, 333, 3), (64, 64, 0, 0)]
+        split_opts = [None]
+    for M, N, K, pad in shapes:
+        if mirror:
+            M, N = max(N, 1), min(M, cfg.get("BM"))
+        lda, ldb = K + pad, (K if rc else N) + pad     # pad 3: odd leading dims (guarded loads)
+        a = torch.randn(M, max(lda, 1), device="cuda", dtype=torch.float16)
+        b = torch.randn(N if rc else K, max(ldb, 1), device="cuda", dtype=torch.float16)
+        for s in split_opts:
+            opts = lib.options({"splits": s, "decomposition": 2}) if skinny else None
+            outs = []
+            for L in (lib, ref_lib):
+                ws_bytes = L.workspace_bytes(M, N, K, opts) if skinny else L.meta["workspace_bytes"]
+                if L is lib and skinny and K > 0:
+                    assert ws_bytes == 0, (M, N, K, s)       # a cluster: no workspace
+                ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
+                c = torch.full((M, N), -7.0, device="cuda", dtype=torch.float16)
+                args = (a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, max(lda, 1), max(ldb, 1), N,
+                        ws.data_ptr() if ws_bytes else 0, ws_bytes, stream)
+                assert (L.launch(*args, opts) if skinny else L.launch(*args)) == 0, (M, N, K, s)
+                torch.cuda.synchronize()
+                assert int(ws.count_nonzero()) == 0, (M, N, K, s)
+                outs.append(c)
+            assert torch.equal(outs[0], outs[1]), (cfg.family, M, N, K, s)
+            if K == 0:
+                assert int(outs[0].count_nonzero()) == 0
+            else:
+                ref = a[:, :K].double() @ (b[:, :K].double().t() if rc else b[:, :N].double())
+                err = (outs[0].double() - ref).abs().max().item()
+                acc16 = lib.meta["acc"] == "f16"
+                assert err <= (2e-2 if acc16 else 2e-3) * ref.abs().max().item() + 1e-3, (M, N, K, err)

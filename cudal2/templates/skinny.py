@@ -4,7 +4,9 @@
 One CTA row covers every row of A (BM = 16, 32 or 64, M padded with zero rows), so B is streamed
 from HBM exactly once with 16-byte cp.async; K is split across the SMs at run time (ABI 2 option
 "splits", 0 = chosen from the shape and the SM count) and reduced in fp32 inside the kernel
-(splitk_fixup.cuh). The mirror runs the same kernel on C^T = B^T A^T, streaming A once and
+(splitk_fixup.cuh: through the workspace, or on sm_90a with <= 8 splits inside a thread-block
+cluster through distributed shared memory), or handed out stream-K (option "decomposition" 3, or
+0 where split-K would leave a partial last wave: streamk.cuh). The mirror runs the same kernel on C^T = B^T A^T, streaming A once and
 storing C transposed. Importing this module registers both families
 (cudal2/templates/__init__.py does).
 """
@@ -14,7 +16,17 @@ from cudal2.templates.family import Family, _register
 from cudal2.templates.mma import _mma_problems
 
 # Runtime options of every skinny build (call order, values, default): 0 = the kernel's choice.
-SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),)
+# decomposition (docs/abi.md's shared name): 0 heuristic (stream-K where the split-K grid would
+# end in a partial wave, else split-K), 2 split-K, 3 stream-K (the grid = the resident slots,
+# equal contiguous (tile, k-tile) ranges: streamk.cuh). An explicit split count is split-K.
+SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),
+                  ("decomposition", (0, 2, 3), 0))
+
+
+def _skinny_option_redundant(p: dict, o: dict) -> bool:
+    """A split count other than 0 runs split-K whatever the decomposition (3 ignores it): only
+    (splits 0, decomposition 0 / 2 / 3) and (splits s, decomposition 0) behave differently."""
+    return o["decomposition"] != 0 and o["splits"] != 0
 
 
 def _as_mma(p: dict) -> dict:
@@ -71,6 +83,7 @@ _register(Family(
     _problems=_skinny_problems, _name=_skinny_name,
     _accepts=_skinny_accepts,
     _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
+    _option_redundant=_skinny_option_redundant,
     instruction="mma.sync"))
 
 
@@ -99,4 +112,5 @@ _register(Family(
     _problems=_skinny_n_problems, _name=_skinny_name,
     _accepts=_skinny_n_accepts,
     _options=lambda p: [(n, v, d) for n, v, d in SKINNY_OPTIONS],
+    _option_redundant=_skinny_option_redundant,
     instruction="mma.sync"))

@@ -79,6 +79,10 @@ using namespace cudal2_hgemm_impl;
 
 constexpr int kMaxSplits = 64;
 constexpr int kSplitValues[] = {0, 1, 2, 4, 8, 16, 32, 64};   // runtime option "splits" (0 = auto)
+// runtime option "decomposition" (docs/abi.md's shared name): 0 heuristic (stream-K where the
+// split-K grid would leave a tail, else split-K), 2 split-K, 3 stream-K (ignores "splits")
+constexpr int kDecompositionValues[] = {0, 2, 3};
+constexpr int kOptions = 2;
 
 // SMs of the current device (cached per device; 0 when the query fails).
 static int sm_count() {
@@ -95,11 +99,40 @@ static int sm_count() {
   return n;
 }
 
+// Resident CTA slots of this build on the current device: CTAs per SM of the kernel with its
+// shared memory (cudaOccupancyMaxActiveBlocksPerMultiprocessor) times the SMs; cached per device;
+// 0 when a query fails (its error consumed).
+static int resident_slots() {
+  static std::atomic<int> cached[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (dev >= 0 && dev < 64) {
+    const int c = cached[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  const int sms = sm_count();
+  int per_sm = 0;
+  if (sms <= 0 || ensure_smem_attribute<true>() != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, reinterpret_cast<const void*>(&hgemm_kernel<true>), kThreads, kSmemBytes) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int slots = per_sm * sms;
+  if (slots > 0 && dev >= 0 && dev < 64) cached[dev].store(slots, std::memory_order_relaxed);
+  return slots;
+}
+
 static bool option_ok(const int* options) {
   if (options == nullptr) return true;
-  for (int v : kSplitValues)
-    if (options[0] == v) return true;
-  return false;
+  bool split_ok = false, dec_ok = false;
+  for (int v : kSplitValues) split_ok = split_ok || options[0] == v;
+  for (int v : kDecompositionValues) dec_ok = dec_ok || options[1] == v;
+  return split_ok && dec_ok;
 }
 
 // The split count and K range per split of one call; splits * k_chunk covers K with no empty
@@ -116,10 +149,62 @@ static void plan(int N, int K, int asked, int sms, int& splits, int& k_chunk) {
   splits = K > 0 ? (K + k_chunk - 1) / k_chunk : 1;
 }
 
-static size_t workspace_for(int M, int N, int K, const int* options, int sms) {
-  int splits, k_chunk;
-  plan(N, K, options ? options[0] : 0, sms, splits, k_chunk);
-  return cudal2_splitk::workspace_bytes(splits, M, N, (N + BN - 1) / BN);
+// The heuristic's test: stream-K over `slots` CTAs walks fewer k-tiles per CTA than split-K's
+// grid (tiles x splits, k_chunk / BK k-tiles each) does over its waves, i.e. split-K would end
+// in a partial wave that stream-K does not have.
+static bool streamk_shorter(long long tiles, int k_tiles, int splits, int k_chunk, int slots) {
+  if (slots <= 0) return false;
+  const long long iters = tiles * k_tiles;
+  const int G = cudal2_streamk::grid(iters, slots);
+  const long long sk = (iters + G - 1) / G;
+  const long long grid = tiles * splits;
+  const long long sp = (grid + slots - 1) / slots * (k_chunk / BK);
+  return sk < sp;
+}
+
+// How one call runs: split-K through the workspace (kGlobal), split-K reduced in a cluster
+// (kCluster, sm_90a, 2..8 splits, no workspace) or stream-K (kStreamK).
+enum Mode { kGlobal = 0, kCluster = 1, kStreamK = 2 };
+struct Call {
+  Mode mode;
+  int splits, k_chunk;   // split-K: grid (tiles, splits)
+  int ctas;              // stream-K: grid (ctas)
+  size_t ws;             // workspace bytes the call needs
+};
+
+// The call's plan for the kernel's own (M, N) (the mirror's transposed one) and K > 0. Returns
+// cudaErrorInvalidDevice when it needs the device and cannot ask it.
+static cudaError_t decide(int M, int N, int K, const int* options, Call& c) {
+  const int asked = options ? options[0] : 0;
+  const int dec = options ? options[1] : 0;
+  const long long tiles = (N + BN - 1) / BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  c = Call{kGlobal, 1, k_tiles * BK, 0, 0};
+  const bool need_sms = asked == 0 || dec == 3;
+  const int sms = need_sms ? sm_count() : 1;
+  if (sms <= 0) return cudaErrorInvalidDevice;
+  bool streamk = dec == 3;
+  if (!streamk) plan(N, K, asked, sms, c.splits, c.k_chunk);
+  if (dec == 0 && asked == 0) {
+    const int slots = resident_slots();
+    if (slots <= 0) return cudaErrorInvalidDevice;
+    streamk = streamk_shorter(tiles, k_tiles, c.splits, c.k_chunk, slots);
+  }
+  if (streamk) {
+    const int slots = resident_slots();
+    if (slots <= 0) return cudaErrorInvalidDevice;
+    c.mode = kStreamK;
+    c.ctas = cudal2_streamk::grid(tiles * k_tiles, slots);
+    c.splits = 1;
+    c.ws = cudal2_streamk::workspace_bytes(c.ctas, (int)tiles, k_tiles, BM * BN);
+    return cudaSuccess;
+  }
+  if (c.splits > 1 && cluster_resident<true>(c.splits)) {
+    c.mode = kCluster;
+    return cudaSuccess;
+  }
+  c.ws = cudal2_splitk::workspace_bytes(c.splits, M, N, tiles);
+  return cudaSuccess;
 }
 
 // The call's shape in the kernel's own terms: (M, N) of the product it computes (the mirror
@@ -130,7 +215,7 @@ static KernelShape kernel_shape(int M, int N) {
 }
 
 static const char* build_meta() {
-  static char buf[1536];
+  static char buf[1792];
   // the tile in C's terms: the mirror's BM bounds N and its BN tiles M
   snprintf(buf, sizeof(buf),
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"abi\": 2, \"acc\": \"f32\", "
@@ -138,8 +223,10 @@ static const char* build_meta() {
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
            "\"%s\": %d, \"divisible\": [1, %d, 8], "
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
-           "\"splitk_fixup\": \"%s\", \"options\": [{\"name\": \"splits\", "
-           "\"values\": [0, 1, 2, 4, 8, 16, 32, 64], \"default\": 0}], "
+           "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
+           "\"options\": [{\"name\": \"splits\", "
+           "\"values\": [0, 1, 2, 4, 8, 16, 32, 64], \"default\": 0}, "
+           "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}], "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
            "\"STAGES\": %d, \"LAYOUT\": \"%s\"}}",
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR",
@@ -149,7 +236,8 @@ static const char* build_meta() {
            // for information: a 64 x 16384 x 16384 call at the most splits
            (unsigned long long)cudal2_splitk::workspace_bytes(kMaxSplits, BM, 16384,
                                                               (16384 + BN - 1) / BN),
-           SPLITK_DETERMINISTIC ? "deterministic" : "atomic", BM, BN, BK, WM, WN, STAGES,
+           SPLITK_DETERMINISTIC ? "deterministic" : "atomic",
+           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, BM, BN, BK, WM, WN, STAGES,
            LAYOUT_RC ? "RC" : "RR");
   return buf;
 }
@@ -160,10 +248,15 @@ extern "C" size_t cudal2_workspace(int M, int N, int K, const int* options) {
   using namespace cudal2_skinny;
   if (M <= 0 || N <= 0 || K <= 0 || !option_ok(options)) return 0;
   const KernelShape k = kernel_shape(M, N);
-  const int sms = (options && options[0] > 0) ? 1 : sm_count();   // the SMs matter for 0 only
-  // no device to ask: the bound over every split count the launcher could pick
-  return sms > 0 ? workspace_for(k.M, k.N, K, options, sms)
-                 : cudal2_splitk::workspace_bytes(kMaxSplits, k.M, k.N, (k.N + BN - 1) / BN);
+  Call c;
+  if (decide(k.M, k.N, K, options, c) == cudaSuccess) return c.ws;
+  // no device to ask: the bound over every plan the launcher could pick
+  const long long tiles = (k.N + BN - 1) / BN;
+  const int k_tiles = (K + BK - 1) / BK;
+  const size_t split = cudal2_splitk::workspace_bytes(kMaxSplits, k.M, k.N, tiles);
+  const size_t sk = cudal2_streamk::workspace_bytes(
+      cudal2_streamk::grid(tiles * k_tiles, cudal2_streamk::kMaxCtas), (int)tiles, k_tiles, BM * BN);
+  return split > sk ? split : sk;
 }
 
 extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N, int K, int lda,
@@ -181,16 +274,14 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
                 (reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0))
     return cudaErrorInvalidValue;
   const long long tiles = (k.N + BN - 1) / BN;
-  int splits = 1, k_chunk = 0;
+  Call c{kGlobal, 1, 0, 0, 0};   // K == 0: one split with no k-tiles writes zeros
   if (K > 0) {
-    const int sms = (options && options[0] > 0) ? 1 : sm_count();   // the SMs matter for 0 only
-    if (sms <= 0) return cudaErrorInvalidDevice;
-    plan(k.N, K, options ? options[0] : 0, sms, splits, k_chunk);
+    const cudaError_t err = decide(k.M, k.N, K, options, c);
+    if (err != cudaSuccess) return err;
   }
   void* ws = nullptr;
-  if (splits > 1) {
-    if (workspace == nullptr ||
-        workspace_bytes < cudal2_splitk::workspace_bytes(splits, k.M, k.N, tiles) ||
+  if (c.ws > 0) {
+    if (workspace == nullptr || workspace_bytes < c.ws ||
         reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
       return cudaErrorInvalidValue;
     ws = workspace;
@@ -202,9 +293,12 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   const half* b = reinterpret_cast<const half*>(CUDAL2_SKINNY_N ? A : B);
   int lda_k = CUDAL2_SKINNY_N ? ldb : lda, ldb_k = CUDAL2_SKINNY_N ? lda : ldb;
   int m_k = k.M, n_k = k.N;
-  half* c = reinterpret_cast<half*>(C);
-  void* args[] = {&a, &b, &c, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2};
-  return launch_gemm<true>(dim3((unsigned)tiles, (unsigned)splits), args, s);   // one launch
+  half* cp = reinterpret_cast<half*>(C);
+  int k_chunk = c.k_chunk, streamk = c.mode == kStreamK;
+  void* args[] = {&a, &b, &cp, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2, &streamk};
+  if (c.mode == kStreamK) return launch_gemm<true>(dim3((unsigned)c.ctas, 1), args, s);   // one launch
+  return launch_gemm<true>(dim3((unsigned)tiles, (unsigned)c.splits), args, s,
+                           c.mode == kCluster ? c.splits : 1);
 }
 
 extern "C" const char* cudal2_meta(void) {

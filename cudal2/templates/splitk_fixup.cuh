@@ -128,6 +128,44 @@ CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, 
   }
 }
 
+// ---- The cluster reduction (sm_90a): no workspace, no semaphore --------------------------------
+// When the `splits` CTAs of one tile form a thread-block cluster (dims (1, splits, 1), rank =
+// blockIdx.y = split index, splits <= kClusterMax), each CTA writes its fp32 partial tile into its
+// OWN shared memory (the drained pipeline buffers, `rows` rows at a time: a chunk), the cluster
+// barrier makes every rank's chunk visible, and rank r reduces the units (4 consecutive floats of
+// one row) [cluster_slice_begin(r), cluster_slice_begin(r + 1)) of the chunk by reading ranks 0,
+// 1, ..., splits-1 through distributed shared memory IN RANK ORDER (cluster_sum4): from 0.f, the
+// same fp32 additions in the same order as reduce_element's split-index sum, so the two paths give
+// the same bits. A second cluster barrier keeps every rank's shared memory alive (and unchanged)
+// until its peers have read it. mma_hgemm.cuh holds the device side; tests/data/
+// splitk_cluster_emulate.cu runs this code on the host against finish_tile.
+constexpr int kClusterMax = 8;   // portable cluster size: the most splits reduced in a cluster
+
+// First unit of rank `rank`'s slice of a chunk of `units` units (rank == splits: the end).
+CUDAL2_HD int cluster_slice_begin(int rank, int splits, int units) {
+  return (int)((long long)rank * units / splits);
+}
+
+struct Float4 { float x, y, z, w; };
+
+// The rank-ordered sum of one unit: load(z) is rank z's four floats.
+template <class Load>
+CUDAL2_HD Float4 cluster_sum4(int splits, Load load) {
+  Float4 s = {0.f, 0.f, 0.f, 0.f};
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int z = 0; z < kClusterMax; ++z) {   // rank (= split-index) order
+    if (z >= splits) break;
+    const Float4 v = load(z);
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+  }
+  return s;
+}
+
 #if defined(__CUDACC__)
 // Step 2 for the whole CTA (every thread calls it after storing its partials): true in the
 // CTA that arrived last, which then runs finish_tile and release_tile.

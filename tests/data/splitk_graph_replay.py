@@ -17,7 +17,7 @@ import json
 import torch
 
 from cudal2.core.abi import load_library
-from cudal2.core.build import build
+from cudal2.core.build import BuildSpec, build
 from cudal2.runtime import hot, resolve
 from cudal2.templates import FAMILIES
 
@@ -50,7 +50,12 @@ def dirty_pool(pool) -> None:
 
 
 def main() -> dict:
-    lib = load_library(build(FAMILIES[CFG.family].build_spec(CFG, "sm_90a")).so_path)
+    # built without the cluster reduction: on sm_90a 3 splits would reduce inside a cluster and
+    # never touch the workspace whose graph hazard this probe sets up
+    spec = FAMILIES[CFG.family].build_spec(CFG, "sm_90a")
+    spec = BuildSpec("#define CUDAL2_CLUSTER_SPLITK 0\n" + spec.source, arch=spec.arch,
+                     name=spec.name + "-global")
+    lib = load_library(build(spec).so_path)
     for M, N, K in SHAPES:
         resolve.serve_kernel(lib, M, N, K, "RR", dev=0)
     torch.manual_seed(0)
