@@ -12,7 +12,11 @@
 // K is split across the SMs at run time: the split count fills about two CTAs per SM over the
 // N tiles (runtime option "splits", 0 = that choice from M, N, K and the SM count), and the
 // splits reduce in fp32 inside the kernel (splitk_fixup.cuh: one launch, deterministic order,
-// the workspace left zero for the next call).
+// the workspace left zero for the next call; on sm_90a 2..8 splits reduce inside a thread-block
+// cluster through distributed shared memory, with no workspace). Runtime option "decomposition"
+// (0 heuristic, 2 split-K, 3 stream-K): stream-K (streamk.cuh) runs as many CTAs as are resident
+// (the occupancy API, cached per device) over equal contiguous ranges of the tiles x k-tiles
+// iterations, so no call ends in a partial wave; the heuristic takes it where split-K would.
 //
 // The pipeline, fragment mapping and epilogue are mma_hgemm.cuh's (included below with its
 // runtime-split hook); this file adds the ABI 2 entry points. It serves only what its 16-byte
