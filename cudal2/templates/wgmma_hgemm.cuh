@@ -77,8 +77,9 @@
 #error "cudal2 wgmma kernels need sm_90a (-gencode=arch=compute_90a,code=sm_90a)"
 #endif
 
-// The device code uses sm_90a-only instructions (wgmma, setmaxnreg). A plain compute_90 pass
-// (e.g. nvcc -arch=sm_90a also emitting generic PTX) compiles the kernel body out.
+// The device code uses sm_90a-only instructions (wgmma, setmaxnreg). A device pass without the
+// sm_90a feature (a generic compute_90 PTX, a later arch) compiles the kernel body to a trap, so
+// a launch of that code fails loudly instead of returning success with C unwritten.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define CUDAL2_WGMMA_DEVICE 1
 #else
@@ -575,6 +576,8 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
   }
   // Neither CTA of a cluster may leave while the other can still arrive on its barriers.
   if constexpr (kCM > 1) cluster_sync();
+#elif defined(__CUDA_ARCH__)
+  __trap();   // no wgmma/setmaxnreg on this target: fail the launch, never return an unwritten C
 #endif  // CUDAL2_WGMMA_DEVICE
 }
 
