@@ -38,7 +38,9 @@ def test_prepare_packs_and_dry_runs(pack):
     # per-family quota); two shapes share what they can
     assert 1 <= len(m["candidates"]) <= 4
     assert sorted(b["name"] for b in m["baselines"]) == ["cublas", "cublaslt"]
-    for e in m["candidates"] + m["baselines"]:
+    # the streaming kernel (the run's bandwidth ceiling) packed beside them, dry-run checked too
+    assert m["stream_read"]["name"] == "stream_read" and m["stream_read"]["libraries"] == []
+    for e in m["candidates"] + m["baselines"] + [m["stream_read"]]:
         assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu").is_file()
     assert 0 < m["pack_bytes"] < 64 << 20
     assert any("dry run" in l and "0 problem(s)" in l for l in lines)
@@ -389,7 +391,12 @@ def test_run_on_the_fake_device_accounts_for_the_whole_call(pack, tmp_path, monk
     assert summary["statuses"].get("ok", 0) >= 2 and summary["exported"] == 0
     call = summary["call"]
     assert sum(call["phases"].values()) == pytest.approx(call["wall_s"], rel=0.01)
-    assert {"audit", "screening", "offline", "correctness", "finals hand-over", "DB"} <= set(call["phases"])
+    assert {"audit", "screening", "offline", "correctness", "finals hand-over", "DB",
+            "bandwidth"} <= set(call["phases"])
+    # 64x64x64 is a decode row (M <= 64): the streaming ceiling, once, answered by the fake device
+    bw = summary["bandwidth"]
+    assert bw["status"] == "ok" and bw["fake_device"] and bw["decode_rows"] == 1
+    assert bw["ci"][0] < bw["gbs"] < bw["ci"][1] and bw["bytes"] >= 1 << 30 and bw["method"]
     assert call["phases"]["DB"] > 0
     assert call["unattributed_fraction"] < 0.10
     live = json.loads((tmp_path / "live" / "summary.json").read_text())

@@ -31,6 +31,10 @@ FINAL_PHASES_S = {"provenance": 0.01, "load": 0.02, "init": 0.05, "reference": 0
                   "correctness": 0.2, "operands": 0.05, "baselines": 0.3, "autotune": 0.05,
                   "calibrate": 0.01, "offline": 1.2}
 FAULTS_ENV = "CUDAL2_FAKE_FAULTS"
+# the streaming kernel's ceiling (cudal2.harness.bandwidth): its session's cost on a GPU (buffer
+# fill, checksum, warm-up, rounds), and the share of the theoretical peak it answers
+STREAM_READ_S = 4.0
+STREAM_READ_OF_PEAK = 0.9
 
 
 def enabled() -> bool:
@@ -115,3 +119,15 @@ def measure_one(load, so_path: str, request, baselines: list[str], phases: dict)
             "speedups": {"offline": {b: iv["median"] for b, iv in ivs.items()}},
             "stats": {"offline": {"speedup": ivs, "session": {"fake_device": True, "rounds": 10}}},
             "baseline_notes": {}, "lt_autotune": []}
+
+
+def stream_read(nbytes: int) -> tuple[float, float, float, dict]:
+    """The streaming kernel's session (bandwidth.measure_task): (median, lo, hi) µs per call of
+    reading `nbytes`, at STREAM_READ_OF_PEAK of an H200-like peak, and the device facts, slept."""
+    _sleep(STREAM_READ_S)
+    # an H200's memory clock and bus: 2 x 3.2 GHz x 6144 bit = 4915 GB/s theoretical
+    dev = {"sms": 132, "memory_clock_khz": 3_200_000, "bus_width_bits": 6144,
+           "l2_bytes": _PEAK.l2_bytes, "name": FAKE_GPU}
+    peak_gbs = 2 * dev["memory_clock_khz"] * 1e3 * dev["bus_width_bits"] / 8 / 1e9
+    us = nbytes / (STREAM_READ_OF_PEAK * peak_gbs * 1e3)
+    return us, us * 0.998, us * 1.002, dev

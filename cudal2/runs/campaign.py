@@ -14,7 +14,10 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
   call and server mode for a kernel past the export margin) through the harness's tournament
   (cudal2.harness.tournament; build_result=..., baseline_libs=...: nothing is recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
   (CSV, markdown, PNG), the throughput (screenings and finals per GPU-minute) and the cost
-  model's held-out score next to the DB.
+  model's held-out score next to the DB. A plan with decode rows (M <= 64) first measures the
+  device's bandwidth ceiling, the packed read-only streaming kernel (cudal2.harness.bandwidth),
+  once in a GPU worker (summary["bandwidth"], the call's phase "bandwidth"); the reports give
+  each decode row's GB/s on its large operand and its fraction of that ceiling.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from cudal2.core.build import BuildSpec, build_many, result_from_json
 from cudal2.core.identity import source_sha
 from cudal2.core.store import KernelIndex
 from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
-from cudal2.harness import baselines as hb, fakedevice, provenance
+from cudal2.harness import bandwidth, baselines as hb, fakedevice, provenance
 from cudal2.harness.audit import check_dependencies
 from cudal2.harness.db import ResultsDB
 from cudal2.harness import tournament
@@ -200,7 +203,9 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
              for lib, (src, libs, _) in blibs.items()]
-    for (lib, (src, libs, exports)), r in zip(blibs.items(), build_many(specs, jobs=jobs)):
+    built = build_many(specs + [bandwidth.spec(arch)], jobs=jobs)
+    stream = _pack_stream_read(built.pop(), out, log)
+    for (lib, (src, libs, exports)), r in zip(blibs.items(), built):
         if not r.ok:
             raise RuntimeError(f"baseline {lib} failed to build: {r.status}\n{r.log[-2000:]}")
         d = f"baselines/{lib}"
@@ -217,7 +222,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
         "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
         "lt_choices": lt_choices(lt_choices_from),
-        "candidates": cands, "baselines": bases,
+        "candidates": cands, "baselines": bases, "stream_read": stream,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size = _dir_bytes(out)
@@ -234,6 +239,21 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
         f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
     return manifest
+
+
+def _pack_stream_read(result, out: Path, log) -> dict | None:
+    """The streaming kernel (the run's bandwidth ceiling: cudal2.harness.bandwidth) packed beside
+    the baselines; None, logged, when it did not build (the run then measures no ceiling)."""
+    if not result.ok:
+        log(f"  the streaming kernel failed to build ({result.status}): this pack measures no "
+            "bandwidth ceiling")
+        return None
+    d = f"baselines/{bandwidth.NAME}"
+    fields = _pack_entry(result, out / d)
+    src = bandwidth.source()
+    (out / d / "kernel.cu").write_text(src)
+    return {"name": bandwidth.NAME, "sha": source_sha(src), "dir": d, "libraries": [],
+            "exports": list(bandwidth.EXPORTS), **fields}
 
 
 def lt_choices(paths) -> dict:
@@ -277,6 +297,8 @@ def dry_run(pack, *, log=print) -> list[str]:
     problems = []
     entries = [(f"candidate {c['label']}", c) for c in m["candidates"]]
     entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
+    if m.get("stream_read"):
+        entries.append((f"baseline {bandwidth.NAME}", m["stream_read"]))
     with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
         for what, e in entries:
             so = pack / e["dir"] / "kernel.so"
@@ -467,6 +489,11 @@ class _LocalLane:
     def run(self, shape, entrants, policy, deadline=None):
         return tournament.run(shape, entrants, self.backend, policy, deadline=deadline)
 
+    def stream_ceiling(self, so_path: str) -> dict:
+        """The streaming kernel's ceiling, timed in a fresh finals worker of this lane's GPU."""
+        out = self.final_pool.run(bandwidth.measure_task, so_path, timeout_s=BANDWIDTH_TIMEOUT_S)
+        return out.value if out.ok else {"status": out.status, "detail": out.detail[-500:]}
+
     def close(self):
         self.screen_pool.close()
         self.final_pool.close()
@@ -500,6 +527,14 @@ class _CampaignActor:
         deadline = None if seconds_left is None else time.monotonic() + seconds_left
         return self.lane.run(shape, entrants, policy, deadline)
 
+    def stream_ceiling(self, so_path: str) -> dict:
+        """The streaming kernel's ceiling on this actor's GPU, in a worker of its own."""
+        if not self.has_gpu:
+            return {"status": "not_measured", "detail": "no GPU in this actor"}
+        with gpu_pool(None, max_tasks=1, spare=0) as pool:
+            out = pool.run(bandwidth.measure_task, so_path, timeout_s=BANDWIDTH_TIMEOUT_S)
+        return out.value if out.ok else {"status": out.status, "detail": out.detail[-500:]}
+
 
 class _RayLane:
     """The driver's side of a _CampaignActor: runs a shape's tournament there and records the
@@ -522,6 +557,9 @@ class _RayLane:
         self.db_s["after"] += self.db.thread_write_seconds() - w0
         return res
 
+    def stream_ceiling(self, so_path: str) -> dict:
+        return self.ray.get(self.actor.stream_ceiling.remote(so_path))
+
     def close(self):
         try:
             self.ray.kill(self.actor)
@@ -534,6 +572,9 @@ class _RayLane:
 # kept from the budget for export, reports and the summary after the last timing (8 s for 49
 # shapes in an H100 campaign of 2026-11-23)
 FINISH_RESERVE_S = 15.0
+# the bandwidth ceiling's worker task (a fresh worker, a 1 GiB buffer, a few seconds of rounds)
+BANDWIDTH_TIMEOUT_S = 120.0
+BANDWIDTH_MIN_LEFT_S = 30.0           # not started with less than this left before the deadline
 
 
 @dataclass
@@ -603,6 +644,8 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         _audit_builds(r)
     with r.acct.phase("campaign start"):
         _open_lanes(r, devices, ray_mod)
+    with r.acct.phase("bandwidth"):
+        _bandwidth(r)
     request = dict(arch=r.m["arch"], acc=r.m.get("acc"), modes=modes, baselines=baselines,
                    origin="tune", server_gaps_ms=gaps, gate_margin=margin)
     try:
@@ -629,6 +672,9 @@ def _merge_packs(packs: list[Path]) -> dict:
             raise ValueError(f"campaign run: the packs differ in {key}: "
                              + ", ".join(f"{p} {m.get(key)}" for p, m in zip(packs, ms)))
     merged = dict(ms[0], candidates=[], parts=[], lt_choices={})
+    # the streaming kernel: the first pack's that carries one (older packs do not)
+    merged["stream_read"] = next((dict(m["stream_read"], dir=str(p / m["stream_read"]["dir"]))
+                                  for p, m in zip(packs, ms) if m.get("stream_read")), None)
     seen: set[str] = set()
     for p, m in zip(packs, ms):
         for c in m["candidates"]:
@@ -722,6 +768,34 @@ def _open_lanes(r: _Run, devices, ray_mod) -> None:
                               known_lt=known_lt, audits=r.audits) for d in devices]
     if len(r.lanes) > 1:
         r.log(f"  {len(r.lanes)} lanes: " + ", ".join(ln.name for ln in r.lanes))
+
+
+def _bandwidth(r: _Run) -> None:
+    """When the plan holds decode rows (M <= 64) and a GPU (or the fake device) is here: the
+    streaming kernel's bandwidth ceiling, once per call, before any shape, on the first lane's GPU
+    (summary["bandwidth"]; the decode rows' fractions of it are in the reports)."""
+    decode = sum(bandwidth.is_decode(*shape) for shape, _ in r.plan)
+    if not decode or not r.has_gpu or not r.lanes:
+        return
+    entry = r.m.get("stream_read")
+    res = None
+    if time.monotonic() + BANDWIDTH_MIN_LEFT_S > r.deadline:
+        res = {"status": "not_measured", "detail": f"budget: under {BANDWIDTH_MIN_LEFT_S:.0f} s left"}
+    elif entry:
+        so = str((r.pack / entry["dir"] / "kernel.so").resolve())
+    else:                                       # a pack made before the kernel was packed
+        try:
+            so = bandwidth.build_stream_read(r.m["arch"])
+        except Exception as exc:  # noqa: BLE001 - no nvcc here: no ceiling, never the run
+            res = {"status": "not_measured",
+                   "detail": f"the pack carries no streaming kernel and none builds here: {exc}"[:500]}
+    if res is None:
+        try:
+            res = r.lanes[0].stream_ceiling(so)
+        except Exception as exc:  # noqa: BLE001 - a lane's failure costs the ceiling, never the run
+            res = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"[:500]}
+    r.summary["bandwidth"] = dict(res, decode_rows=decode)
+    r.log(f"bandwidth ceiling for {decode} decode row(s): {bandwidth.line(res)}")
 
 
 def _drive(r: _Run, policy, request: dict) -> None:
@@ -928,7 +1002,8 @@ def _reports(r: _Run, rows: list, measured: list) -> None:
         shape_rows = report.collect(rows, mode=key)
         if shape_rows:
             paths = report.write_summary(shape_rows, r.run_dir / key, mode=key, weights=weights,
-                                         title=f"campaign on {r.gpu}", command=" ".join(sys.argv))
+                                         title=f"campaign on {r.gpu}", command=" ".join(sys.argv),
+                                         bandwidth=r.summary.get("bandwidth"))
             r.summary["reports"].append(str(paths["summary"]))
     write_evaluations_csv(rows, r.run_dir / "evaluations.csv")
 

@@ -15,7 +15,10 @@ time-weighted speedup 1 / sum_T(w_T / s_T) (w_T = the pass's share of the file's
 pass equal for a `cudal2 shapes` file; s_T its per-round ratio), per round, with a bootstrap
 interval over rounds. Decode passes (M <= 64) also report the fraction of HBM bandwidth each path
 reaches: the pass's bytes (every GEMM's A, B and C once, fp16) / time / the GPU's peak
-(2 x memory clock x bus width, or --peak-gbs).
+(2 x memory clock x bus width, or --peak-gbs), and beside it the fraction of the device's own
+ceiling, the read-only streaming kernel (cudal2.harness.bandwidth) timed in the same run before
+the passes are captured (--no-ceiling skips it; --stream-so takes a prebuilt library, else it
+is built through the build cache).
 
 GPU-only at run time; the arithmetic (sequence, bytes, bandwidth, weighting) is pure and tested
 on CPU.
@@ -31,11 +34,13 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from cudal2.core.toolchain import detect_arch
+from cudal2.harness import bandwidth as bw
 from cudal2.runs import shapes as S
 from cudal2.timing.kerneltime import n_operand_sets
 from cudal2.timing.stats import interval, paired_ratios
 
-DECODE_MAX_M = 64     # the issue's decode rows: M <= 64
+DECODE_MAX_M = bw.DECODE_MAX_M     # the issue's decode rows: M <= 64
 
 
 # --- pure parts ---------------------------------------------------------------------------------
@@ -78,9 +83,7 @@ def pass_bytes(rows: Sequence[dict]) -> int:
 
 def peak_bandwidth_gbs(memory_clock_khz: float | None, bus_width_bits: float | None) -> float | None:
     """DRAM peak in GB/s: two transfers per clock (DDR/HBM) x bus width; None when unknown."""
-    if not memory_clock_khz or not bus_width_bits:
-        return None
-    return 2 * memory_clock_khz * 1e3 * bus_width_bits / 8 / 1e9
+    return bw.theoretical_peak_gbs(memory_clock_khz, bus_width_bits)
 
 
 def hbm_fraction(nbytes: int, time_us: float, peak_gbs: float | None) -> float | None:
@@ -118,8 +121,20 @@ def weight_copies(row: dict, l2_bytes: int) -> int:
 
 
 # --- the GPU run --------------------------------------------------------------------------------
+def stream_ceiling(stream_so: str | None = None, *, log=print) -> dict:
+    """The streaming kernel's ceiling on this process's GPU (bw.measure's answer), built for the
+    visible GPU's arch through the build cache unless `stream_so` is given; a failure is an
+    answer ({"status": "error", "detail"}), never the run's end."""
+    try:
+        so = stream_so or bw.build_stream_read(detect_arch())
+        return bw.measure(so)
+    except Exception as exc:  # noqa: BLE001 - no nvcc, no build: the figures without the ceiling
+        log(f"no streaming ceiling: {exc}")
+        return {"status": "error", "detail": str(exc)[:500]}
+
+
 def run(rows: list[dict], *, rounds: int = 50, seed: int = 0, peak_gbs: float | None = None,
-        log=print) -> dict:
+        ceiling: bool = True, stream_so: str | None = None, log=print) -> dict:
     import torch
     if not torch.cuda.is_available():
         raise RuntimeError("not measured: needs a CUDA GPU (none visible)")
@@ -129,8 +144,14 @@ def run(rows: list[dict], *, rounds: int = 50, seed: int = 0, peak_gbs: float | 
 
     be = CudaKernelBackend()
     props = torch.cuda.get_device_properties(0)
+    # the device's own ceiling first, while the memory the passes take is still free
+    ceil = stream_ceiling(stream_so, log=log) if ceiling else None
+    if ceil and ceil.get("status") == "ok":
+        log(bw.line(ceil))
+    ceil_gbs = ceil.get("gbs") if ceil and ceil.get("status") == "ok" else None
     peak = peak_gbs or peak_bandwidth_gbs(getattr(props, "memory_clock_rate", None),
-                                          getattr(props, "memory_bus_width", None))
+                                          getattr(props, "memory_bus_width", None)) \
+        or (ceil or {}).get("peak_gbs")        # CUDA 13's device properties may lack the clock
     gen = torch.Generator(device="cuda").manual_seed(seed)
     by_pass = passes(rows)
     weights = {t: sum(r["weight"] for r in rs) for t, rs in by_pass.items()}
@@ -177,12 +198,15 @@ def run(rows: list[dict], *, rounds: int = 50, seed: int = 0, peak_gbs: float | 
         if t <= DECODE_MAX_M:
             nb = pass_bytes(rs)
             row.update(bytes=nb, hbm_fraction_torch=hbm_fraction(nb, tt, peak),
-                       hbm_fraction_cudal2=hbm_fraction(nb, tc, peak))
+                       hbm_fraction_cudal2=hbm_fraction(nb, tc, peak),
+                       ceiling_fraction_torch=hbm_fraction(nb, tt, ceil_gbs),
+                       ceiling_fraction_cudal2=hbm_fraction(nb, tc, ceil_gbs))
         out_rows.append(row)
     total = overall(weights, {t: times[t]["torch"] for t in by_pass},
                     {t: times[t]["cudal2"] for t in by_pass})
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": rounds,
-            "peak_gbs": peak, "passes": out_rows, "weighted_speedup": total.to_dict()}
+            "peak_gbs": peak, "ceiling": ceil, "passes": out_rows,
+            "weighted_speedup": total.to_dict()}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -195,6 +219,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=50, help="replays of each pass per path")
     parser.add_argument("--peak-gbs", type=float, default=None,
                         help="HBM peak in GB/s (default: from the device's memory clock and bus)")
+    parser.add_argument("--no-ceiling", action="store_true",
+                        help="skip the streaming kernel's bandwidth ceiling (measured by default)")
+    parser.add_argument("--stream-so", default=None,
+                        help="a built streaming kernel (baselines/stream_read.cu); default: built "
+                             "through the build cache for the visible GPU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the figures here")
 
@@ -219,18 +248,25 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"cudal2 bench --model: rows with layout {bad}: a model's layers are RC", file=sys.stderr)
         return 2
     try:
-        res = run(rows, rounds=args.rounds, seed=args.seed, peak_gbs=args.peak_gbs)
+        res = run(rows, rounds=args.rounds, seed=args.seed, peak_gbs=args.peak_gbs,
+                  ceiling=not args.no_ceiling, stream_so=args.stream_so)
     except RuntimeError as exc:
         print(f"cudal2 bench --model: {exc}", file=sys.stderr)
         return 3
     print(f"{res['gpu']}: {args.rounds} rounds of each pass as CUDA graphs (GPU time)")
-    print(f"{'tokens':>6} {'served':>7} {'torch us':>10} {'cudal2 us':>10} {'torch/cudal2 [95% CI]':>24} {'HBM torch/cudal2':>17}")
+    print(bw.line(res.get("ceiling")) if res.get("ceiling") else "stream read: skipped (--no-ceiling)")
+    print(f"{'tokens':>6} {'served':>7} {'torch us':>10} {'cudal2 us':>10} {'torch/cudal2 [95% CI]':>24} "
+          f"{'of peak torch/cudal2':>21} {'of ceiling torch/cudal2':>24}")
+
+    def pair(a, b):
+        return f"{a:.2f}/{b:.2f}" if a is not None and b is not None else ""
     for r in res["passes"]:
         sp = r["speedup"]
-        hbm = (f"{r['hbm_fraction_torch']:.2f}/{r['hbm_fraction_cudal2']:.2f}"
-               if r.get("hbm_fraction_torch") is not None else "")
+        hbm = pair(r.get("hbm_fraction_torch"), r.get("hbm_fraction_cudal2"))
+        ceil = pair(r.get("ceiling_fraction_torch"), r.get("ceiling_fraction_cudal2"))
         print(f"{r['tokens']:>6} {r['served_by_cudal2']:>3}/{r['rows']:<3} {r['torch_us']:10.1f} "
-              f"{r['cudal2_us']:10.1f} {sp['median']:8.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}] {hbm:>17}")
+              f"{r['cudal2_us']:10.1f} {sp['median']:8.3f} [{sp['lo']:.3f}, {sp['hi']:.3f}] {hbm:>21} "
+              f"{ceil:>24}")
     w = res["weighted_speedup"]
     print(f"time-weighted torch / cudal2: {w['median']:.3f} [{w['lo']:.3f}, {w['hi']:.3f}]")
     if args.json:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
+import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from cudal2.harness import bandwidth as bw
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import BASELINES, medians, on_gpu, unmeasured
 
@@ -236,9 +238,56 @@ def write_compare(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
     return {"csv": csv_path, "md": md_path}
 
 
+def decode_table(rows: list[ShapeRow], bandwidth: dict | None = None) -> list[dict]:
+    """Per decode row (M <= 64): the bandwidth on its large operand (the weight, 2*K*N bytes) of
+    the best candidate and of the fastest baseline of its run, each as GB/s, as a fraction of
+    the streaming ceiling measured in the same call (`bandwidth`: bandwidth.measure's answer)
+    and of the theoretical peak it recorded."""
+    ok = bool(bandwidth) and bandwidth.get("status") == "ok"
+    ceil = bandwidth.get("gbs") if ok else None
+    peak = bandwidth.get("peak_gbs") if ok else None
+    out = []
+    for r in rows:
+        best = r.overall()
+        if best is None or not bw.is_decode(r.M, r.N, r.K):
+            continue
+        bases = {b: t for b, t in r.baselines_us().items() if b in BASELINES and t}
+        fastest = min(bases, key=bases.get) if bases else None
+        rec = {"shape": r.shape, "candidate_us": best.median_us,
+               "candidate": bw.decode_figures(r.M, r.N, r.K, best.median_us, ceil, peak),
+               "baseline": fastest, "baseline_us": bases.get(fastest)}
+        rec["baseline_figures"] = (bw.decode_figures(r.M, r.N, r.K, bases[fastest], ceil, peak)
+                                   if fastest else None)
+        out.append(rec)
+    return out
+
+
+def _decode_lines(rows: list[ShapeRow], bandwidth: dict | None) -> list[str]:
+    """The decode rows' bandwidth section of summary.md ([] without decode rows)."""
+    table = decode_table(rows, bandwidth)
+    if not table:
+        return []
+    md = ["", "## Decode rows (M <= 64): HBM bandwidth on the large operand", "",
+          "Bytes of the large operand (the weight, 2*K*N) over kernel time, as GB/s, as a fraction "
+          "of the read-only streaming kernel's bandwidth measured in the same call (the device's "
+          "own ceiling) and of the theoretical peak (memory clock x bus width x 2). "
+          + (bw.line(bandwidth) + "." if bandwidth else "No ceiling was measured in this call."), "",
+          "| shape | MiB | best us | GB/s | of ceiling | of peak | fastest baseline | its GB/s | of ceiling |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for rec in table:
+        c, b = rec["candidate"], rec["baseline_figures"] or {}
+        md.append(f"| {'x'.join(map(str, rec['shape']))} | {c['bytes'] / 2**20:.1f} | "
+                  f"{fmt(rec['candidate_us'], 2)} | {fmt(c['gbs'], 0)} | {fmt(c['of_ceiling'])} | "
+                  f"{fmt(c['of_peak'])} | {rec['baseline'] or ''} | {fmt(b.get('gbs'), 0)} | "
+                  f"{fmt(b.get('of_ceiling'))} |")
+    return md
+
+
 def write_summary(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, title: str = "",
-                  command: str = "") -> dict:
-    """summary.md + per_shape.csv (+ PNGs when matplotlib is importable) for one run."""
+                  command: str = "", bandwidth: dict | None = None) -> dict:
+    """summary.md + per_shape.csv (+ PNGs when matplotlib is importable) for one run. bandwidth:
+    the streaming ceiling measured in the same call (cudal2.harness.bandwidth.measure's answer):
+    kernel-time modes get a section of the decode rows' bandwidth beside it."""
     out.mkdir(parents=True, exist_ok=True)
     paths = write_compare(rows, out, mode=mode, weights=weights, title=title)
     agg = aggregate(rows, None, weights)
@@ -258,6 +307,8 @@ def write_summary(rows: list[ShapeRow], out: Path, *, mode: str, weights=None, t
         if sub:
             a = aggregate(sub)
             md.append(f"| {bname} | {len(sub)} | " + " | ".join(fmt(a[b]['geomean']) for b in BASELINES) + " |")
+    if mode == "offline" or mode.startswith("server_"):       # kernel time: bytes / time means something
+        md += _decode_lines(rows, bandwidth)
     pngs = plot(rows, out, mode=mode)
     if pngs:
         md += [""] + [f"![{p.stem}]({p.name})" for p in pngs]
@@ -305,6 +356,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", default=None, help="weighted shape CSV for a time-weighted speedup "
                                                         "(shapes/llm_trace.csv)")
     parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-report)")
+    parser.add_argument("--bandwidth", default=None,
+                        help="a campaign's summary.json: its streaming ceiling (summary['bandwidth']) "
+                             "beside the decode rows' bandwidth")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -327,11 +381,19 @@ def run_cli(args: argparse.Namespace) -> int:
     tag = (args.gpu or (gpus[0] if len(gpus) == 1 else "mixed")).replace(" ", "_")
     out = Path(args.out) if args.out else Path("reports") / tag / (
         _dt.date.today().isoformat() + ("-compare" if args.compare else "-report"))
+    ceiling = None
+    if getattr(args, "bandwidth", None):
+        try:
+            ceiling = json.loads(Path(args.bandwidth).read_text()).get("bandwidth")
+        except (OSError, ValueError, AttributeError) as exc:
+            print(f"cudal2 report: --bandwidth: {exc}", file=sys.stderr)
+            return 2
     cmd = "cudal2 report " + " ".join(sys.argv[2:])
     if args.compare:
         paths = write_compare(rows, out, mode=args.mode, weights=weights)
     else:
-        paths = write_summary(rows, out, mode=args.mode, weights=weights, command=cmd)
+        paths = write_summary(rows, out, mode=args.mode, weights=weights, command=cmd,
+                              bandwidth=ceiling)
     (out / "command.txt").write_text(cmd + "\n")
     print(f"report over {len(rows)} shapes written to {out}: " + ", ".join(
         str(p.name) for p in paths.values() if isinstance(p, Path)))
