@@ -371,12 +371,13 @@ def test_prior_knows_the_skinny_family_and_the_in_kernel_fixup():
     assert skinny_splits(4096, 4096, 128, 64, 132) == 8
     assert skinny_splits(128, 4096, 128, 64, 132) == 64
     assert skinny_splits(4096, 64, 128, 64, 132) == 1
-    # decode 1 x 4096 x 4096: B once (33.5 MB) at 0.85 of 3.35 TB/s plus the launch
-    t = cm.predict_us(sk, None, (1, 4096, 4096))
+    # decode 1 x 4096 x 4096 split-K: B once (33.5 MB) at 0.85 of 3.35 TB/s plus the launch
+    split_k = {"splits": 0, "decomposition": 2}
+    t = cm.predict_us(sk, None, (1, 4096, 4096), split_k)
     b_us = 2 * 4096 * 4096 / (3.35 * 0.85 * 1e6)
     assert h100.launch_us + b_us <= t <= h100.launch_us + 1.3 * b_us, t
     # bandwidth-bound: 16 rows cost about what one row does
-    assert cm.predict_us(sk, None, (16, 4096, 4096)) < 1.15 * t
+    assert cm.predict_us(sk, None, (16, 4096, 4096), split_k) < 1.15 * t
     assert kernel_facts(sk).skinny and kernel_facts(sk).fixup_in_kernel
     # an mma split-K build reducing in the kernel pays no second launch but its last CTA's read
     # of the peers' partial tiles; an old one (a meta with a workspace and no zero-init
@@ -388,9 +389,13 @@ def test_prior_knows_the_skinny_family_and_the_in_kernel_fixup():
     shape = (128, 128, 8192)
     from cudal2.search.costmodel import FIXUP_SM_GBPS
     fixup_us = 8.0 * 128 * 128 * 3 / (FIXUP_SM_GBPS * 1e3)
-    diff = cm.predict_us(new, None, shape) - cm.predict_us(old, None, shape)
-    assert abs(diff - (fixup_us - 0.5 * h100.launch_us)) < 1e-9, diff
+    a100 = CostModel.default(gpu="A100")                    # no cluster: the workspace fixup
+    diff = a100.predict_us(new, None, shape) - a100.predict_us(old, None, shape)
+    assert abs(diff - (fixup_us - 0.5 * gpu_for(gpu="A100").launch_us)) < 1e-9, diff
     assert kernel_facts(mma).fixup_in_kernel and not kernel_facts(old).fixup_in_kernel
+    # on an H100 <= 8 splits reduce inside a cluster through DSMEM: cheaper than through L2
+    diff = cm.predict_us(new, None, shape) - cm.predict_us(old, None, shape)
+    assert diff < fixup_us - 0.5 * h100.launch_us, diff
 
 
 def test_prior_prices_the_mirror_as_the_skinny_kernel_on_the_transposed_shape():

@@ -229,23 +229,17 @@ def _one(got, grid, cluster=(1, 1, 1)):
 
 
 def _skinny_plan(N, K, BN, BK, BM, sms, per_sm, splits=0, dec=0, clusters=True):
-    """skinny_hgemm.cuh's decide() replayed: (mode, grid, workspace bytes) of one call."""
-    from cudal2.search.costmodel import skinny_splits
+    """skinny_hgemm.cuh's decide() as the cost model replays it (costmodel.skinny_plan), with the
+    reduction path and workspace bytes: (mode, grid, workspace bytes) of one call."""
+    from cudal2.search.costmodel import skinny_plan
     tiles, kt = -(-N // BN), -(-K // BK)
-    slots = sms * per_sm
-    s = skinny_splits(N, K, BN, BK, sms, splits)
-    chunk = -(-kt // max(1, min(max(splits or -(-2 * sms // tiles), 1), 64, kt))) * BK
-    streamk = dec == 3
-    if dec == 0 and splits == 0:
-        G = min(tiles * kt, slots)
-        streamk = -(-tiles * kt // G) < -(-tiles * s // slots) * (chunk // BK)
-    if streamk:
-        G = min(tiles * kt, slots, 2048)
-        ws = 0 if G <= 1 or kt <= 1 else -(-(G + tiles - 1) * BM * BN * 4 // 16) * 16 + 4 * tiles
-        return "streamk", (G, 1, 1), ws
-    if 2 <= s <= 8 and clusters:
-        return "cluster", (tiles, s, 1), 0
-    return "global", (tiles, s, 1), 0 if s == 1 else None
+    mode, n = skinny_plan(N, K, BN, BK, sms, sms * per_sm, splits, dec)
+    if mode == "streamk":
+        ws = 0 if n <= 1 or kt <= 1 else -(-(n + tiles - 1) * BM * BN * 4 // 16) * 16 + 4 * tiles
+        return "streamk", (n, 1, 1), ws
+    if 2 <= n <= 8 and clusters:
+        return "cluster", (tiles, n, 1), 0
+    return "global", (tiles, n, 1), 0 if n == 1 else None
 
 
 @pytest.mark.compile

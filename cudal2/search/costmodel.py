@@ -17,6 +17,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from cudal2.templates.lowlat import lowlat_splits
+
 SCHEMA = "cudal2.costmodel/1"  # a format name: kept when the module moved
 
 
@@ -80,9 +82,16 @@ FIXUP_SM_GBPS = 80.0
 WORKSPACE_US = 1.5
 # A bandwidth-bound skinny kernel (M <= 64) streams B once at about this fraction of DRAM peak
 # (a prior: a device copy reached ~3.0 of the H100's 3.35 TB/s; the skinny family is not yet
-# measured). Its split count is the kernel's own choice (skinny_splits).
+# measured). How it splits K is the kernel's own choice (skinny_plan).
 SKINNY_BW_EFF = 0.85
 SK_MIN_ITERS = 8             # CUTLASS's min_iters_per_sk_unit_: fewer k tiles are never split
+# Split-K reduced in a thread-block cluster (mma_hgemm.cuh, sm_90a, 2..8 splits): a peer's fp32
+# partial tile is read through distributed shared memory at about this rate per SM (GB/s; a prior,
+# not measured: a few times the L2 rate of FIXUP_SM_GBPS).
+DSMEM_SM_GBPS = 320.0
+CLUSTER_SPLITS_MAX = 8
+CLUSTER_GPUS = ("H100", "H200")
+STREAMK_MAX_CTAS = 2048      # streamk.cuh's kMaxCtas
 
 FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
             "log_splitk", "log_intensity", "compute_bound", "style_mma", "style_ptx")
@@ -131,9 +140,11 @@ class KernelFacts:
     splits: int = 1      # CUTLASS runtime K splits (stream-K builds)
     decomposition: int = 0   # CUTLASS runtime decomposition: 0 heuristic, 1 DP, 2 split-K, 3 stream-K
     fixup_in_kernel: bool = False   # split-K reduced inside the kernel (workspace_zero_init): one launch
-    skinny: bool = False     # the skinny families: split count chosen per call (skinny_splits)
-    skinny_splits: int = 0   # its "splits" option (0 = the kernel's choice)
+    skinny: bool = False     # the skinny families: split-K or stream-K chosen per call (skinny_plan)
+    asked_splits: int = 0    # the "splits" option of a per-call splitter (skinny, lowlat; 0 = its choice)
     mirror: bool = False     # skinny_n: the kernel computes C^T (its BM bounds N; shapes swap M, N)
+    lowlat: bool = False     # lowlat/lowlat_mma: split count chosen per call (lowlat_splits)
+    dsmem_fixup: bool = False   # split-K reduced inside a thread-block cluster (set per call)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -166,6 +177,7 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
     family = _meta_get(meta, "family", "style")
     skinny = family in ("skinny", "skinny_n")
     mirror = family == "skinny_n"
+    lowlat = family in ("lowlat", "lowlat_mma")
     if tile and len(tile) >= 2:
         BM, BN = int(tile[0]), int(tile[1])
         if mirror:      # a meta's tile is in C's terms; the facts keep the kernel's (C^T's)
@@ -225,9 +237,9 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
                        max(stages, 1), max(splitk, 1), int(regs or 0), int(smem or 0), int(spills or 0),
                        max(int(swizzle or 1), 1), max(cm, 1), max(cn, 1), int(opts.get("raster", 0) or 0),
                        scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
-                       int(opts.get("decomposition", 0) or 0) if streamk else 0,
-                       fixup or skinny, skinny, int(opts.get("splits", 0) or 0) if skinny else 0,
-                       mirror)
+                       int(opts.get("decomposition", 0) or 0) if streamk or skinny else 0,
+                       fixup or skinny or lowlat, skinny,
+                       int(opts.get("splits", 0) or 0) if skinny or lowlat else 0, mirror, lowlat)
 
 
 def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
@@ -243,6 +255,32 @@ def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) ->
         return 1
     chunk = -(-k_tiles // s) * BK
     return -(-K // chunk)
+
+
+def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: int = 0,
+                decomposition: int = 0) -> tuple[str, int]:
+    """How a skinny call runs (skinny_hgemm.cuh's decide(), replayed): ("streamk", grid) or
+    ("splitk", splits). `slots`: the resident CTAs (per SM x SMs). Stream-K when asked
+    (decomposition 3), or by the heuristic (splits and decomposition 0) where it walks fewer
+    k-tiles per CTA than split-K's waves do."""
+    tiles = max(1, -(-N // BN))
+    k_tiles = max(1, -(-K // BK))
+    grid = max(1, min(slots, STREAMK_MAX_CTAS, tiles * k_tiles))
+    n = skinny_splits(N, K, BN, BK, sms, splits)
+    if decomposition == 3:
+        return "streamk", grid
+    if decomposition == 0 and splits == 0:
+        chunk = -(-k_tiles // max(1, min(-(-2 * sms // tiles), 64, k_tiles)))
+        if -(-tiles * k_tiles // grid) < -(-tiles * n // max(slots, 1)) * chunk:
+            return "streamk", grid
+    return "splitk", n
+
+
+def _dsmem_reduces(f: KernelFacts, gpu: GpuSpec, splits: int) -> bool:
+    """Split-K reduced inside a cluster through distributed shared memory (mma_hgemm.cuh on
+    sm_90a, 2..8 splits): no partials through L2 or DRAM. The lowlat family has no cluster path."""
+    return (f.fixup_in_kernel and not f.lowlat and not f.style.startswith("cutlass")
+            and gpu.name in CLUSTER_GPUS and 2 <= splits <= CLUSTER_SPLITS_MAX)
 
 
 def occupancy(f: KernelFacts, gpu: GpuSpec) -> int:
@@ -361,7 +399,7 @@ def dram_bytes(f: KernelFacts, shape, gpu: GpuSpec, slots: int) -> tuple[float, 
             partials = 0.0
     else:
         tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
-        partials = 8.0 * M * N * f.splitk if f.splitk > 1 else 0.0
+        partials = 8.0 * M * N * f.splitk if f.splitk > 1 and not f.dsmem_fixup else 0.0
         wave = max(1, min(tm * tn, slots // f.splitk))        # output tiles in flight at once
         along_m, band_w = False, f.swizzle
     ideal = 2.0 * (M * K + K * N + M * N) + partials
@@ -434,24 +472,35 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         sch = cutlass_schedule(f, shape, gpu.sms)
         splits = sch.splits if sch.mode == "splitk" else 1
     else:
-        if f.skinny:       # the split count is the kernel's per-call choice
-            f = _replace(f, splitk=skinny_splits(N, K, f.BN, f.BK, gpu.sms, f.skinny_splits))
-            splits = f.splitk
-        tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
-        ctas = tm * tn * f.splitk
         slots = gpu.sms * occ
-        k_per_split = math.ceil(K / f.splitk)
-        cta_flops = 2.0 * f.BM * f.BN * k_per_split
-        t_cta = cta_flops / (sm_tflops * 1e6)
-        full, rem = divmod(ctas, slots)
-        # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
-        compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
-        # split-K adds a second (reduction) kernel on the stream, unless the kernel reduces
-        # in itself (splitk_fixup.cuh: the last CTA of a tile reads the peers' partials)
-        if f.splitk > 1 and not f.fixup_in_kernel:
-            extra_us = gpu.launch_us * 0.5
-        elif f.splitk > 1:
-            extra_us = 8.0 * f.BM * f.BN * (f.splitk - 1) / (FIXUP_SM_GBPS * 1e3)
+        tm, tn = math.ceil(M / f.BM), math.ceil(N / f.BN)
+        t_k = 2.0 * f.BM * f.BN * f.BK / (sm_tflops * 1e6)     # one k tile on a whole SM, us
+        mode, n = (skinny_plan(N, K, f.BN, f.BK, gpu.sms, slots, f.asked_splits, f.decomposition)
+                   if f.skinny else ("splitk", f.splitk))
+        if f.lowlat:       # the split count is the kernel's per-call choice
+            n = lowlat_splits(M, N, K, f.BM, f.BN, f.BK, gpu.sms, f.asked_splits)[0]
+        if mode == "streamk":     # the grid is the resident slots: no partial wave
+            iters = tm * tn * math.ceil(K / f.BK)
+            ctas = n
+            peers = max(1, -(-n // (tm * tn)))
+            compute_us = math.ceil(ctas / gpu.sms) * math.ceil(iters / ctas) * t_k
+            extra_us = 8.0 * f.BM * f.BN * (peers - 1) / (FIXUP_SM_GBPS * 1e3)
+        else:
+            f = _replace(f, splitk=n, dsmem_fixup=_dsmem_reduces(f, gpu, n))
+            ctas = tm * tn * f.splitk
+            t_cta = 2.0 * f.BM * f.BN * math.ceil(K / f.splitk) / (sm_tflops * 1e6)
+            full, rem = divmod(ctas, slots)
+            # Full waves keep `occ` CTAs per SM; the tail wave spreads the rest over the SMs.
+            compute_us = full * occ * t_cta + (math.ceil(rem / gpu.sms) * t_cta if rem else 0.0)
+            # split-K adds a second (reduction) kernel on the stream, unless the kernel reduces
+            # in itself (splitk_fixup.cuh: the last CTA of a tile reads the peers' partials, or
+            # each CTA of a cluster a slice of every peer's through distributed shared memory)
+            if f.splitk > 1 and not f.fixup_in_kernel:
+                extra_us = gpu.launch_us * 0.5
+            elif f.splitk > 1:
+                rate = DSMEM_SM_GBPS if f.dsmem_fixup else FIXUP_SM_GBPS
+                extra_us = 8.0 * f.BM * f.BN * (f.splitk - 1) / (rate * 1e3)
+        splits = f.splitk
     waves = math.ceil(ctas / slots)
     wave_eff = ctas / (waves * slots)
     # Memory: what the raster makes the waves read (dram_bytes), output once, split-K partials twice.
