@@ -30,9 +30,9 @@ def lowlat_instruction(p: dict) -> str:
 SPLIT_VALUES = (0, 1, 2, 4, 8, 16, 32, 64)
 MAX_SPLITS = 64
 MIN_K_TILES = 4          # the launcher's choice gives every split at least this many k-tiles
-# What the planner sweeps per (shape, build): the kernel's own choice only. The cost model has no
-# lowlat split replay yet (kernel_facts reads splits for CUTLASS stream-K and skinny only), so
-# every value would rank the same and each would be timed; lowlat_splits below is that replay.
+# What the planner sweeps per (shape, build): the kernel's own choice only (the cost model replays
+# it with lowlat_splits below). Other values are for explicit calls and tests; add them here
+# once measurements show where the choice misses (each one is a timing per shape and build).
 PLANNED_SPLITS = (0,)
 
 
