@@ -459,43 +459,70 @@ __global__ void CUDAL2_HGEMM_BOUNDS
     }
   };
 
+  // The work of this CTA: one tile and one K range (split z of gridDim.y), or on stream-K
+  // (skinny builds, streamk == 1) a walk over segments of (tile, k-tile) iterations. Split-K runs
+  // as a single segment of the same loop, so the main loop and the epilogue are inlined once.
 #if CUDAL2_RUNTIME_SPLITK
-  if (streamk) {   // stream-K (streamk.cuh): this CTA's range of the tiles x k-tiles iterations
-    static_assert(!ACC_F16, "the stream-K partials are the fp32 accumulators");
-    constexpr int kFrags = kMI * kNI;                 // float4 fragments per thread
-    constexpr int kTileFloats = BM * BN;              // = kThreads * kFrags * 4
-    static_assert(kTileFloats == kThreads * kFrags * 4, "the warps cover the tile once");
-    const int tiles = tiles_m * tiles_n;
-    const int k_tiles = (K + BK - 1) / BK;
-    const long long iters = (long long)tiles * k_tiles;
-    const int G = (int)gridDim.x, cta = (int)blockIdx.x;
-    long long it = cudal2_streamk::range_begin(cta, iters, G);
-    const long long end = cudal2_streamk::range_begin(cta + 1, iters, G);
-    float* const part = cudal2_splitk::partials(ws);
-    unsigned int* const sems = reinterpret_cast<unsigned int*>(
-        reinterpret_cast<char*>(ws) + cudal2_streamk::semaphore_offset(G, tiles, kTileFloats));
-    while (it < end) {
-      const cudal2_streamk::Segment sg = cudal2_streamk::segment(it, end, k_tiles);
-      int tm, tn;
-      tile_coords(sg.tile, tiles_m, tiles_n, tm, tn);
-      const int m0 = tm * BM, n0 = tn * BN;
-      mainloop(m0, n0, sg.kt_begin * BK, min(K, sg.kt_end * BK));
-      const int first = cudal2_streamk::first_contributor(sg.tile, k_tiles, iters, G);
-      const int count = cudal2_streamk::contributors(sg.tile, k_tiles, iters, G);
-      bool write = count == 1;                        // the whole tile in this range: C directly
-      if (!write) {
+  static_assert(!ACC_F16, "the stream-K partials are the fp32 accumulators");
+  constexpr int kFrags = kMI * kNI;                 // float4 fragments per thread
+  constexpr int kTileFloats = BM * BN;              // = kThreads * kFrags * 4
+  static_assert(kTileFloats == kThreads * kFrags * 4, "the warps cover the tile once");
+  const int tiles = tiles_m * tiles_n;
+  const int k_tiles = (K + BK - 1) / BK;
+  const long long iters = (long long)tiles * k_tiles;
+  const int G = (int)gridDim.x, cta = (int)blockIdx.x;
+  // split-K: the one segment [0, 1); stream-K: this CTA's range of the tiles x k-tiles iterations
+  long long it = 0, end = 1;
+  if (streamk) {
+    it = cudal2_streamk::range_begin(cta, iters, G);
+    end = cudal2_streamk::range_begin(cta + 1, iters, G);
+  }
+  while (it < end) {
+    cudal2_streamk::Segment sg = {(int)blockIdx.x, 0, 0, end};
+    if (streamk) sg = cudal2_streamk::segment(it, end, k_tiles);
+    const int tile = sg.tile;
+#else
+  {
+    const int tile = (int)blockIdx.x;
+#endif
+    int tm, tn;
+    tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
+    const int z = blockIdx.y;
+    const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
+    int k_begin = z * k_chunk;
+    int k_end = min(K, k_begin + k_chunk);
+#if CUDAL2_RUNTIME_SPLITK
+    if (streamk) {
+      k_begin = sg.kt_begin * BK;
+      k_end = min(K, sg.kt_end * BK);
+    }
+#endif
+    mainloop(m0, n0, k_begin, k_end);
+
+    bool to_c = splits <= 1;   // fp16 C straight from the accumulators
+    bool to_ws = false;        // split z's partial into the workspace (the global fixup)
+#if CUDAL2_RUNTIME_SPLITK
+    if (streamk) {
+      const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
+      const int count = cudal2_streamk::contributors(tile, k_tiles, iters, G);
+      to_c = count == 1;   // the whole tile in this range: C directly
+      if (!to_c) {
+        float* const part = cudal2_splitk::partials(ws);
+        unsigned int* const sems = reinterpret_cast<unsigned int*>(
+            reinterpret_cast<char*>(ws) + cudal2_streamk::semaphore_offset(G, tiles, kTileFloats));
         // this CTA's partial, in fragment order (coalesced 16-byte stores), into its own slot
         float4* mine = reinterpret_cast<float4*>(
-            part + cudal2_streamk::slot(cta, sg.tile) * (long long)kTileFloats);
+            part + cudal2_streamk::slot(cta, tile) * (long long)kTileFloats);
 #pragma unroll
         for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
           for (int ni = 0; ni < kNI; ++ni)
             mine[(mi * kNI + ni) * kThreads + tid] =
                 make_float4(acc[mi][ni][0], acc[mi][ni][1], acc[mi][ni][2], acc[mi][ni][3]);
-        unsigned int* sem = sems + sg.tile;
-        write = cudal2_splitk::arrive(sem, count);    // CTA-uniform: true in the last arrival
-        if (write) {
+        unsigned int* sem = sems + tile;
+        to_c = cudal2_splitk::arrive(sem, count);    // CTA-uniform: true in the last arrival
+        if (to_c) {
           // the contributors' partials summed IN CONTRIBUTOR ORDER from 0.f, then cleared
 #pragma unroll
           for (int mi = 0; mi < kMI; ++mi)
@@ -505,7 +532,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
               for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
           for (int q = 0; q < count; ++q) {
             float4* src = reinterpret_cast<float4*>(
-                part + cudal2_streamk::slot(first + q, sg.tile) * (long long)kTileFloats);
+                part + cudal2_streamk::slot(first + q, tile) * (long long)kTileFloats);
 #pragma unroll
             for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
@@ -522,98 +549,97 @@ __global__ void CUDAL2_HGEMM_BOUNDS
           cudal2_splitk::release_tile(sem);
         }
       }
-      if (write) epilogue(m0, n0, false, 0);
-      it = sg.next;
-      if (it < end) __syncthreads();   // the next segment's prologue overwrites the buffers
-    }
-    return;
-  }
-#endif
-
-  int tm, tn;
-  tile_coords(blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM;
-  const int n0 = tn * BN;
-  const int z = blockIdx.y;
-  const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
-  const int k_begin = z * k_chunk;
-  mainloop(m0, n0, k_begin, min(K, k_begin + k_chunk));
-
-  if (splits <= 1) {
-    epilogue(m0, n0, false, 0);
-    return;
-  }
-#if CUDAL2_CLUSTER_SPLITK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster_nctarank() > 1) {   // the tile's splits are this cluster: reduce through DSMEM
-    // ranks are split indices (cluster dims (1, splits, 1) over grid.y = splits)
-    if (cluster_nctarank() != (uint32_t)splits || cluster_ctarank() != (uint32_t)z) __trap();
-    float* const sC = reinterpret_cast<float*>(smem_raw);
-    const uint32_t sC_base = smem_u32(sC);
-    constexpr int kUnitsPerRow = BN / 4;
-    constexpr int kUnits = kClusterRows * kUnitsPerRow;
-    const int u_begin = cudal2_splitk::cluster_slice_begin(z, splits, kUnits);
-    const int u_end = cudal2_splitk::cluster_slice_begin(z + 1, splits, kUnits);
-    __syncthreads();   // every warp is done reading the pipeline's buffers
-#pragma unroll 1
-    for (int r0 = 0; r0 < BM; r0 += kClusterRows) {
-      // this CTA's partial rows [r0, r0 + kClusterRows) of the tile into its own shared memory
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < kNI; ++ni)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = wm * WM + mi * 16 + g + 8 * h - r0;
-            if (r < 0 || r >= kClusterRows) continue;
-#if ACC_F16
-            const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
-            const float2 f = make_float2(__low2float(v), __high2float(v));
+    } else
 #else
-            const float2 f = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    if (to_c) {   // one split: fp16 C (mma builds keep the order they always had)
+      epilogue(m0, n0, false, 0);
+      return;
+    }
 #endif
-            *reinterpret_cast<float2*>(sC + r * kCStride + wn * WN + ni * 8 + 2 * t) = f;
-          }
-      cluster_barrier();   // every rank's chunk written (release) and visible here (acquire)
-      for (int u = u_begin + tid; u < u_end; u += kThreads) {
-        const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
-        const uint32_t local = sC_base + (uint32_t)(r * kCStride + c4) * 4u;
-        const cudal2_splitk::Float4 s = cudal2_splitk::cluster_sum4(
-            splits, [&](int q) { return ld_peer4(local, (uint32_t)q); });
-        const int row = m0 + r0 + r, col = n0 + c4;
-        if (row >= M) continue;
-        const float v[4] = {s.x, s.y, s.z, s.w};
+    if (!to_c) {
+#if CUDAL2_CLUSTER_SPLITK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (cluster_nctarank() > 1) {   // the tile's splits are this cluster: reduce through DSMEM
+        // ranks are split indices (cluster dims (1, splits, 1) over grid.y = splits)
+        if (cluster_nctarank() != (uint32_t)splits || cluster_ctarank() != (uint32_t)z) __trap();
+        float* const sC = reinterpret_cast<float*>(smem_raw);
+        const uint32_t sC_base = smem_u32(sC);
+        constexpr int kUnitsPerRow = BN / 4;
+        constexpr int kUnits = kClusterRows * kUnitsPerRow;
+        const int u_begin = cudal2_splitk::cluster_slice_begin(z, splits, kUnits);
+        const int u_end = cudal2_splitk::cluster_slice_begin(z + 1, splits, kUnits);
+        __syncthreads();   // every warp is done reading the pipeline's buffers
+#pragma unroll 1
+        for (int r0 = 0; r0 < BM; r0 += kClusterRows) {
+          // this CTA's partial rows [r0, r0 + kClusterRows) of the tile into its own shared memory
+#pragma unroll
+          for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int r = wm * WM + mi * 16 + g + 8 * h - r0;
+                if (r < 0 || r >= kClusterRows) continue;
+#if ACC_F16
+                const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
+                const float2 f = make_float2(__low2float(v), __high2float(v));
+#else
+                const float2 f = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+#endif
+                *reinterpret_cast<float2*>(sC + r * kCStride + wn * WN + ni * 8 + 2 * t) = f;
+              }
+          cluster_barrier();   // every rank's chunk written (release) and visible here (acquire)
+          for (int u = u_begin + tid; u < u_end; u += kThreads) {
+            const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
+            const uint32_t local = sC_base + (uint32_t)(r * kCStride + c4) * 4u;
+            const cudal2_splitk::Float4 s = cudal2_splitk::cluster_sum4(
+                splits, [&](int q) { return ld_peer4(local, (uint32_t)q); });
+            const int row = m0 + r0 + r, col = n0 + c4;
+            if (row >= M) continue;
+            const float v[4] = {s.x, s.y, s.z, s.w};
 #if CUDAL2_STORE_CT   // element (row, col) of this kernel's product is C[col][row]
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (col + j < N) C[(size_t)(col + j) * (size_t)ldc + row] = __float2half_rn(v[j]);
+            for (int j = 0; j < 4; ++j)
+              if (col + j < N) C[(size_t)(col + j) * (size_t)ldc + row] = __float2half_rn(v[j]);
 #else
-        half* c = C + (size_t)row * (size_t)ldc + col;
-        if (c_vec2 && col + 3 < N) {
-          reinterpret_cast<__half2*>(c)[0] = __floats2half2_rn(v[0], v[1]);
-          reinterpret_cast<__half2*>(c)[1] = __floats2half2_rn(v[2], v[3]);
-        } else {
+            half* c = C + (size_t)row * (size_t)ldc + col;
+            if (c_vec2 && col + 3 < N) {
+              reinterpret_cast<__half2*>(c)[0] = __floats2half2_rn(v[0], v[1]);
+              reinterpret_cast<__half2*>(c)[1] = __floats2half2_rn(v[2], v[3]);
+            } else {
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (col + j < N) c[j] = __float2half_rn(v[j]);
+              for (int j = 0; j < 4; ++j)
+                if (col + j < N) c[j] = __float2half_rn(v[j]);
+            }
+#endif
+          }
+          cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
         }
-#endif
+        return;
       }
-      cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
+#endif
+      to_ws = true;   // in-kernel split-K fixup through the workspace: the last CTA writes C
     }
-    return;
-  }
-#endif
-  // in-kernel split-K fixup through the workspace: the last CTA of this tile writes C
-  epilogue(m0, n0, true, z);
-  float* const part = cudal2_splitk::partials(ws);
-  unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
-  if (cudal2_splitk::arrive(sem, splits)) {
-#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
-    cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#if CUDAL2_RUNTIME_SPLITK
+    if (to_c || to_ws) epilogue(m0, n0, to_ws, z);   // one inlined copy for every path
 #else
-    cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+    epilogue(m0, n0, true, z);
 #endif
-    cudal2_splitk::release_tile(sem);
+    if (to_ws) {
+      float* const part = cudal2_splitk::partials(ws);
+      unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
+      if (cudal2_splitk::arrive(sem, splits)) {
+#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
+        cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#else
+        cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+#endif
+        cudal2_splitk::release_tile(sem);
+      }
+    }
+#if CUDAL2_RUNTIME_SPLITK
+    it = sg.next;
+    if (it < end) __syncthreads();   // the next segment's prologue overwrites the buffers
+#endif
   }
 }
 
