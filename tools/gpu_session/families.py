@@ -30,14 +30,19 @@ T = "cudal2/templates/"
 GROUPS: dict[str, dict] = {
     "lowlat": {"families": ["lowlat", "lowlat_mma"], "test": "tests/test_lowlat.py",
                "exclude": ["lowlat", "lowlat_mma"],
-               "inputs": [T + "lowlat_hgemm.cuh", T + "lowlat.py"]},
+               "inputs": [T + "lowlat_hgemm.cuh", T + "lowlat.py", T + "splitk_fixup.cuh",
+                          T + "wgmma_ptx.cuh"]},
+    # the skinny kernel's body is mma_hgemm.cuh's, reduced by splitk_fixup.cuh / streamk.cuh
     "skinny": {"families": ["skinny", "skinny_n"], "test": "tests/test_skinny.py",
                "exclude": ["skinny", "skinny_n"],
-               "inputs": [T + "skinny_hgemm.cuh", T + "skinny_n_hgemm.cuh", T + "skinny.py"]},
+               "inputs": [T + "skinny_hgemm.cuh", T + "skinny_n_hgemm.cuh", T + "skinny.py",
+                          T + "mma_hgemm.cuh", T + "splitk_fixup.cuh", T + "streamk.cuh"]},
+    # the graph probe goes through the runtime's hot path and its workspaces
     "splitk": {"families": ["mma split-K", "ptx split-K"], "test": "tests/test_splitk.py",
                "exclude": ["split-K"],
                "inputs": [T + "splitk_fixup.cuh", T + "mma_hgemm.cuh", T + "ptx_hgemm.cuh",
-                          "tests/data/splitk_graph_replay.py"]},
+                          T + "streamk.cuh", "tests/data/splitk_graph_replay.py",
+                          "cudal2/runtime/loader.py", "cudal2/runtime/hot.py"]},
     "wgmma": {"families": ["wgmma"], "test": "tests/test_wgmma.py",
               "exclude": ["wgmma"],
               "inputs": [T + "wgmma_hgemm.cuh", T + "wgmma_ptx.cuh", T + "wgmma.py"]},

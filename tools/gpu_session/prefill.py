@@ -57,8 +57,13 @@ def specs(arch: str) -> list:
         if arch in FAMILIES[cfg.family].arches:
             out.append(("test_skinny", FAMILIES[cfg.family].build_spec(cfg, arch)))
     if arch == "sm_90a":
-        for cfg in _test_module("test_splitk").GPU_CASES:
+        splitk = _test_module("test_splitk")
+        for cfg in splitk.GPU_CASES:
             out.append(("test_splitk", FAMILIES[cfg.family].build_spec(cfg, arch)))
+        # the cluster test's builds and their workspace-only twins (the graph probe's among them)
+        for cfg in splitk.CLUSTER_GPU_CASES:
+            spec = FAMILIES[cfg.family].build_spec(cfg, arch)
+            out += [("test_splitk", spec), ("test_splitk", splitk._global_only(spec))]
     # tests/test_check.py GPU tests: the planted-bug kernels
     for f in sorted((TESTS / "data" / "cheats").glob("*.cu")):
         out.append(("test_check", BuildSpec(f.read_text(), arch, name=f.stem)))
