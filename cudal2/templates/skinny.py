@@ -50,6 +50,11 @@ def _skinny_problems(family, p: dict, arch: str | None) -> list[str]:
     if b_chunks > 16:
         # BN=256 BK=128 on 4 warps: 32 unrolled 16-byte loads per thread spill (136 bytes)
         out.append(f"{b_chunks} 16-byte B loads per thread per stage (> 16: spills)")
+    if warps == 32 and p["BN"] == 256 and p["BK"] == 128:
+        # 1024 threads (64 registers a thread) over a 64x256x128 tile: the stream-K segment loop's
+        # state spills (16x32 and 32x16 warp tiles, STAGES=2 on sm_90a: 104-168 bytes, found by
+        # `cudal2 templates --build-space skinny skinny_n --where BM=64`)
+        out.append("32 warps on a BN=256 BK=128 tile: the stream-K loop spills at 64 registers")
     if out:
         return out
     return _mma_problems(family, _as_mma(p), arch)
