@@ -173,6 +173,44 @@ CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, 
   }
 }
 
+// ---- The cluster reduction (sm_90a): no workspace, no semaphore --------------------------------
+// When the `splits` CTAs of one tile form a thread-block cluster (dims (1, splits, 1), rank =
+// blockIdx.y = split index, splits <= kClusterMax), each CTA writes its fp32 partial tile into its
+// OWN shared memory (the drained pipeline buffers, `rows` rows at a time: a chunk), the cluster
+// barrier makes every rank's chunk visible, and rank r reduces the units (4 consecutive floats of
+// one row) [cluster_slice_begin(r), cluster_slice_begin(r + 1)) of the chunk by reading ranks 0,
+// 1, ..., splits-1 through distributed shared memory IN RANK ORDER (cluster_sum4): from 0.f, the
+// same fp32 additions in the same order as reduce_element's split-index sum, so the two paths give
+// the same bits. A second cluster barrier keeps every rank's shared memory alive (and unchanged)
+// until its peers have read it. mma_hgemm.cuh holds the device side; tests/data/
+// splitk_cluster_emulate.cu runs this code on the host against finish_tile.
+constexpr int kClusterMax = 8;   // portable cluster size: the most splits reduced in a cluster
+
+// First unit of rank `rank`'s slice of a chunk of `units` units (rank == splits: the end).
+CUDAL2_HD int cluster_slice_begin(int rank, int splits, int units) {
+  return (int)((long long)rank * units / splits);
+}
+
+struct Float4 { float x, y, z, w; };
+
+// The rank-ordered sum of one unit: load(z) is rank z's four floats.
+template <class Load>
+CUDAL2_HD Float4 cluster_sum4(int splits, Load load) {
+  Float4 s = {0.f, 0.f, 0.f, 0.f};
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int z = 0; z < kClusterMax; ++z) {   // rank (= split-index) order
+    if (z >= splits) break;
+    const Float4 v = load(z);
+    s.x += v.x;
+    s.y += v.y;
+    s.z += v.z;
+    s.w += v.w;
+  }
+  return s;
+}
+
 #if defined(__CUDACC__)
 // Step 2 for the whole CTA (every thread calls it after storing its partials): true in the
 // CTA that arrived last, which then runs finish_tile and release_tile.
@@ -200,6 +238,108 @@ __device__ __forceinline__ void release_tile(unsigned int* sem) {
 
 #endif  // CUDAL2_SPLITK_FIXUP_CUH
 // ---- end splitk_fixup.cuh ----
+// ---- begin streamk.cuh (inlined) ----
+// cudal2 stream-K range math: the (tile, k-tile) iteration space of one GEMM call handed out as
+// equal contiguous ranges over a grid that equals the resident CTA slots, so no call ends in a
+// partial wave (the skinny families' decomposition 3, skinny_hgemm.cuh).
+//
+// Iterations: I = tiles * k_tiles, iteration i = (tile i / k_tiles, k-tile i % k_tiles). CTA c of
+// a grid of G (1 <= G <= I: never an empty CTA) owns [c*I/G, (c+1)*I/G): every iteration exactly
+// once, sizes differing by at most one. A CTA walks its range segment by segment (a segment: the
+// part of the range inside one tile), runs the main loop over the segment's k-tiles, then
+//   - a tile whose k-tiles all lie in one CTA's range (one contributor) is written to C directly;
+//   - otherwise every contributor stores its fp32 partial into its own slot of the workspace and
+//     arrives at the tile's semaphore with the tile's contributor count; the last to arrive sums
+//     the slots IN CONTRIBUTOR ORDER (contributor 0 holds the lowest k-tiles), so the result is
+//     bit-identical whatever order the CTAs arrive in, writes C and clears the slots and the
+//     semaphore (the zero-init workspace contract of splitk_fixup.cuh / docs/abi.md).
+// No CTA waits for another: an early contributor stores, arrives and moves on, so the grid needs
+// no co-residency guarantee beyond what any launch has.
+//
+// Contributors of one tile are consecutive CTAs (ranges are contiguous and none is empty), so a
+// partial is named by (c, t): slot c + t is unique (walking the iteration space, each new segment
+// moves to the next CTA, the next tile or both) and below G + tiles - 1.
+//
+// Everything here is __host__ __device__: tests/test_streamk.py runs this very code on the host.
+
+#ifndef CUDAL2_STREAMK_CUH
+#define CUDAL2_STREAMK_CUH
+
+#include <stddef.h>
+
+#if defined(__CUDACC__)
+#define CUDAL2_SK_HD __host__ __device__ __forceinline__
+#else
+#define CUDAL2_SK_HD inline
+#endif
+
+namespace cudal2_streamk {
+
+// The most CTAs a stream-K grid uses (a bound the workspace can be sized for without a device).
+constexpr int kMaxCtas = 2048;
+
+// The grid of a call: the resident slots, never more CTAs than iterations (no empty CTA), >= 1.
+CUDAL2_SK_HD int grid(long long iters, int slots) {
+  long long g = slots < 1 ? 1 : slots;
+  if (g > kMaxCtas) g = kMaxCtas;
+  if (g > iters) g = iters;
+  return g < 1 ? 1 : (int)g;
+}
+
+// First iteration of CTA c (c == G: the end of the space).
+CUDAL2_SK_HD long long range_begin(int c, long long iters, int G) {
+  return (long long)c * iters / G;
+}
+
+// The CTA whose range holds iteration `it`: the largest c with range_begin(c) <= it.
+CUDAL2_SK_HD int cta_of(long long it, long long iters, int G) {
+  return (int)(((it + 1) * (long long)G - 1) / iters);
+}
+
+// The contributors of tile t: CTAs first .. first + count - 1, in k order.
+CUDAL2_SK_HD int first_contributor(int t, int k_tiles, long long iters, int G) {
+  return cta_of((long long)t * k_tiles, iters, G);
+}
+CUDAL2_SK_HD int contributors(int t, int k_tiles, long long iters, int G) {
+  return cta_of((long long)(t + 1) * k_tiles - 1, iters, G) - first_contributor(t, k_tiles, iters, G) + 1;
+}
+
+// Workspace slot of CTA c's partial of tile t, and the slots a call may use.
+CUDAL2_SK_HD long long slot(int c, int t) { return (long long)c + t; }
+CUDAL2_SK_HD long long slots(int G, int tiles) { return (long long)G + tiles - 1; }
+
+// One segment of a CTA's range: tile `tile`, k-tiles [kt_begin, kt_end) of it; `next` is the
+// first iteration after it (the next segment starts there while next < the range's end).
+struct Segment {
+  int tile, kt_begin, kt_end;
+  long long next;
+};
+CUDAL2_SK_HD Segment segment(long long it, long long end, int k_tiles) {
+  Segment s;
+  s.tile = (int)(it / k_tiles);
+  s.kt_begin = (int)(it % k_tiles);
+  const long long room = end - it;
+  s.kt_end = room < (long long)(k_tiles - s.kt_begin) ? s.kt_begin + (int)room : k_tiles;
+  s.next = it + (s.kt_end - s.kt_begin);
+  return s;
+}
+
+// Workspace layout: [slots * tile_floats fp32 partials][pad to 16 bytes][tiles semaphores].
+CUDAL2_SK_HD size_t semaphore_offset(int G, int tiles, int tile_floats) {
+  const size_t part = (size_t)slots(G, tiles) * (size_t)tile_floats * sizeof(float);
+  return (part + 15) / 16 * 16;
+}
+// Bytes one call needs: 0 when no tile can have two contributors (one CTA, or one k-tile per
+// tile: every segment is then a whole tile).
+CUDAL2_SK_HD size_t workspace_bytes(int G, int tiles, int k_tiles, int tile_floats) {
+  if (G <= 1 || k_tiles <= 1) return 0;
+  return semaphore_offset(G, tiles, tile_floats) + (size_t)tiles * sizeof(unsigned int);
+}
+
+}  // namespace cudal2_streamk
+
+#endif  // CUDAL2_STREAMK_CUH
+// ---- end streamk.cuh ----
 
 #ifndef BM
 #define BM 128          // threadblock tile rows (M)
@@ -421,9 +561,68 @@ __device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, i
   tn = in_group / rows;
 }
 
-// grid.x = tiles_m * tiles_n, grid.y = split index. Each block computes one BM x BN tile of the
-// K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split) or its fp32 partial
-// into the workspace; the last split of a tile to finish reduces them into C (splitk_fixup.cuh).
+// The cluster split-K reduction (splitk_fixup.cuh, "The cluster reduction"): sm_90a builds
+// launch a split tile's CTAs as one thread-block cluster of (1, splits, 1) when splits <= 8 and
+// such a cluster can be resident; they reduce through distributed shared memory, with no
+// workspace. Other builds, more splits or no resident cluster: the global fixup.
+#ifndef CUDAL2_CLUSTER_SPLITK
+#if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 900
+#define CUDAL2_CLUSTER_SPLITK 1
+#else
+#define CUDAL2_CLUSTER_SPLITK 0
+#endif
+#endif
+
+#if CUDAL2_CLUSTER_SPLITK
+// One chunk of the fp32 tile in shared memory: kClusterRows rows at a stride of BN + 8 floats
+// (the 8 rows of a fragment's float2 stores fall in distinct banks per half-warp), as many rows
+// as the pipeline's buffers hold (BM, or BM halved until it fits).
+constexpr int kCStride = BN + 8;
+constexpr int cluster_rows() {
+  int r = BM;
+  while (r > 1 && (size_t)r * kCStride * sizeof(float) > kSmemBytes) r /= 2;
+  return r;
+}
+constexpr int kClusterRows = cluster_rows();
+static_assert(BM % kClusterRows == 0 && (size_t)kClusterRows * kCStride * sizeof(float) <= kSmemBytes,
+              "a chunk of the cluster reduction must fit the pipeline's shared memory");
+static_assert(BN % 4 == 0, "the cluster reduction reads 4 floats at a time");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster: release its shared-memory writes, acquire the peers'.
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Four floats at the same shared-memory address in CTA `rank` of the cluster (mapa + DSMEM load).
+__device__ __forceinline__ cudal2_splitk::Float4 ld_peer4(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  cudal2_splitk::Float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+#endif
+#endif  // CUDAL2_CLUSTER_SPLITK
+
+// grid.x = tiles_m * tiles_n, grid.y = split index (streamk == 0). Each block computes one BM x BN
+// tile of the K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split), or
+// reduces the splits: inside its cluster (sm_90a, launched with cluster dims (1, splits, 1)) or
+// through the workspace, where the last split of a tile to finish reduces them into C
+// (splitk_fixup.cuh). streamk == 1 (skinny builds): grid.x CTAs share the tiles x k-tiles
+// iterations as equal contiguous ranges (streamk.cuh).
 // Split-K builds carry the fixup too: "at least one CTA per SM" lets ptxas spend the registers
 // that keeps it from spilling (ptx f16 SPLITK=2 spilled 32 bytes at its own choice of 128).
 #if SPLITK > 1 || CUDAL2_RUNTIME_SPLITK
@@ -435,7 +634,7 @@ template <bool VEC>
 __global__ void CUDAL2_HGEMM_BOUNDS
     hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
                  void* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
-                 int k_chunk, int c_vec2) {
+                 int k_chunk, int c_vec2, int streamk) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
   half* sB = sA + STAGES * kAStage;
@@ -445,37 +644,11 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   const int warp = tid >> 5;
   const int wm = warp / kWarpsN;
   const int wn = warp % kWarpsN;
+  const int g = lane >> 2;
+  const int t = lane & 3;
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
-  int tm, tn;
-  tile_coords(blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM;
-  const int n0 = tn * BN;
-  const int z = blockIdx.y;
-  const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
-  float* const part = cudal2_splitk::partials(ws);
-  const int k_begin = z * k_chunk;
-  const int k_end = min(K, k_begin + k_chunk);
-  const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
-
-  AccFrag acc;
-#pragma unroll
-  for (int mi = 0; mi < kMI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < kNI; ++ni)
-#pragma unroll
-      for (int r = 0; r < (int)(sizeof(acc[0][0]) / sizeof(acc[0][0][0])); ++r) acc[mi][ni][r] = 0;
-
-  auto load_stage = [&](int stage, int kt) {
-    const int k0 = k_begin + kt * BK;
-    load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
-#if LAYOUT_RC
-    load_tile<BN, BK, VEC>(sB + stage * kBStage, kBStride, B, ldb, n0, N, k0, k_end, tid);
-#else
-    load_tile<BK, BN, VEC>(sB + stage * kBStage, kBStride, B, ldb, k0, k_end, n0, N, tid);
-#endif
-  };
 
   // Per-lane ldmatrix byte offsets inside one stage (see docs/templates.md for the mapping).
   const uint32_t sA_base = smem_u32(sA);
@@ -491,96 +664,294 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   constexpr uint32_t kBKStep = 16 * kBStride * 2;      // next k16: 16 rows down
 #endif
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();   // always commit so group counting stays uniform
-  }
+  AccFrag acc;
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();   // stage kt visible to all; stage kt-1 fully consumed by all warps
-    const int next = kt + STAGES - 1;
-    if (next < k_tiles) load_stage(next % STAGES, next);
-    cp_async_commit();
+  // The main loop of one tile over the K range [k_begin, k_end): acc from zero, the pipeline
+  // drained (no copy in flight) when it returns.
+  auto mainloop = [&](int m0, int n0, int k_begin, int k_end) {
+    const int k_tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+        for (int r = 0; r < (int)(sizeof(acc[0][0]) / sizeof(acc[0][0][0])); ++r) acc[mi][ni][r] = 0;
 
-    const int stage = kt % STAGES;
-    const uint32_t a_stage = sA_base + stage * kAStage * 2 + a_lane;
-    const uint32_t b_stage = sB_base + stage * kBStage * 2 + b_lane;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      uint32_t a_addr[kMI];
-      uint32_t b_addr[kNI / 2];
-#pragma unroll
-      for (int mi = 0; mi < kMI; ++mi) a_addr[mi] = a_stage + mi * 16 * kAStride * 2 + kk * 32;
-#pragma unroll
-      for (int p = 0; p < kNI / 2; ++p) b_addr[p] = b_stage + p * kBPairStep + kk * kBKStep;
-#if defined(CUDAL2_PTX_KSTEP)
-      cudal2_ptx_kstep(acc, a_addr, b_addr);
+    auto load_stage = [&](int stage, int kt) {
+      const int k0 = k_begin + kt * BK;
+      load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
+#if LAYOUT_RC
+      load_tile<BN, BK, VEC>(sB + stage * kBStage, kBStride, B, ldb, n0, N, k0, k_end, tid);
 #else
-      warp_kstep(acc, a_addr, b_addr);
+      load_tile<BK, BN, VEC>(sB + stage * kBStage, kBStride, B, ldb, k0, k_end, n0, N, tid);
 #endif
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      cp_async_commit();   // always commit so group counting stays uniform
     }
-  }
-  cp_async_wait<0>();   // no copies may be in flight when the block exits
 
-  // Epilogue: predicated stores straight from the accumulator fragments.
-  const int g = lane >> 2;
-  const int t = lane & 3;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();   // stage kt visible to all; stage kt-1 fully consumed by all warps
+      const int next = kt + STAGES - 1;
+      if (next < k_tiles) load_stage(next % STAGES, next);
+      cp_async_commit();
+
+      const int stage = kt % STAGES;
+      const uint32_t a_stage = sA_base + stage * kAStage * 2 + a_lane;
+      const uint32_t b_stage = sB_base + stage * kBStage * 2 + b_lane;
 #pragma unroll
-  for (int mi = 0; mi < kMI; ++mi) {
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        uint32_t a_addr[kMI];
+        uint32_t b_addr[kNI / 2];
 #pragma unroll
-    for (int ni = 0; ni < kNI; ++ni) {
-      const int col = n0 + wn * WN + ni * 8 + 2 * t;
+        for (int mi = 0; mi < kMI; ++mi) a_addr[mi] = a_stage + mi * 16 * kAStride * 2 + kk * 32;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WM + mi * 16 + g + 8 * h;
-        if (row >= M) continue;
-#if ACC_F16
-        const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
-        const float v0 = __low2float(v), v1 = __high2float(v);
+        for (int p = 0; p < kNI / 2; ++p) b_addr[p] = b_stage + p * kBPairStep + kk * kBKStep;
+#if defined(CUDAL2_PTX_KSTEP)
+        cudal2_ptx_kstep(acc, a_addr, b_addr);
 #else
-        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        warp_kstep(acc, a_addr, b_addr);
 #endif
-        if (splits > 1) {
+      }
+    }
+    cp_async_wait<0>();   // no copies may be in flight when the block exits
+  };
+
+  // Epilogue of the tile at (m0, n0): split z's fp32 partial into the workspace (global fixup,
+  // partial == true) or fp16 C, predicated, straight from the accumulator fragments.
+  auto epilogue = [&](int m0, int n0, bool partial, int z) {
+    float* const part = cudal2_splitk::partials(ws);
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < kNI; ++ni) {
+        const int col = n0 + wn * WN + ni * 8 + 2 * t;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + wm * WM + mi * 16 + g + 8 * h;
+          if (row >= M) continue;
+#if ACC_F16
+          const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
+          const float v0 = __low2float(v), v1 = __high2float(v);
+#else
+          const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+#endif
+          if (partial) {
 #if CUDAL2_STORE_CT   // partials indexed by C's own (row, col): the fixup writes C row-major
-          if (col < N) cudal2_splitk::store_partial(part, z, col, row, N, M, v0);
-          if (col + 1 < N) cudal2_splitk::store_partial(part, z, col + 1, row, N, M, v1);
+            if (col < N) cudal2_splitk::store_partial(part, z, col, row, N, M, v0);
+            if (col + 1 < N) cudal2_splitk::store_partial(part, z, col + 1, row, N, M, v1);
 #else
-          if (col < N) cudal2_splitk::store_partial(part, z, row, col, M, N, v0);
-          if (col + 1 < N) cudal2_splitk::store_partial(part, z, row, col + 1, M, N, v1);
+            if (col < N) cudal2_splitk::store_partial(part, z, row, col, M, N, v0);
+            if (col + 1 < N) cudal2_splitk::store_partial(part, z, row, col + 1, M, N, v1);
 #endif
-        } else if (CUDAL2_STORE_CT) {
-          // element (row, col) of this kernel's product is C[col][row]: lanes g = 0..7 of one t
-          // write 8 consecutive halfs of a row of C
-          if (col < N) C[(size_t)col * (size_t)ldc + row] = __float2half_rn(v0);
-          if (col + 1 < N) C[(size_t)(col + 1) * (size_t)ldc + row] = __float2half_rn(v1);
-        } else {
-          half* c = C + (size_t)row * (size_t)ldc + col;
-          if (c_vec2 && col + 1 < N) {
-#if ACC_F16
-            *reinterpret_cast<__half2*>(c) = v;
-#else
-            *reinterpret_cast<__half2*>(c) = __floats2half2_rn(v0, v1);
-#endif
+          } else if (CUDAL2_STORE_CT) {
+            // element (row, col) of this kernel's product is C[col][row]: lanes g = 0..7 of one
+            // t write 8 consecutive halfs of a row of C
+            if (col < N) C[(size_t)col * (size_t)ldc + row] = __float2half_rn(v0);
+            if (col + 1 < N) C[(size_t)(col + 1) * (size_t)ldc + row] = __float2half_rn(v1);
           } else {
-            if (col < N) c[0] = __float2half_rn(v0);
-            if (col + 1 < N) c[1] = __float2half_rn(v1);
+            half* c = C + (size_t)row * (size_t)ldc + col;
+            if (c_vec2 && col + 1 < N) {
+#if ACC_F16
+              *reinterpret_cast<__half2*>(c) = v;
+#else
+              *reinterpret_cast<__half2*>(c) = __floats2half2_rn(v0, v1);
+#endif
+            } else {
+              if (col < N) c[0] = __float2half_rn(v0);
+              if (col + 1 < N) c[1] = __float2half_rn(v1);
+            }
           }
         }
       }
     }
+  };
+
+  // The work of this CTA: one tile and one K range (split z of gridDim.y), or on stream-K
+  // (skinny builds, streamk == 1) a walk over segments of (tile, k-tile) iterations. Split-K runs
+  // as a single segment of the same loop, so the main loop and the epilogue are inlined once.
+#if CUDAL2_RUNTIME_SPLITK
+  static_assert(!ACC_F16, "the stream-K partials are the fp32 accumulators");
+  constexpr int kFrags = kMI * kNI;                 // float4 fragments per thread
+  constexpr int kTileFloats = BM * BN;              // = kThreads * kFrags * 4
+  static_assert(kTileFloats == kThreads * kFrags * 4, "the warps cover the tile once");
+  const int tiles = tiles_m * tiles_n;
+  const int k_tiles = (K + BK - 1) / BK;
+  const long long iters = (long long)tiles * k_tiles;
+  const int G = (int)gridDim.x, cta = (int)blockIdx.x;
+  // split-K: the one segment [0, 1); stream-K: this CTA's range of the tiles x k-tiles iterations
+  long long it = 0, end = 1;
+  if (streamk) {
+    it = cudal2_streamk::range_begin(cta, iters, G);
+    end = cudal2_streamk::range_begin(cta + 1, iters, G);
   }
-  if (splits > 1) {   // in-kernel split-K fixup: the last CTA of this tile writes C
-    unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
-    if (cudal2_splitk::arrive(sem, splits)) {
-#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
-      cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+  while (it < end) {
+    cudal2_streamk::Segment sg = {(int)blockIdx.x, 0, 0, end};
+    if (streamk) sg = cudal2_streamk::segment(it, end, k_tiles);
+    const int tile = sg.tile;
 #else
-      cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+  {
+    const int tile = (int)blockIdx.x;
 #endif
-      cudal2_splitk::release_tile(sem);
+    int tm, tn;
+    tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    const int m0 = tm * BM, n0 = tn * BN;
+    const int z = blockIdx.y;
+    const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
+    int k_begin = z * k_chunk;
+    int k_end = min(K, k_begin + k_chunk);
+#if CUDAL2_RUNTIME_SPLITK
+    if (streamk) {
+      k_begin = sg.kt_begin * BK;
+      k_end = min(K, sg.kt_end * BK);
     }
+#endif
+    mainloop(m0, n0, k_begin, k_end);
+
+    bool to_c = splits <= 1;   // fp16 C straight from the accumulators
+    bool to_ws = false;        // split z's partial into the workspace (the global fixup)
+#if CUDAL2_RUNTIME_SPLITK
+    if (streamk) {
+      const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
+      const int count = cudal2_streamk::contributors(tile, k_tiles, iters, G);
+      to_c = count == 1;   // the whole tile in this range: C directly
+      if (!to_c) {
+        float* const part = cudal2_splitk::partials(ws);
+        unsigned int* const sems = reinterpret_cast<unsigned int*>(
+            reinterpret_cast<char*>(ws) + cudal2_streamk::semaphore_offset(G, tiles, kTileFloats));
+        // this CTA's partial, in fragment order (coalesced 16-byte stores), into its own slot
+        float4* mine = reinterpret_cast<float4*>(
+            part + cudal2_streamk::slot(cta, tile) * (long long)kTileFloats);
+#pragma unroll
+        for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < kNI; ++ni)
+            mine[(mi * kNI + ni) * kThreads + tid] =
+                make_float4(acc[mi][ni][0], acc[mi][ni][1], acc[mi][ni][2], acc[mi][ni][3]);
+        unsigned int* sem = sems + tile;
+        to_c = cudal2_splitk::arrive(sem, count);    // CTA-uniform: true in the last arrival
+        if (to_c) {
+          // the contributors' partials summed IN CONTRIBUTOR ORDER from 0.f, then cleared
+#pragma unroll
+          for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
+          for (int q = 0; q < count; ++q) {
+            float4* src = reinterpret_cast<float4*>(
+                part + cudal2_streamk::slot(first + q, tile) * (long long)kTileFloats);
+#pragma unroll
+            for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+              for (int ni = 0; ni < kNI; ++ni) {
+                float4* p = src + (mi * kNI + ni) * kThreads + tid;
+                const float4 v = __ldcg(p);
+                acc[mi][ni][0] += v.x;
+                acc[mi][ni][1] += v.y;
+                acc[mi][ni][2] += v.z;
+                acc[mi][ni][3] += v.w;
+                *p = make_float4(0.f, 0.f, 0.f, 0.f);
+              }
+          }
+          cudal2_splitk::release_tile(sem);
+        }
+      }
+    } else
+#else
+    if (to_c) {   // one split: fp16 C (mma builds keep the order they always had)
+      epilogue(m0, n0, false, 0);
+      return;
+    }
+#endif
+    if (!to_c) {
+#if CUDAL2_CLUSTER_SPLITK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      if (cluster_nctarank() > 1) {   // the tile's splits are this cluster: reduce through DSMEM
+        // ranks are split indices (cluster dims (1, splits, 1) over grid.y = splits)
+        if (cluster_nctarank() != (uint32_t)splits || cluster_ctarank() != (uint32_t)z) __trap();
+        float* const sC = reinterpret_cast<float*>(smem_raw);
+        const uint32_t sC_base = smem_u32(sC);
+        constexpr int kUnitsPerRow = BN / 4;
+        constexpr int kUnits = kClusterRows * kUnitsPerRow;
+        const int u_begin = cudal2_splitk::cluster_slice_begin(z, splits, kUnits);
+        const int u_end = cudal2_splitk::cluster_slice_begin(z + 1, splits, kUnits);
+        __syncthreads();   // every warp is done reading the pipeline's buffers
+#pragma unroll 1
+        for (int r0 = 0; r0 < BM; r0 += kClusterRows) {
+          // this CTA's partial rows [r0, r0 + kClusterRows) of the tile into its own shared memory
+#pragma unroll
+          for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < kNI; ++ni)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int r = wm * WM + mi * 16 + g + 8 * h - r0;
+                if (r < 0 || r >= kClusterRows) continue;
+#if ACC_F16
+                const __half2 v = *reinterpret_cast<const __half2*>(&acc[mi][ni][h]);
+                const float2 f = make_float2(__low2float(v), __high2float(v));
+#else
+                const float2 f = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+#endif
+                *reinterpret_cast<float2*>(sC + r * kCStride + wn * WN + ni * 8 + 2 * t) = f;
+              }
+          cluster_barrier();   // every rank's chunk written (release) and visible here (acquire)
+          for (int u = u_begin + tid; u < u_end; u += kThreads) {
+            const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
+            const uint32_t local = sC_base + (uint32_t)(r * kCStride + c4) * 4u;
+            const cudal2_splitk::Float4 s = cudal2_splitk::cluster_sum4(
+                splits, [&](int q) { return ld_peer4(local, (uint32_t)q); });
+            const int row = m0 + r0 + r, col = n0 + c4;
+            if (row >= M) continue;
+            const float v[4] = {s.x, s.y, s.z, s.w};
+#if CUDAL2_STORE_CT   // element (row, col) of this kernel's product is C[col][row]
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (col + j < N) C[(size_t)(col + j) * (size_t)ldc + row] = __float2half_rn(v[j]);
+#else
+            half* c = C + (size_t)row * (size_t)ldc + col;
+            if (c_vec2 && col + 3 < N) {
+              reinterpret_cast<__half2*>(c)[0] = __floats2half2_rn(v[0], v[1]);
+              reinterpret_cast<__half2*>(c)[1] = __floats2half2_rn(v[2], v[3]);
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (col + j < N) c[j] = __float2half_rn(v[j]);
+            }
+#endif
+          }
+          cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
+        }
+        return;
+      }
+#endif
+      to_ws = true;   // in-kernel split-K fixup through the workspace: the last CTA writes C
+    }
+#if CUDAL2_RUNTIME_SPLITK
+    if (to_c || to_ws) epilogue(m0, n0, to_ws, z);   // one inlined copy for every path
+#else
+    epilogue(m0, n0, true, z);
+#endif
+    if (to_ws) {
+      float* const part = cudal2_splitk::partials(ws);
+      unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
+      if (cudal2_splitk::arrive(sem, splits)) {
+#if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
+        cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#else
+        cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+#endif
+        cudal2_splitk::release_tile(sem);
+      }
+    }
+#if CUDAL2_RUNTIME_SPLITK
+    it = sg.next;
+    if (it < end) __syncthreads();   // the next segment's prologue overwrites the buffers
+#endif
   }
 }
 
@@ -600,11 +971,81 @@ static cudaError_t ensure_smem_attribute() {
   return err;
 }
 
-// The one launch of a call: the 16-byte-load (VEC) or guarded instantiation of hgemm_kernel.
+// Whether a cluster of `splits` CTAs of this kernel (dims (1, splits, 1), its shared memory) can
+// be resident on the current device (cudaOccupancyMaxActiveClusters > 0): asked once per (device,
+// split count) and cached. Builds without the cluster reduction, more than 8 splits, no device or
+// a failed query (its error consumed, so it is not left for the caller's next launch): false,
+// and the call takes the global fixup.
 template <bool VEC>
-static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s) {
+static bool cluster_resident(int splits) {
+#if CUDAL2_CLUSTER_SPLITK
+  if (splits < 2 || splits > cudal2_splitk::kClusterMax) return false;
+  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];   // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool cacheable = dev >= 0 && dev < 64;
+  if (cacheable) {
+    const int c = cached[dev][splits].load(std::memory_order_relaxed);
+    if (c) return c == 1;
+  }
+  if (ensure_smem_attribute<VEC>() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = (unsigned)splits;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, (unsigned)splits, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(&hgemm_kernel<VEC>), &cfg) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cacheable) cached[dev][splits].store(n > 0 ? 1 : 2, std::memory_order_relaxed);
+  return n > 0;
+#else
+  (void)splits;
+  return false;
+#endif
+}
+
+// The one launch of a call: the 16-byte-load (VEC) or guarded instantiation of hgemm_kernel;
+// cluster_y > 1 (sm_90a, the tile's splits reduced in a cluster): one cudaLaunchKernelEx with
+// cluster dims (1, cluster_y, 1) over grid.y == cluster_y.
+template <bool VEC>
+static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int cluster_y = 1) {
   cudaError_t err = ensure_smem_attribute<VEC>();
   if (err != cudaSuccess) return err;
+#if CUDAL2_CLUSTER_SPLITK
+  if (cluster_y > 1) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = (unsigned)cluster_y;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&hgemm_kernel<VEC>), args);
+  }
+#else
+  (void)cluster_y;
+#endif
   return cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<VEC>), grid, dim3(kThreads),
                           args, kSmemBytes, s);
 }
@@ -636,6 +1077,7 @@ static const char* build_meta() {
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
            "\"workspace_bytes\": %llu, \"workspace_per_mn\": %d, \"workspace_zero_init\": %s, "
            "\"splitk\": %d, \"splitk_max_mn\": %d, \"splitk_fixup\": \"%s\", "
+           "\"cluster_splitk_max\": %d, "
            "\"vector_loads_need\": {\"ptr_align_bytes\": 16, \"ld_multiple\": 8}, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
            "\"STAGES\": %d, \"SWIZZLE\": %d, \"SPLITK\": %d, \"SPLITK_MAX_MN\": %d, "
@@ -646,7 +1088,7 @@ static const char* build_meta() {
            SPLITK > 1 ? cudal2_splitk::slabs(SPLITK) * 4 : 0, SPLITK > 1 ? "true" : "false",
            SPLITK, SPLITK > 1 ? SPLITK_MAX_MN : 0,
            SPLITK > 1 ? (SPLITK_DETERMINISTIC ? "deterministic" : "atomic") : "none",
-           BM, BN, BK, WM, WN, STAGES,
+           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, BM, BN, BK, WM, WN, STAGES,
            SWIZZLE, SPLITK, SPLITK_MAX_MN, ACC_F16 ? "f16" : "f32", LAYOUT_RC ? "RC" : "RR");
   return buf;
 }
@@ -678,23 +1120,30 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   // K range per split, rounded up to whole BK tiles so every split starts 16-byte aligned.
   const int per_split = (K + splits - 1) / splits;
   int k_chunk = ((per_split + BK - 1) / BK) * BK;
-  void* ws = nullptr;
-  if (splits > 1) {
-    const size_t need = cudal2_splitk::workspace_bytes(splits, M, N, tiles);
-    if ((size_t)M * (size_t)N > (size_t)SPLITK_MAX_MN || workspace == nullptr || workspace_bytes < need ||
-        (reinterpret_cast<uintptr_t>(workspace) % 16) != 0)
-      return cudaErrorInvalidValue;
-    ws = workspace;
-  }
-
   const bool vec = (reinterpret_cast<uintptr_t>(A) % 16 == 0) &&
                    (reinterpret_cast<uintptr_t>(B) % 16 == 0) && (lda % 8 == 0) && (ldb % 8 == 0);
+  void* ws = nullptr;
+  int cluster_y = 1;   // > 1: the splits reduce inside a cluster (sm_90a), no workspace
+  if (splits > 1) {
+    if ((size_t)M * (size_t)N > (size_t)SPLITK_MAX_MN) return cudaErrorInvalidValue;
+    if (vec ? cluster_resident<true>(splits) : cluster_resident<false>(splits)) {
+      cluster_y = splits;
+    } else {
+      const size_t need = cudal2_splitk::workspace_bytes(splits, M, N, tiles);
+      if (workspace == nullptr || workspace_bytes < need ||
+          (reinterpret_cast<uintptr_t>(workspace) % 16) != 0)
+        return cudaErrorInvalidValue;
+      ws = workspace;
+    }
+  }
+
   int c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
+  int streamk = 0;
   const half* a = reinterpret_cast<const half*>(A);
   const half* b = reinterpret_cast<const half*>(B);
-  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2};
+  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2, &streamk};
   const dim3 grid((unsigned)tiles, (unsigned)splits);
-  return vec ? launch_gemm<true>(grid, args, s) : launch_gemm<false>(grid, args, s);
+  return vec ? launch_gemm<true>(grid, args, s, cluster_y) : launch_gemm<false>(grid, args, s, cluster_y);
 }
 
 extern "C" const char* cudal2_meta(void) {
