@@ -955,16 +955,23 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   }
 }
 
-// Opt in to > 48 KiB of dynamic shared memory once per (device, kernel variant).
+// Opt in to > 48 KiB of dynamic shared memory once per (device, kernel variant). again: the
+// device dropped it (a cudaDeviceReset clears function attributes): forget it and make it anew.
+// known (when given): whether an earlier call had made it.
 template <bool VEC>
-static cudaError_t ensure_smem_attribute() {
+static cudaError_t ensure_smem_attribute(bool again = false, bool* known = nullptr) {
+  if (known) *known = false;
   if (kSmemBytes <= 48 * 1024) return cudaSuccess;
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  const unsigned long long bit = dev < 64 ? (1ull << dev) : 0ull;
-  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  const unsigned long long bit = dev >= 0 && dev < 64 ? (1ull << dev) : 0ull;
+  if (again) done.fetch_and(~bit, std::memory_order_acq_rel);
+  if (bit && (done.load(std::memory_order_acquire) & bit)) {
+    if (known) *known = true;
+    return cudaSuccess;
+  }
   err = cudaFuncSetAttribute(reinterpret_cast<const void*>(&hgemm_kernel<VEC>),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes);
   if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
@@ -1024,9 +1031,7 @@ static bool cluster_resident(int splits) {
 // cluster_y > 1 (sm_90a, the tile's splits reduced in a cluster): one cudaLaunchKernelEx with
 // cluster dims (1, cluster_y, 1) over grid.y == cluster_y.
 template <bool VEC>
-static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int cluster_y = 1) {
-  cudaError_t err = ensure_smem_attribute<VEC>();
-  if (err != cudaSuccess) return err;
+static cudaError_t launch_once(dim3 grid, void** args, cudaStream_t s, int cluster_y) {
 #if CUDAL2_CLUSTER_SPLITK
   if (cluster_y > 1) {
     cudaLaunchAttribute attr[1];
@@ -1048,6 +1053,22 @@ static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int clust
 #endif
   return cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<VEC>), grid, dim3(kThreads),
                           args, kSmemBytes, s);
+}
+
+// A launch refused with cudaErrorInvalidValue after the opt-in was made (a device reset dropped
+// it; the arguments were checked before) consumes that error, opts in anew and is retried once.
+template <bool VEC>
+static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int cluster_y = 1) {
+  bool known = false;
+  cudaError_t err = ensure_smem_attribute<VEC>(false, &known);
+  if (err != cudaSuccess) return err;
+  err = launch_once<VEC>(grid, args, s, cluster_y);
+  if (err == cudaErrorInvalidValue && known) {
+    (void)cudaGetLastError();                        // this launch's error, not the caller's
+    err = ensure_smem_attribute<VEC>(true);
+    if (err == cudaSuccess) err = launch_once<VEC>(grid, args, s, cluster_y);
+  }
+  return err;
 }
 
 static const char* arch_name() {
