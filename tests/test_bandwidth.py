@@ -124,7 +124,7 @@ def test_modelbench_takes_the_ceiling_flags():
     modelbench.configure_parser(p)
     a = p.parse_args(["--model", "x.csv", "--no-ceiling", "--stream-so", "s.so"])
     assert a.no_ceiling and a.stream_so == "s.so"
-    assert modelbench.peak_bandwidth_gbs(H100_CLOCK_KHZ, H100_BUS) == pytest.approx(3352.3, abs=0.1)
+    assert bw.theoretical_peak_gbs(H100_CLOCK_KHZ, H100_BUS) == pytest.approx(3352.3, abs=0.1)
     assert modelbench.DECODE_MAX_M == bw.DECODE_MAX_M
 
 

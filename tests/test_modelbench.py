@@ -5,6 +5,7 @@ import json
 import pytest
 
 from cudal2 import cli
+from cudal2.harness import bandwidth as bw
 from cudal2.runs import modelbench as B
 from cudal2.runs import shapes as S
 
@@ -20,9 +21,9 @@ def test_bytes_bandwidth_and_copies():
     want = 2 * 32 * (4096 + 4096 * 4096 + 4096) + 2 * (4096 + 128256 * 4096 + 128256)
     assert B.pass_bytes(rows) == want
     # H100 SXM's HBM3: 2619 MHz memory clock, 5120-bit bus -> 3352.3 GB/s
-    peak = B.peak_bandwidth_gbs(2619000, 5120)
+    peak = bw.theoretical_peak_gbs(2619000, 5120)
     assert peak == pytest.approx(3352.32)
-    assert B.peak_bandwidth_gbs(None, 5120) is None and B.hbm_fraction(1, 1.0, None) is None
+    assert bw.theoretical_peak_gbs(None, 5120) is None and B.hbm_fraction(1, 1.0, None) is None
     # 3.35232 GB in 1 ms (1000 us) at 3352.32 GB/s is the whole peak
     assert B.hbm_fraction(3_352_320_000, 1000.0, peak) == pytest.approx(1.0)
     # a 32 MiB weight on a 50 MiB L2: ceil(3 x 50 / 32) = 5 copies, never more than its count

@@ -849,6 +849,8 @@ def test_a_config_valid_on_one_claimed_arch_instantiates_and_builds_only_there()
 
 
 
+from test_lowlat_runtime import fake_cudart  # noqa: E402,F401  (a fixture: the fake CUDA runtime)
+
 _OPT_IN_DRIVER = r"""
 import ctypes, json, sys
 fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
@@ -868,26 +870,18 @@ print(json.dumps(out))
 
 
 @pytest.mark.compile
-def test_mma_shared_memory_opt_in_is_made_again_after_a_device_reset(tmp_path):
+def test_mma_shared_memory_opt_in_is_made_again_after_a_device_reset(fake_cudart):
     """mma_hgemm.cuh (mma, ptx, skinny): the > 48 KiB opt-in is made once per device; after a
     device reset drops it, the refused launch's error is consumed, the opt-in made again and the
     launch retried once (the fake runtime of tests/test_lowlat_runtime.py)."""
     import json
     import sys
     from cudal2.core.build import build
-    from test_lowlat_runtime import FAKE_CUDART
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "fake.c").write_text(FAKE_CUDART)
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(tmp_path / "fake.c"), "-o",
-                    str(tmp_path / "libfake.so")], check=True, capture_output=True, text=True)
     cfg = FAMILIES["mma"].default()                            # 3 stages of 128x128x32: > 48 KiB
     r = build(FAMILIES["mma"].build_spec(cfg, "sm_90a"))
     assert r.ok, r.log[-2000:]
-    run = subprocess.run([sys.executable, "-c", _OPT_IN_DRIVER, str(tmp_path / "libfake.so"),
-                          str(r.so_path), "call,call,reset,call,call"],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", _OPT_IN_DRIVER, str(fake_cudart), str(r.so_path),
+                          "call,call,reset,call,call"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     # per call: rc, then attempts, launches, memsets, opt-ins (setattrs), pending error
     assert json.loads(run.stdout) == [[0, [1, 1, 0, 1, 0]], [0, [2, 2, 0, 1, 0]],

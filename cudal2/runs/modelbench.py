@@ -81,15 +81,9 @@ def pass_bytes(rows: Sequence[dict]) -> int:
     return sum(2 * r["count"] * (r["M"] * r["K"] + r["N"] * r["K"] + r["M"] * r["N"]) for r in rows)
 
 
-def peak_bandwidth_gbs(memory_clock_khz: float | None, bus_width_bits: float | None) -> float | None:
-    """DRAM peak in GB/s: two transfers per clock (DDR/HBM) x bus width; None when unknown."""
-    return bw.theoretical_peak_gbs(memory_clock_khz, bus_width_bits)
-
-
-def hbm_fraction(nbytes: int, time_us: float, peak_gbs: float | None) -> float | None:
-    if not peak_gbs or not time_us or time_us <= 0:
-        return None
-    return nbytes / (time_us * 1e-6) / (peak_gbs * 1e9)
+def hbm_fraction(nbytes: int, time_us: float, of_gbs: float | None) -> float | None:
+    """nbytes read in time_us as a fraction of of_gbs (the peak, or the measured ceiling)."""
+    return bw.fraction(bw.achieved_gbs(nbytes, time_us), of_gbs)
 
 
 def weighted_speedup(weights: Mapping[int, float], speedups: Mapping[int, float]) -> float:
@@ -149,7 +143,7 @@ def run(rows: list[dict], *, rounds: int = 50, seed: int = 0, peak_gbs: float | 
     if ceil and ceil.get("status") == "ok":
         log(bw.line(ceil))
     ceil_gbs = ceil.get("gbs") if ceil and ceil.get("status") == "ok" else None
-    peak = peak_gbs or peak_bandwidth_gbs(getattr(props, "memory_clock_rate", None),
+    peak = peak_gbs or bw.theoretical_peak_gbs(getattr(props, "memory_clock_rate", None),
                                           getattr(props, "memory_bus_width", None)) \
         or (ceil or {}).get("peak_gbs")        # CUDA 13's device properties may lack the clock
     gen = torch.Generator(device="cuda").manual_seed(seed)

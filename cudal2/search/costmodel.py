@@ -270,7 +270,7 @@ def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: 
     if decomposition == 3:
         return "streamk", grid
     if decomposition == 0 and splits == 0:
-        chunk = -(-k_tiles // max(1, min(-(-2 * sms // tiles), 64, k_tiles)))
+        chunk = -(-k_tiles // n)                  # k-tiles per split (plan()'s k_chunk / BK)
         if -(-tiles * k_tiles // grid) < -(-tiles * n // max(slots, 1)) * chunk:
             return "streamk", grid
     return "splitk", n
