@@ -1,6 +1,10 @@
 """Test tiers by hardware need: unit (pure Python), compile (nvcc, no GPU), gpu (marked, skipped
 with a reason on machines without a CUDA device). Nothing here touches the GPU at import time."""
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 
@@ -31,3 +35,17 @@ def tmp_cache(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("CUDAL2_CACHE", str(d))
     return d
+
+
+@pytest.fixture(scope="session")
+def reset_fake_cudart(tmp_path_factory):
+    """tests/data/reset_fake_cudart.c built as a shared library: a fake CUDA runtime whose
+    shared-memory opt-in is kept per function and dropped by a fake device reset."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path_factory.mktemp("reset_fake_cudart") / "libreset_fake_cudart.so"
+    src = Path(__file__).parent / "data" / "reset_fake_cudart.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(so)],
+                   check=True, capture_output=True, text=True)
+    return so

@@ -1,15 +1,15 @@
-"""The lowlat launcher against a fake CUDA runtime (no GPU): a tiny C library exporting the runtime
-calls lowlat_hgemm.cuh's host code makes, loaded before the kernel library so its symbols win,
-records every launch (grid, block, dynamic shared memory, the split kernel's k-tiles per split)
-and keeps a per-function shared-memory opt-in that a fake cudaDeviceReset drops, as the real
-one does. Checked: one launch and no memset per call; the grid (tiles along x, folded onto y past
-2^31 - 1 tiles, the split on z) and the split plan against lowlat.lowlat_splits on a given SM
-count; cudal2_workspace against lowlat_workspace_bytes; the > 48 KiB opt-in made once per device,
-and made again, with the launch retried once and its error consumed, after a device reset."""
+"""The lowlat launcher against a fake CUDA runtime (no GPU; tests/data/reset_fake_cudart.c): a
+tiny C library exporting the runtime calls lowlat_hgemm.cuh's host code makes, loaded before the
+kernel library so its symbols win, records every launch (grid, block, dynamic shared memory, the
+split kernel's k-tiles per split) and keeps a per-function shared-memory opt-in that a fake
+cudaDeviceReset drops, as the real one does. Checked: one launch and no memset per call; the grid
+(tiles along x, folded onto y past 2^31 - 1 tiles, the split on z) and the split plan against
+lowlat.lowlat_splits on a given SM count; cudal2_workspace against lowlat_workspace_bytes; the
+> 48 KiB opt-in made once per device, and made again, with the launch retried once and its error
+consumed, after a device reset."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -22,52 +22,6 @@ LL, LLM = FAMILIES["lowlat"], FAMILIES["lowlat_mma"]
 INVALID_VALUE = 1
 INT_MAX = 2**31 - 1
 
-FAKE_CUDART = r"""
-#include <stddef.h>
-typedef struct { unsigned x, y, z; } dim3_t;
-static int sms = 132, no_device, fail_with, pending;
-static int attempts, launches, memsets, setattrs;
-static dim3_t last_grid, last_block;
-static size_t last_smem;
-static int last_kt_per;
-static const void* opted_fn[16];
-static int opted_bytes[16], n_opted;
-
-static int opted(const void* f) {
-  for (int i = 0; i < n_opted; ++i) if (opted_fn[i] == f) return opted_bytes[i];
-  return 48 * 1024;
-}
-int cudaGetDevice(int* dev) { if (no_device) return 100; *dev = 0; return 0; }
-int cudaDeviceGetAttribute(int* v, int attr, int dev) { (void)dev; *v = attr == 16 ? sms : 0; return 0; }
-int cudaFuncSetAttribute(const void* f, int attr, int value) {
-  ++setattrs;
-  if (attr != 8) return 1;             /* cudaFuncAttributeMaxDynamicSharedMemorySize */
-  for (int i = 0; i < n_opted; ++i) if (opted_fn[i] == f) { opted_bytes[i] = value; return 0; }
-  opted_fn[n_opted] = f; opted_bytes[n_opted++] = value;
-  return 0;
-}
-int cudaLaunchKernel(const void* f, dim3_t grid, dim3_t block, void** args, size_t smem, void* s) {
-  (void)s;
-  ++attempts;
-  if (fail_with) { pending = fail_with; return fail_with; }
-  if ((int)smem > opted(f)) { pending = 1; return 1; }   /* cudaErrorInvalidValue, as the runtime */
-  ++launches;
-  last_grid = grid; last_block = block; last_smem = smem;
-  last_kt_per = grid.z > 1 ? *(int*)args[11] : 0;       /* lowlat_splitk_kernel's kt_per */
-  return 0;
-}
-int cudaMemsetAsync(void* p, int v, size_t n, void* s) { (void)p; (void)v; (void)n; (void)s; ++memsets; return 0; }
-int cudaGetLastError(void) { int e = pending; pending = 0; return e; }
-int cudaPeekAtLastError(void) { return pending; }
-
-void fake_set(int sm_count, int without_device, int fail) { sms = sm_count; no_device = without_device; fail_with = fail; }
-void fake_device_reset(void) { n_opted = 0; }
-void fake_counts(int* out) {
-  out[0] = attempts; out[1] = launches; out[2] = memsets; out[3] = setattrs; out[4] = pending;
-  out[5] = (int)last_grid.x; out[6] = (int)last_grid.y; out[7] = (int)last_grid.z;
-  out[8] = (int)last_block.x; out[9] = (int)last_smem; out[10] = last_kt_per;
-}
-"""
 
 # Each step: ["call", M, N, K, option or None] | ["workspace", M, N, K, option or None] |
 # ["set", sms, no_device, fail_with] | ["reset"]. Output per step: [rc, counts after it].
@@ -104,18 +58,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def fake_cudart(tmp_path_factory):
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("fake_cudart")
-    (d / "fake.c").write_text(FAKE_CUDART)
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(d / "fake.c"), "-o", str(d / "libfake.so")],
-                   check=True, capture_output=True, text=True)
-    return d / "libfake.so"
-
-
 def _lib(cfg):
     from cudal2.core.build import build
     r = build(FAMILIES[cfg.family].build_spec(cfg, "sm_90a"))
@@ -145,7 +87,7 @@ SHAPES = [(128, 64, 12288, 0), (128, 128, 2048, 0), (1024, 256, 16384, 0), (4096
 
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: c.name())
-def test_one_launch_on_the_planned_grid(cfg, fake_cudart):
+def test_one_launch_on_the_planned_grid(cfg, reset_fake_cudart):
     """Per call one launch and no memset: grid (tiles, 1, splits) with splits and the k-tiles per
     split as lowlat_splits plans them on 132 and on 66 SMs, block = the kernel's threads;
     cudal2_workspace answers lowlat_workspace_bytes of that plan; K == 0 launches the zero kernel."""
@@ -155,7 +97,7 @@ def test_one_launch_on_the_planned_grid(cfg, fake_cudart):
         steps = [["set", sms, 0, 0]]
         for M, N, K, opt in SHAPES:
             steps += [["call", M, N, K, opt], ["workspace", M, N, K, opt]]
-        got = _drive(fake_cudart, cfg, steps)[1:]
+        got = _drive(reset_fake_cudart, cfg, steps)[1:]
         for i, (M, N, K, opt) in enumerate(SHAPES):
             (rc, c), ws = got[2 * i], got[2 * i + 1]
             assert rc == 0 and c[1] == i + 1 and c[2] == 0, (M, N, K, opt, rc, c)    # one launch each
@@ -172,14 +114,14 @@ def test_one_launch_on_the_planned_grid(cfg, fake_cudart):
 
 
 @pytest.mark.compile
-def test_no_device_the_workspace_bounds_every_choice_and_the_call_says_why(fake_cudart):
+def test_no_device_the_workspace_bounds_every_choice_and_the_call_says_why(reset_fake_cudart):
     """Without a device to ask for the SM count, cudal2_workspace at option 0 answers the bound
     over every split count (that of 64 splits), an explicit count needs no device, and a call at
     option 0 returns the runtime's error (past the guard, nothing launched)."""
     cfg = LL.default()
     steps = [["set", 132, 1, 0], ["workspace", 128, 64, 12288, 0], ["workspace", 128, 64, 12288, 4],
              ["call", 128, 64, 12288, 0], ["call", 128, 64, 12288, 1]]
-    _, ws0, ws4, (rc0, c0), (rc1, c1) = _drive(fake_cudart, cfg, steps)
+    _, ws0, ws4, (rc0, c0), (rc1, c1) = _drive(reset_fake_cudart, cfg, steps)
     assert ws0 == lowlat_workspace_bytes(128, 64, 64, 64, 128)
     assert ws4 == lowlat_workspace_bytes(128, 64, 4, 64, 128)
     assert rc0 == 100 and c0[0] == 0                   # cudaErrorNoDevice, no launch attempted
@@ -187,7 +129,7 @@ def test_no_device_the_workspace_bounds_every_choice_and_the_call_says_why(fake_
 
 
 @pytest.mark.compile
-def test_grid_serves_every_m_and_n_the_meta_claims(fake_cudart):
+def test_grid_serves_every_m_and_n_the_meta_claims(reset_fake_cudart):
     """The meta claims any M and N: M tiles no longer sit on grid.y (65535). Tiles run on grid.x;
     past 2^31 - 1 tiles the grid folds onto y with x * y >= tiles > x * (y - 1). Only a C of more
     than (2^31 - 1) * 65535 tiles (> 2^57 bytes: no address space holds it) is refused."""
@@ -195,7 +137,7 @@ def test_grid_serves_every_m_and_n_the_meta_claims(fake_cudart):
     for cfg in (LL.default(), LLM.default().with_(BM=16, BN=64)):
         shapes = [(65535 * cfg.get("BM") + 1, 8, 8), (INT_MAX, 8, 8), (1, INT_MAX - 7, 8),
                   (1 << 24, 1 << 24, 8), (INT_MAX, 1 << 20, 8), (INT_MAX, INT_MAX - 7, 8)]
-        got = _drive(fake_cudart, cfg, [["call", M, N, K, 1] for M, N, K in shapes])
+        got = _drive(reset_fake_cudart, cfg, [["call", M, N, K, 1] for M, N, K in shapes])
         meta = {"any_shape": True, "tile": [cfg.get("BM"), cfg.get("BN"), 64], "divisible": [1, 8, 8]}
         for (M, N, K), (rc, c) in zip(shapes, got):
             assert meta_accepts(meta, M, N, K)
@@ -210,7 +152,7 @@ def test_grid_serves_every_m_and_n_the_meta_claims(fake_cudart):
 
 
 @pytest.mark.compile
-def test_shared_memory_opt_in_is_made_again_after_a_device_reset(fake_cudart):
+def test_shared_memory_opt_in_is_made_again_after_a_device_reset(reset_fake_cudart):
     """The opt-in is made once per device and kernel; a device reset drops it: the next launch
     fails with cudaErrorInvalidValue, the launcher consumes that error, opts in again and retries
     once (the call succeeds, nothing pending); a launch that keeps failing is retried only once."""
@@ -225,7 +167,7 @@ def test_shared_memory_opt_in_is_made_again_after_a_device_reset(fake_cudart):
              ["call", 128, 64, 12288, 0],
              ["set", 132, 0, 2], ["call", 256, 256, 512, 1],             # every launch fails: 2
              ["set", 132, 0, 1], ["call", 256, 256, 512, 1]]             # every launch fails: 1
-    got = [g for g in _drive(fake_cudart, cfg, steps) if g is not None]
+    got = [g for g in _drive(reset_fake_cudart, cfg, steps) if g is not None]
     # counts: attempts, launches, memsets, setattrs, pending
     assert [g[0] for g in got] == [0, 0, 0, 0, 0, 0, 2, 1]
     assert [g[1][:5] for g in got[:6]] == [[1, 1, 0, 1, 0], [2, 2, 0, 1, 0], [3, 3, 0, 2, 0],
@@ -237,5 +179,5 @@ def test_shared_memory_opt_in_is_made_again_after_a_device_reset(fake_cudart):
     # a kernel within 48 KiB never opts in
     small = LLM.default().with_(BM=16, BN=64, STAGES=2)
     assert lowlat_smem_bytes(small.as_dict()) <= 48 * 1024
-    got = _drive(fake_cudart, small, [["call", 256, 256, 512, 1], ["call", 128, 64, 12288, 0]])
+    got = _drive(reset_fake_cudart, small, [["call", 256, 256, 512, 1], ["call", 128, 64, 12288, 0]])
     assert got[0][1][:5] == [1, 1, 0, 0, 0] and got[1][1][:5] == [2, 2, 0, 0, 0]

@@ -849,8 +849,6 @@ def test_a_config_valid_on_one_claimed_arch_instantiates_and_builds_only_there()
 
 
 
-from test_lowlat_runtime import fake_cudart  # noqa: E402,F401  (a fixture: the fake CUDA runtime)
-
 _OPT_IN_DRIVER = r"""
 import ctypes, json, sys
 fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
@@ -870,17 +868,18 @@ print(json.dumps(out))
 
 
 @pytest.mark.compile
-def test_mma_shared_memory_opt_in_is_made_again_after_a_device_reset(fake_cudart):
+def test_mma_shared_memory_opt_in_is_made_again_after_a_device_reset(reset_fake_cudart):
     """mma_hgemm.cuh (mma, ptx, skinny): the > 48 KiB opt-in is made once per device; after a
     device reset drops it, the refused launch's error is consumed, the opt-in made again and the
-    launch retried once (the fake runtime of tests/test_lowlat_runtime.py)."""
+    launch retried once (tests/data/reset_fake_cudart.c)."""
     import json
     import sys
     from cudal2.core.build import build
     cfg = FAMILIES["mma"].default()                            # 3 stages of 128x128x32: > 48 KiB
     r = build(FAMILIES["mma"].build_spec(cfg, "sm_90a"))
     assert r.ok, r.log[-2000:]
-    run = subprocess.run([sys.executable, "-c", _OPT_IN_DRIVER, str(fake_cudart), str(r.so_path),
+    run = subprocess.run([sys.executable, "-c", _OPT_IN_DRIVER, str(reset_fake_cudart),
+                          str(r.so_path),
                           "call,call,reset,call,call"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     # per call: rc, then attempts, launches, memsets, opt-ins (setattrs), pending error
