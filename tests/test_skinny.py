@@ -106,6 +106,12 @@ def test_builds_one_kernel_without_spills(cfg, arch):
     assert len(entries) == 1 and "hgemm_kernelILb1" in entries[0], entries   # 16-byte loads only
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     assert "cp.async.cg.shared.global" in ptx and "atom.global.add.u32" in ptx
+    # the streamed operand's copies carry the L2 evict-first policy, the small operand's do not:
+    # every stage load copies BN rows of B per BM rows of A
+    assert "createpolicy.fractional.L2::evict_first.b64" in ptx
+    hinted = len(re.findall(r"cp\.async\.cg\.shared\.global\.L2::cache_hint \[", ptx))
+    plain = len(re.findall(r"cp\.async\.cg\.shared\.global \[", ptx))
+    assert hinted > 0 and plain > 0 and hinted * cfg.get("BM") == plain * cfg.get("BN"), (hinted, plain)
     imports = undefined_symbols(r.so_path)
     assert not [s for s in imports if "Memset" in s or "Memcpy" in s], imports
     tool = _cuobjdump()

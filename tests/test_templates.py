@@ -433,6 +433,8 @@ def test_raw_kernels_build_without_spills(cfg, arch):
     _check_ptx_accumulator(ptx, cfg.get("ACC"), cfg.label())
     assert "cp.async.cg.shared.global" in ptx and "ldmatrix.sync.aligned.m8n8.x4" in ptx
     assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (cfg.get("LAYOUT") == "RR")
+    # B is read again by every M tile: no evict-first policy (the skinny families' alone)
+    assert "L2::cache_hint" not in ptx and "createpolicy" not in ptx
 
 
 @pytest.mark.compile

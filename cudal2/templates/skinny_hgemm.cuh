@@ -3,8 +3,9 @@
 //
 // One CTA row covers all M (BM = 16, 32 or 64: M padded with zero rows), so every element of the
 // large operand B (K x N) is read from HBM exactly once, by 16-byte cp.async.cg (L2 only, no L1
-// allocation) into a STAGES-deep shared-memory pipeline; the small operand A (M x K, at most
-// 64 x K x 2 bytes) is read through L2 by every N tile. Tensor cores: mma.sync m16n8k16 with fp32
+// allocation; an L2 evict-first policy, since each byte is read once) into a STAGES-deep
+// shared-memory pipeline; the small operand A (M x K, at most 64 x K x 2 bytes) is read through
+// L2 by every N tile. Tensor cores: mma.sync m16n8k16 with fp32
 // accumulation; rows beyond M are zero and cost tensor issue slots only, which a bandwidth-bound
 // kernel has to spare (M = 1 at BM = 16: 16 flop per byte of B, ~54 TFLOP/s at 3.35 TB/s, within
 // mma.sync's measured ~290 TFLOP/s on an H100).
@@ -58,6 +59,7 @@
 #define SPLITK 1
 #define SPLITK_MAX_MN 1
 #define CUDAL2_RUNTIME_SPLITK 1
+#define CUDAL2_STREAM_EVICT_FIRST 1   // B (the mirror: A) is read once: evict it from L2 first
 #define CUDAL2_STYLE "mma"
 #ifndef CUDAL2_SKINNY_N
 #define CUDAL2_SKINNY_N 0   // 1: the mirror (N <= BM, B column-major), family skinny_n

@@ -371,6 +371,9 @@ CUDAL2_SK_HD size_t workspace_bytes(int G, int tiles, int k_tiles, int tile_floa
 #ifndef CUDAL2_STORE_CT
 #define CUDAL2_STORE_CT 0   // 1: the kernel computes C^T and stores it transposed (skinny_n)
 #endif
+#ifndef CUDAL2_STREAM_EVICT_FIRST
+#define CUDAL2_STREAM_EVICT_FIRST 0   // 1: B, read once (skinny), loaded with an L2 evict-first policy
+#endif
 #ifndef SPLITK_MAX_MN
 #define SPLITK_MAX_MN 2097152   // split-K serves M*N up to this; sizes the declared workspace
 #endif
@@ -448,6 +451,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                : "memory");
 }
+// The same with an L2 cache policy (createpolicy): the bytes of a streamed operand, read once,
+// are the first L2 lines evicted, so they do not push out what is read again (A, the partials).
+__device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, int bytes,
+                                                 uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -459,9 +475,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // Copies a ROWS x COLS tile (COLS contiguous in global and shared memory) starting at global
 // (r0, c0); elements at row >= row_lim or col >= col_lim read as zero. VEC: 16-byte cp.async
 // (needs 16-byte aligned base and ld % 8 == 0); else guarded 2-byte loads and 16-byte smem stores.
-template <int ROWS, int COLS, bool VEC>
+// HINT: the 16-byte copies carry the L2 cache policy `policy`.
+template <int ROWS, int COLS, bool VEC, bool HINT = false>
 __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g, int ld, int r0,
-                                          int row_lim, int c0, int col_lim, int tid) {
+                                          int row_lim, int c0, int col_lim, int tid,
+                                          uint64_t policy = 0) {
   constexpr int kChunksPerRow = COLS / 8;
   constexpr int kIters = ROWS * kChunksPerRow / kThreads;
 #pragma unroll
@@ -475,7 +493,10 @@ __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g
       int valid = (gr < row_lim) ? (col_lim - gc) : 0;
       valid = valid < 0 ? 0 : (valid > 8 ? 8 : valid);
       const half* src = valid > 0 ? g + (size_t)gr * (size_t)ld + gc : g;
-      cp_async_16(smem_u32(dst), src, valid * 2);
+      if (HINT)
+        cp_async_16_hint(smem_u32(dst), src, valid * 2, policy);
+      else
+        cp_async_16(smem_u32(dst), src, valid * 2);
     } else {
       const unsigned short* p =
           reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
@@ -665,6 +686,11 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #endif
 
   AccFrag acc;
+#if CUDAL2_STREAM_EVICT_FIRST
+  const uint64_t b_policy = evict_first_policy();
+#else
+  const uint64_t b_policy = 0;
+#endif
 
   // The main loop of one tile over the K range [k_begin, k_end): acc from zero, the pipeline
   // drained (no copy in flight) when it returns.
@@ -681,9 +707,11 @@ __global__ void CUDAL2_HGEMM_BOUNDS
       const int k0 = k_begin + kt * BK;
       load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
 #if LAYOUT_RC
-      load_tile<BN, BK, VEC>(sB + stage * kBStage, kBStride, B, ldb, n0, N, k0, k_end, tid);
+      load_tile<BN, BK, VEC, CUDAL2_STREAM_EVICT_FIRST>(sB + stage * kBStage, kBStride, B, ldb, n0,
+                                                        N, k0, k_end, tid, b_policy);
 #else
-      load_tile<BK, BN, VEC>(sB + stage * kBStage, kBStride, B, ldb, k0, k_end, n0, N, tid);
+      load_tile<BK, BN, VEC, CUDAL2_STREAM_EVICT_FIRST>(sB + stage * kBStage, kBStride, B, ldb, k0,
+                                                        k_end, n0, N, tid, b_policy);
 #endif
     };
 
