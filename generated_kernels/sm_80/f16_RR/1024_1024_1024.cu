@@ -461,7 +461,7 @@ __device__ __forceinline__ void cp_async_16_hint(uint32_t dst, const void* src, 
 }
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -686,11 +686,6 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #endif
 
   AccFrag acc;
-#if CUDAL2_STREAM_EVICT_FIRST
-  const uint64_t b_policy = evict_first_policy();
-#else
-  const uint64_t b_policy = 0;
-#endif
 
   // The main loop of one tile over the K range [k_begin, k_end): acc from zero, the pipeline
   // drained (no copy in flight) when it returns.
@@ -705,6 +700,11 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 
     auto load_stage = [&](int stage, int kt) {
       const int k0 = k_begin + kt * BK;
+#if CUDAL2_STREAM_EVICT_FIRST   // made per stage, so no register holds it across the main loop
+      const uint64_t b_policy = evict_first_policy();
+#else
+      const uint64_t b_policy = 0;
+#endif
       load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
 #if LAYOUT_RC
       load_tile<BN, BK, VEC, CUDAL2_STREAM_EVICT_FIRST>(sB + stage * kBStage, kBStride, B, ldb, n0,
