@@ -78,13 +78,11 @@ def test_the_mirror_serves_small_n_with_b_column_major():
     assert not MIRROR.accepts(c, 4096, 17, 4096) and not MIRROR.accepts(c, 16, 16, 4100)
     assert MIRROR.problems(c.with_(LAYOUT="RR"))                      # row-major B: not served
     assert MIRROR.option_space(c) == FAM.option_space(FAM.default())
-    # the same space as skinny's RC half, less the 16-warp 16x64 warp tiles whose transposed
-    # epilogue spills (four on sm_90a, found by `cudal2 templates --build-space`)
+    # the same space as skinny's RC half; both refuse 16 warps of 16x64 warp tiles, which sit on
+    # the spill edge at 128 registers (found by `cudal2 templates --build-space`)
     assert MIRROR.problems(c.with_(BM=64, WM=16, BN=256, WN=64, STAGES=2))
-    assert FAM.valid(FAM.default().with_(BM=64, WM=16, BN=256, WN=64, STAGES=2))
-    assert len(_space(MIRROR)) == len([x for x in _space(FAM) if x.get("LAYOUT") == "RC"
-                                       and not (x.get("BM") == 64 and x.get("WM") == 16
-                                                and x.get("BN") == 256 and x.get("WN") == 64)])
+    assert FAM.problems(FAM.default().with_(BM=64, WM=16, BN=256, WN=64, STAGES=3))
+    assert len(_space(MIRROR)) == len([x for x in _space(FAM) if x.get("LAYOUT") == "RC"])
 
 
 def _build(cfg, arch):
