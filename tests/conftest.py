@@ -38,14 +38,28 @@ def tmp_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def reset_fake_cudart(tmp_path_factory):
-    """tests/data/reset_fake_cudart.c built as a shared library: a fake CUDA runtime whose
-    shared-memory opt-in is kept per function and dropped by a fake device reset."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    so = tmp_path_factory.mktemp("reset_fake_cudart") / "libreset_fake_cudart.so"
-    src = Path(__file__).parent / "data" / "reset_fake_cudart.c"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(so)],
-                   check=True, capture_output=True, text=True)
-    return so
+def fake_runtime(tmp_path_factory):
+    """fake_runtime(name): tests/data/<name>.c, a fake of the CUDA runtime calls a kernel's
+    launcher makes, built as a shared library once per session; its path. Loaded with
+    RTLD_GLOBAL before a kernel .so, its symbols win over libcudart's. Skips without a C compiler."""
+    built = {}
+
+    def lib(name: str) -> Path:
+        if name not in built:
+            cc = shutil.which("gcc") or shutil.which("cc")
+            if cc is None:
+                pytest.skip("no C compiler")
+            so = tmp_path_factory.mktemp(name) / f"lib{name}.so"
+            src = Path(__file__).parent / "data" / f"{name}.c"
+            subprocess.run([cc, "-shared", "-fPIC", "-O1", str(src), "-o", str(so)],
+                           check=True, capture_output=True, text=True)
+            built[name] = so
+        return built[name]
+    return lib
+
+
+@pytest.fixture(scope="session")
+def reset_fake_cudart(fake_runtime):
+    """The fake runtime whose shared-memory opt-in is kept per function and dropped by a fake
+    device reset (tests/data/reset_fake_cudart.c)."""
+    return fake_runtime("reset_fake_cudart")

@@ -257,21 +257,15 @@ print(json.dumps(out))
 
 
 @pytest.mark.compile
-def test_a_failed_launch_leaves_no_cuda_error_pending(tmp_cache, tmp_path):
+def test_a_failed_launch_leaves_no_cuda_error_pending(tmp_cache, fake_runtime):
     """A launcher that returns a launch error leaves it pending in the CUDA runtime, where torch's
     next launch check would raise it (an H200 run: one kernel's error 209 failed the next test).
     KernelLibrary.launch clears it after any non-zero return, and abi.clear_cuda_error (the
     dispatch hot path's, which calls the raw function) clears what a raw call left. Checked
     against tests/data/fake_cudart.c, whose launches fail on demand."""
-    import shutil
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    fake = fake_runtime("fake_cudart")
     res = build(BuildSpec(_FAILING_LAUNCH, arch="sm_90a", name="failing_launch"))
     assert res.ok, res.log
-    fake = tmp_path / "libfake_cudart.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", str(DATA / "fake_cudart.c"), "-o", str(fake)],
-                   check=True, capture_output=True, text=True)
     r = subprocess.run([sys.executable, "-c", _PENDING_RUN, str(fake), str(res.so_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
