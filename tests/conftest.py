@@ -63,3 +63,58 @@ def reset_fake_cudart(fake_runtime):
     """The fake runtime whose shared-memory opt-in is kept per function and dropped by a fake
     device reset (tests/data/reset_fake_cudart.c)."""
     return fake_runtime("reset_fake_cudart")
+
+
+_FAKE_RUN = r"""
+import ctypes, json, sys
+fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
+lib = ctypes.CDLL(sys.argv[2])
+dev = json.loads(sys.argv[4])
+fake.fake_set_sm_count(dev["sms"])
+fake.fake_set_blocks_per_sm(dev["per_sm"])
+fake.fake_set_max_clusters(dev["clusters"])
+vp, P = ctypes.c_void_p, 1 << 20
+abi2 = hasattr(lib, "cudal2_workspace")
+if abi2:
+    lib.cudal2_workspace.restype = ctypes.c_size_t
+out = []
+for M, N, K, opts, ws in json.loads(sys.argv[3]):
+    fake.fake_reset()
+    o = (ctypes.c_int * len(opts))(*opts) if opts is not None else None
+    need = lib.cudal2_workspace(M, N, K, o) if abi2 else None
+    if ws == -1:            # exactly what cudal2_workspace asks for
+        ws = need
+    args = [vp(P), vp(P), vp(P), M, N, K, K, K, N, vp(P if ws else 0), ctypes.c_size_t(ws), vp(0)]
+    if abi2:
+        args.append(o)
+    rc = lib.cudal2_hgemm(*args)
+    g, cl = (ctypes.c_uint * 3)(), (ctypes.c_uint * 3)()
+    fake.fake_last_grid(g)
+    fake.fake_last_cluster(cl)
+    out.append({"rc": rc, "launches": fake.fake_launches(), "ex": fake.fake_ex_launches(),
+                "memsets": fake.fake_memsets(), "grid": list(g), "cluster": list(cl), "need": need})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="session")
+def fake_launches(fake_runtime):
+    """fake_launches(so_path, calls, sms=132, per_sm=2, clusters=16): runs cudal2_hgemm of a built
+    .so against tests/data/splitk_fake_cudart.c (no GPU), in a process of its own (kernels cache
+    the SM count, the resident slots and the cluster residency per device), on a fake device of
+    `sms` SMs, `per_sm` resident CTAs per SM and `clusters` resident clusters (0: none can be
+    resident). calls: [M, N, K, options or None, workspace bytes (-1: what cudal2_workspace asks
+    for)], with lda = ldb = K and ldc = N. Per call: rc, launches, ex (of them cudaLaunchKernelEx),
+    memsets, grid and cluster dims of the last launch, need (cudal2_workspace)."""
+    import json
+    import sys
+    fake = fake_runtime("splitk_fake_cudart")
+
+    def run(so_path, calls, sms=132, per_sm=2, clusters=16):
+        dev = {"sms": sms, "per_sm": per_sm, "clusters": clusters}
+        r = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(fake), str(so_path),
+                            json.dumps(calls), json.dumps(dev)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    return run

@@ -1,7 +1,8 @@
 """The planner packs issue 32's new decompositions for the shapes they target (no GPU):
 lowlat's in-kernel split-K for the shapes under 1e9 FLOP of shapes/stratified_100.csv and the
 deep-K targets (RR), skinny's stream-K and cluster split-K for the decode rows (M <= 64) of
-shapes/llm_trace.csv (RC).
+shapes/llm_trace.csv (RC), and the wgmma family's cluster split-K for the decode rows with
+33 <= M <= 64 (one BM = 64 tile row).
 
 Planned as `cudal2 campaign prepare` plans (its defaults: 2 configs per family, at least 8 a
 shape), over the new families only: a family's picks and each build's options are chosen within
@@ -21,6 +22,7 @@ from cudal2.search import tune
 from cudal2.search.costmodel import gpu_for, kernel_facts, occupancy, skinny_plan
 from cudal2.search.tune import config_meta
 from cudal2.templates.lowlat import lowlat_splits
+from cudal2.templates.wgmma import wgmma_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEP_K = [Shape(128, 64, 12288), Shape(128, 128, 2048), Shape(1024, 256, 16384)]
@@ -78,6 +80,25 @@ def test_skinny_stream_k_and_cluster_split_k_are_packed_for_the_decode_rows():
                                            H100.sms, slots, o["splits"], o["decomposition"])[1] <= 8]
             assert cluster, (s, c.config)       # a split-K the cluster reduces is timed
         assert runs == {"streamk", "splitk"}, (s, runs)
+
+
+def test_wgmma_cluster_split_k_is_packed_for_the_m64_decode_rows():
+    """Decode rows with 33 <= M <= 64 are one 64-row tile row: where 128-column tiles leave SMs
+    idle, the wgmma family's plan holds a BM = 64 build without a cluster along M, timed with
+    options whose split count (wgmma_splits, the launcher's rule) is 2..8, reduced through
+    distributed shared memory. (Rows of >= 132 such tiles fill the SMs unsplit.)"""
+    rows = [s for s in decode_rows() if 33 <= s.M <= 64]
+    assert len(rows) >= 6
+    p = tune.plan(rows, "sm_90a", families=["wgmma"], layout="RC", **PREPARE)
+    few_tiles = [s for s in rows if -(-s.N // 128) < H100.sms]
+    assert len(few_tiles) >= 5
+    for s in few_tiles:
+        split = [(c.config.label(), o) for c in p.per_shape[s]
+                 if c.config.get("BM") == 64 and c.config.get("CLUSTER_M") == 1
+                 for o in c.options[s]
+                 if 2 <= wgmma_splits(s.M, s.N, s.K, 64, c.config.get("BN"), c.config.get("BK"),
+                                      H100.sms, o["splits"]) <= 8]
+        assert split, s
 
 
 @pytest.mark.parametrize("shape", [Shape(1, 6144, 4096), Shape(1, 4096, 14336), Shape(1, 28672, 4096)])

@@ -165,55 +165,6 @@ def test_split_k_meta_declares_the_zero_init_workspace(cfg):
     assert lib.launch(P, P, P, 64, 64, 64, 64, 64, 64, P + 8, need, 0) == 1   # not 16-byte aligned
 
 
-_FAKE_RUN = r"""
-import ctypes, json, sys
-fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernel's libcudart
-lib = ctypes.CDLL(sys.argv[2])
-dev = json.loads(sys.argv[4])
-fake.fake_set_sm_count(dev["sms"])
-fake.fake_set_blocks_per_sm(dev["per_sm"])
-fake.fake_set_max_clusters(dev["clusters"])
-vp, P = ctypes.c_void_p, 1 << 20
-abi2 = hasattr(lib, "cudal2_workspace")
-if abi2:
-    lib.cudal2_workspace.restype = ctypes.c_size_t
-out = []
-for M, N, K, opts, ws in json.loads(sys.argv[3]):
-    fake.fake_reset()
-    o = (ctypes.c_int * len(opts))(*opts) if opts is not None else None
-    need = lib.cudal2_workspace(M, N, K, o) if abi2 else None
-    if ws == -1:            # exactly what cudal2_workspace asks for
-        ws = need
-    args = [vp(P), vp(P), vp(P), M, N, K, K, K, N, vp(P if ws else 0), ctypes.c_size_t(ws), vp(0)]
-    if abi2:
-        args.append(o)
-    rc = lib.cudal2_hgemm(*args)
-    g, cl = (ctypes.c_uint * 3)(), (ctypes.c_uint * 3)()
-    fake.fake_last_grid(g)
-    fake.fake_last_cluster(cl)
-    out.append({"rc": rc, "launches": fake.fake_launches(), "ex": fake.fake_ex_launches(),
-                "memsets": fake.fake_memsets(), "grid": list(g), "cluster": list(cl), "need": need})
-print(json.dumps(out))
-"""
-
-
-def _fake_calls(fake, so_path, calls, sms=132, per_sm=2, clusters=16):
-    """Runs cudal2_hgemm of a built .so against `fake`, tests/data/splitk_fake_cudart.c built by
-    the fake_runtime fixture (no GPU), in a
-    process of its own (the kernel caches the SM count, the resident slots and the cluster
-    residency per device), on a fake device of `sms` SMs, `per_sm` resident CTAs per SM and
-    `clusters` resident clusters (0: none can be resident). calls: [M, N, K, options or None,
-    workspace bytes (-1: what cudal2_workspace asks for)]. Per call: rc, launches, ex (of them
-    cudaLaunchKernelEx), memsets, grid and cluster dims of the last launch, need (cudal2_workspace)."""
-    import json
-    import sys
-    dev = {"sms": sms, "per_sm": per_sm, "clusters": clusters}
-    r = subprocess.run([sys.executable, "-c", _FAKE_RUN, str(fake), str(so_path), json.dumps(calls),
-                        json.dumps(dev)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
 def _one(got, grid, cluster=(1, 1, 1)):
     """One launch, no memset, that grid; a cluster launch (cudaLaunchKernelEx) iff cluster."""
     ex = int(tuple(cluster) != (1, 1, 1))
@@ -236,7 +187,7 @@ def _skinny_plan(N, K, BN, BK, BM, sms, per_sm, splits=0, dec=0, clusters=True):
 
 
 @pytest.mark.compile
-def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
+def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_launches):
     """A fake CUDA runtime counts what one cudal2_hgemm call puts on the stream: one kernel, no
     memset. mma split-K on sm_90a (grid.y = SPLITK <= 8): one cudaLaunchKernelEx with cluster dims
     (1, SPLITK, 1) and no workspace; where no such cluster can be resident, the global fixup with
@@ -244,15 +195,14 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
     (skinny_splits) says, <= 8 splits in a cluster, more through the workspace; stream-K's grid is
     the resident slots (decomposition 3, or 0 where split-K would end in a partial wave)."""
     from cudal2.core.build import build
-    fake = fake_runtime("splitk_fake_cudart")
     cfg = SPLIT_CASES[0]
     mma = build(FAMILIES["mma"].build_spec(cfg, "sm_90a"))
-    got = _fake_calls(fake, mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 0, None, 0]])
+    got = fake_launches(mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 0, None, 0]])
     assert _one(got[0], (4, 4, 1), (1, 4, 1)), got   # 2 x 2 tiles, 4 splits, a cluster, no workspace
     assert _one(got[1], (4, 1, 1)), got               # K == 0: the same kernel writes zeros
     # no resident cluster: the global fixup, which refuses a missing or too small workspace
     need = 4 * 256 * 256 * 4 + 4 * 4
-    got = _fake_calls(fake, mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 1024, None, need - 1],
+    got = fake_launches(mma.so_path, [[256, 256, 1024, None, 0], [256, 256, 1024, None, need - 1],
                                           [256, 256, 1024, None, need]], clusters=0)
     assert [g["rc"] for g in got[:2]] == [1, 1] and got[0]["launches"] == got[1]["launches"] == 0
     assert _one(got[2], (4, 4, 1)), got
@@ -263,7 +213,7 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
     # decomposition 2: split-K as before (skinny_splits); <= 8 splits reduce in a cluster
     calls = [[1, 4096, 4096, [0, 2], -1], [4, 11008, 4096, [0, 2], -1], [1, 128, 4096, [0, 2], -1],
              [8, 4096, 4096, [16, 0], -1], [1, 4096, 64, [0, 2], -1]]
-    got = _fake_calls(fake, sk.so_path, calls)
+    got = fake_launches(sk.so_path, calls)
     for (M, N, K, opt, _), g in zip(calls, got):
         mode, grid, ws = _skinny_plan(N, K, BN, BK, BM, 132, 2, *opt)
         assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)
@@ -271,10 +221,10 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
     assert [g["grid"][1] for g in got] == [8, 4, 64, 16, 1]   # 32, 86, 1, 32, 32 N tiles
     assert [g["cluster"][1] for g in got] == [8, 4, 1, 1, 1]
     # a device of 66 SMs (another process: the SM count is cached per device): 5 splits
-    got = _fake_calls(fake, sk.so_path, [[16, 4096, 4096, [0, 2], -1]], sms=66)
+    got = fake_launches(sk.so_path, [[16, 4096, 4096, [0, 2], -1]], sms=66)
     assert _one(got[0], (32, 5, 1), (1, 5, 1)) and got[0]["need"] == 0, got
     # no resident cluster: the same split counts through the workspace
-    got = _fake_calls(fake, sk.so_path, [[1, 4096, 4096, [0, 2], 0], [1, 4096, 4096, [0, 2], -1]],
+    got = fake_launches(sk.so_path, [[1, 4096, 4096, [0, 2], 0], [1, 4096, 4096, [0, 2], -1]],
                       clusters=0)
     assert got[0]["rc"] == 1 and got[0]["launches"] == 0 and got[1]["need"] > 0, got
     assert _one(got[1], (32, 8, 1)), got
@@ -284,7 +234,7 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
     calls = [[1, 6144, 4096, [0, 3], -1], [1, 6144, 4096, [0, 0], -1], [1, 4096, 4096, [0, 0], -1],
              [1, 28672, 4096, [0, 0], -1], [1, 4096, 14336, [0, 0], -1], [1, 6144, 4096, None, -1],
              [1, 6144, 4096, [0, 3], 0]]
-    got = _fake_calls(fake, sk.so_path, calls)
+    got = fake_launches(sk.so_path, calls)
     modes = []
     for (M, N, K, opt, ws), g in zip(calls[:-1], got):
         mode, grid, need = _skinny_plan(N, K, BN, BK, BM, 132, 2, *(opt or [0, 0]))
@@ -295,14 +245,14 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_runtime):
     assert modes == ["streamk", "streamk", "cluster", "streamk", "streamk", "streamk"], modes
     assert got[-1]["rc"] == 1 and got[-1]["launches"] == 0     # stream-K needs its workspace
     # a device with 3 CTAs per SM: the stream-K grid follows the occupancy query
-    got = _fake_calls(fake, sk.so_path, [[1, 6144, 4096, [0, 3], -1]], per_sm=3)
+    got = fake_launches(sk.so_path, [[1, 6144, 4096, [0, 3], -1]], per_sm=3)
     assert _one(got[0], (396, 1, 1)), got
 
     # the mirror (N small, M large): its tiles and splits run along M, still one launch
     sn = build(FAMILIES["skinny_n"].build_spec(FAMILIES["skinny_n"].default(), "sm_90a"))
     calls = [[4096, 16, 4096, [0, 2], -1], [8192, 8, 4096, [0, 2], -1], [4096, 17, 4096, [0, 2], -1],
              [4096, 16, 4096, [0, 3], -1]]
-    got = _fake_calls(fake, sn.so_path, calls)
+    got = fake_launches(sn.so_path, calls)
     for (M, N, K, opt, _), g in zip(calls[:2], got):
         mode, grid, _ws = _skinny_plan(M, K, BN, BK, BM, 132, 2, *opt)
         assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)

@@ -15,6 +15,7 @@ import pytest
 from cudal2.core.toolchain import find_cuobjdump as _cuobjdump  # the SASS checks (test_skinny imports it too)
 from cudal2.templates import (FAMILIES, SMEM_LIMIT, WGMMA_OPTIONS, instantiate, template_dir,
                               wgmma_option_space)
+from cudal2.templates.wgmma import wgmma_options, wgmma_splits
 
 FAM = FAMILIES["wgmma"]
 INVALID_VALUE = 1   # cudaErrorInvalidValue
@@ -123,14 +124,44 @@ def test_instantiation_is_self_contained():
 
 def test_option_space_matches_the_header():
     src = (template_dir() / FAM.header).read_text()
-    assert [o[0] for o in WGMMA_OPTIONS] == ["raster", "swizzle", "sm_count"]
+    assert [o[0] for o in WGMMA_OPTIONS] == ["raster", "swizzle", "sm_count", "splits"]
     for name, values, default in WGMMA_OPTIONS:
         arr = re.search(rf"k{''.join(w.title() for w in name.split('_'))}Values\[\] = \{{([^}}]*)\}}", src)
         assert arr, name
         assert [int(v) for v in arr.group(1).split(",")] == list(values), name
         assert default in values
-        assert f'\\"name\\": \\"{name}\\", \\"values\\": [{", ".join(map(str, values))}]' in src
+        listed = f"[{', '.join(map(str, values))}]"
+        if name == "splits":   # CLUSTER_M 1 builds; CLUSTER_M 2 builds declare [1]
+            assert f'#define CUDAL2_SPLITS_JSON "{listed}"' in src
+            assert '#define CUDAL2_SPLITS_JSON "[1]"' in src and "kSplitsValues[] = {1};" in src
+        else:
+            assert f'\\"name\\": \\"{name}\\", \\"values\\": {listed}' in src
     assert wgmma_option_space()["raster"] == [0, 1, 2, 3]
+    assert dict((n, v) for n, v, _ in wgmma_options({"CLUSTER_M": 2}))["splits"] == (1,)
+
+
+def test_split_count_rule():
+    """wgmma_splits, plan_splits's replay: the fewest waves x k-blocks per split at one CTA per
+    SM, ties to fewer splits, never more splits than k-blocks, none for CLUSTER_M 2."""
+    assert wgmma_splits(64, 4096, 4096, 64, 128, 64, 132, 0) == 4       # 32 tiles: 128 CTAs
+    assert wgmma_splits(64, 14336, 4096, 64, 128, 64, 132, 0) == 8      # 7 waves of 8 k-blocks < 64
+    assert wgmma_splits(64, 16896, 4096, 64, 128, 64, 132, 0) == 1      # 132 tiles: one wave
+    assert wgmma_splits(64, 4096, 128, 64, 128, 64, 132, 8) == 2        # 2 k-blocks
+    assert wgmma_splits(64, 4096, 4096, 64, 128, 64, 132, 1) == 1
+    assert wgmma_splits(64, 4096, 4096, 64, 128, 64, 132, 0, cluster_m=2) == 1
+    assert wgmma_splits(64, 4096, 0, 64, 128, 64, 132, 0) == 1
+    # every k-block in exactly one split, none empty: kb_begin = z * kb / splits
+    for kb in range(1, 40):
+        for s in range(1, min(kb, 8) + 1):
+            ranges = [range(z * kb // s, (z + 1) * kb // s) for z in range(s)]
+            assert [k for r in ranges for k in r] == list(range(kb)) and all(ranges)
+    src = (template_dir() / FAM.header).read_text()
+    for line in ("const int kb_begin = (int)((long long)z * p.num_k_blocks / splits);",
+                 "const int kb_end = (int)((long long)(z + 1) * p.num_k_blocks / splits);",
+                 "const long long cost = ((tiles * c + sms - 1) / sms) * ((num_k_blocks + c - 1) / c);",
+                 "if (c == 1 || cost < best) { best = cost; s = c; }",
+                 "if (s > num_k_blocks) s = num_k_blocks;"):
+        assert line in src, line
 
 
 # ---- tile orders: a Python model of TileSched::next (wgmma_hgemm.cuh) ---------------------------
@@ -315,7 +346,8 @@ def test_meta_and_argument_checks(cfg, prebuilt):
     assert m["smem_bytes"] == _wgmma_smem_bytes(p) <= SMEM_LIMIT["sm_90a"]
     assert m["threads"] == 128 * (p["CONSUMERS"] + 1) and m["cluster"] == [p["CLUSTER_M"], 1, 1]
     assert m["workspace_bytes"] == 0
-    assert [(o["name"], tuple(o["values"]), o["default"]) for o in meta_options(m)] == list(WGMMA_OPTIONS)
+    assert [(o["name"], tuple(o["values"]), o["default"]) for o in meta_options(m)] == wgmma_options(p)
+    assert m["cluster_splitk_max"] == (8 if p["CLUSTER_M"] == 1 else 0)
     ws = ctypes.CDLL(str(r.so_path)).cudal2_workspace
     ws.restype = ctypes.c_size_t
     ws.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -343,8 +375,10 @@ def test_meta_and_argument_checks(cfg, prebuilt):
     if p["EPILOGUE"] == "tma":
         assert call(64, 60, 64, 64, 64, 60) == INVALID_VALUE              # ldc % 8 (TMA store)
         assert call(64, 64, 64, 64, 64, 64, c=P + 8) == INVALID_VALUE
-    for bad in ((7, 8, 0), (0, 3, 0), (0, 8, 100), (-1, 8, 0)):
-        arr = (ctypes.c_int * 3)(*bad)
+    bad_splits = (5, 9, -1) if p["CLUSTER_M"] == 1 else (0, 2, 8)
+    for bad in ((7, 8, 0, 1), (0, 3, 0, 1), (0, 8, 100, 1), (-1, 8, 0, 1),
+                *((0, 8, 0, s) for s in bad_splits)):
+        arr = (ctypes.c_int * 4)(*bad)
         assert call(64, 64, 64, 64, 64, 64, opts=arr) == INVALID_VALUE, bad
 
 
@@ -358,6 +392,46 @@ def test_passes_the_harness_audit(cfg, prebuilt):
     res = audit_build(spec.source, r, "sm_90a", name=cfg.label(), meta=load_library(r.so_path).meta)
     assert res.ok, res.reasons
     assert res.mma, "the audit saw no tensor-core instruction"
+
+
+# The split-K build the tests below call: a decode tile (BM = 64, one consumer, no cluster along M).
+SPLIT_CFG = FAM.default().with_(BM=64, BN=128, CONSUMERS=1, CLUSTER_M=1, EPILOGUE="direct",
+                                LAYOUT="RC", STAGES=6)
+
+
+@pytest.mark.compile
+def test_a_split_call_is_one_cluster_launch_with_a_fake_runtime(fake_launches):
+    """A fake CUDA runtime records what one cudal2_hgemm call launches (no GPU): with splits > 1
+    one cudaLaunchKernelEx over (tiles, splits) with cluster dims (1, splits, 1), the split count
+    wgmma_splits's (the cost model's replay); no memset, no workspace. Where no such cluster can be
+    resident, or one split, the persistent grid of before; CLUSTER_M 2 builds take splits 1 only."""
+    so = _build(SPLIT_CFG).so_path
+    BM, BN, BK = (SPLIT_CFG.get(k) for k in ("BM", "BN", "BK"))
+    calls = [[64, 4096, 4096, [0, 8, 0, 0], 0], [33, 4096, 4096, [0, 8, 0, 4], 0],
+             [64, 4096, 4096, None, 0], [64, 4096, 128, [0, 8, 0, 8], 0],
+             [64, 16896, 4096, [0, 8, 0, 0], 0], [1, 6144, 4096, [0, 8, 0, 0], 0],
+             [128, 1024, 8192, [0, 8, 0, 3], 0], [64, 4096, 4096, [0, 8, 0, 5], 0],
+             [64, 4096, 0, [0, 8, 0, 4], 0]]
+    got = fake_launches(so, calls)
+    for (M, N, K, opts, _), g in zip(calls[:7], got):
+        s = wgmma_splits(M, N, K, BM, BN, BK, 132, opts[3] if opts else 1)
+        tiles = -(-M // BM) * -(-N // BN)
+        assert g["rc"] == 0 and g["launches"] == 1 and g["memsets"] == 0 and g["need"] == 0, g
+        if s > 1:
+            assert g["ex"] == 1 and g["grid"] == [tiles, s, 1] and g["cluster"] == [1, s, 1], (M, N, K, g)
+        else:
+            assert g["ex"] == 0 and g["grid"] == [min(tiles, 132), 1, 1], (M, N, K, g)
+    assert [g["grid"][1] for g in got[:7]] == [4, 4, 1, 2, 1, 8, 3]
+    assert got[7]["rc"] == INVALID_VALUE and got[7]["launches"] == 0     # 5: not a declared value
+    assert got[8]["rc"] == 0 and got[8]["ex"] == 0                       # K == 0: the zero kernel
+    # no resident cluster: the persistent grid, unsplit
+    got = fake_launches(so, [[64, 4096, 4096, [0, 8, 0, 4], 0]], clusters=0)
+    assert got[0]["rc"] == 0 and got[0]["ex"] == 0 and got[0]["grid"] == [32, 1, 1], got
+    # CLUSTER_M 2 (the default build): splits 1 runs, anything else is refused
+    so2 = _build(FAM.default().with_(LAYOUT="RC")).so_path
+    got = fake_launches(so2, [[256, 4096, 4096, [0, 8, 0, 1], 0], [256, 4096, 4096, [0, 8, 0, 2], 0]])
+    assert got[0]["rc"] == 0 and got[0]["launches"] == 1 and got[0]["grid"][1] == 1, got
+    assert got[1]["rc"] == INVALID_VALUE and got[1]["launches"] == 0, got
 
 
 # ---- correctness on a GPU -----------------------------------------------------------------
@@ -423,3 +497,41 @@ def test_matches_torch(cfg):
             for sm_count in (0, 64, 130):
                 opts = lib.options({"raster": raster, "swizzle": swizzle, "sm_count": sm_count})
                 _run(torch, lib, 1536, 2304, 512, opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [c for c in CASES if c.values[0].get("CLUSTER_M") == 1])
+def test_split_k_in_a_cluster_matches_torch_and_is_bit_identical(cfg):
+    """Split-K reduced through distributed shared memory: correct on residues, odd leading
+    dimensions, fewer k-blocks than splits and the decode shapes; two runs of one call give the
+    same bits (the rank-ordered sum); no workspace is asked for."""
+    import torch
+    from cudal2.core.abi import load_library
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma kernels run on sm_90 (Hopper) only")
+    lib = load_library(_build(cfg).so_path)
+    rc = lib.meta["layout"] == "RC"
+    for M, N, K in [(64, 4096, 4096), (33, 1000, 2056), (1, 8, 8), (64, 256, 128), (100, 1000, 520),
+                    (64, 6144, 4096), (200, 136, 4104)]:
+        for splits in (0, 2, 3, 4, 8):
+            opts = lib.options({"splits": splits})
+            assert lib.workspace_bytes(M, N, K, opts) == 0
+            _run(torch, lib, M, N, K, opts)
+    _run(torch, lib, 64, 136, 1032, lib.options({"splits": 3}), lda=1040, ldb=1040 if rc else 144,
+         ldc=144)
+    # bit-identical run to run (the same operands, one stream)
+    M, N, K = 64, 2048, 8192
+    g = torch.Generator(device="cuda").manual_seed(7)
+    A = (torch.rand(M, K, device="cuda", generator=g) - 0.5).half()
+    B = (torch.rand(N, K, device="cuda", generator=g) - 0.5).half()
+    if not rc:
+        B = B.t().contiguous()
+    outs = []
+    for _ in range(2):
+        C = torch.empty(M, N, device="cuda", dtype=torch.float16)
+        assert lib.launch(A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K, K, B.stride(0), N, 0, 0,
+                          torch.cuda.current_stream().cuda_stream,
+                          options=lib.options({"splits": 8})) == 0
+        outs.append(C)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])

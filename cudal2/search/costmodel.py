@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cudal2.templates.lowlat import lowlat_splits
+from cudal2.templates.wgmma import wgmma_splits
 
 SCHEMA = "cudal2.costmodel/1"  # a format name: kept when the module moved
 
@@ -145,6 +146,7 @@ class KernelFacts:
     mirror: bool = False     # skinny_n: the kernel computes C^T (its BM bounds N; shapes swap M, N)
     lowlat: bool = False     # lowlat/lowlat_mma: split count chosen per call (lowlat_splits)
     dsmem_fixup: bool = False   # split-K reduced inside a thread-block cluster (set per call)
+    cluster_split: bool = False  # wgmma (CLUSTER_M 1): split count chosen per call (wgmma_splits)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -178,6 +180,7 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
     skinny = family in ("skinny", "skinny_n")
     mirror = family == "skinny_n"
     lowlat = family in ("lowlat", "lowlat_mma")
+    wgmma = family == "wgmma"
     if tile and len(tile) >= 2:
         BM, BN = int(tile[0]), int(tile[1])
         if mirror:      # a meta's tile is in C's terms; the facts keep the kernel's (C^T's)
@@ -230,6 +233,12 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
         scheduler = str(_meta_get(meta, "scheduler", "SCHEDULER",
                                   default=params.get("SCHEDULER", "persistent")))
     streamk = scheduler == "streamk"
+    cluster_split = wgmma and cm == 1     # its splits reduce in a cluster (wgmma_hgemm.cuh)
+    asked = 0
+    if skinny or lowlat:
+        asked = int(opts.get("splits", 0) or 0)
+    elif cluster_split:
+        asked = int(opts.get("splits", 1))
     # an in-kernel fixup: declared by a build's meta; a config of a family that has one (mma/ptx)
     fixup = bool(meta.get("workspace_zero_init")) or (
         "workspace_bytes" not in meta and style in ("mma", "ptx", "skinny", "skinny_n"))
@@ -238,8 +247,8 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
                        max(int(swizzle or 1), 1), max(cm, 1), max(cn, 1), int(opts.get("raster", 0) or 0),
                        scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
                        int(opts.get("decomposition", 0) or 0) if streamk or skinny else 0,
-                       fixup or skinny or lowlat, skinny,
-                       int(opts.get("splits", 0) or 0) if skinny or lowlat else 0, mirror, lowlat)
+                       fixup or skinny or lowlat or cluster_split, skinny, asked, mirror, lowlat,
+                       cluster_split=cluster_split)
 
 
 def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
@@ -479,6 +488,8 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
                    if f.skinny else ("splitk", f.splitk))
         if f.lowlat:       # the split count is the kernel's per-call choice
             n = lowlat_splits(M, N, K, f.BM, f.BN, f.BK, gpu.sms, f.asked_splits)[0]
+        elif f.cluster_split:
+            n = wgmma_splits(M, N, K, f.BM, f.BN, f.BK, gpu.sms, f.asked_splits)
         if mode == "streamk":     # the grid is the resident slots: no partial wave
             iters = tm * tn * math.ceil(K / f.BK)
             ctas = n

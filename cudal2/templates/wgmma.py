@@ -7,7 +7,9 @@ from cudal2.templates.family import _ENUM_MACROS, SMEM_LIMIT, Family, _register
 # TMA loads into a STAGES-deep mbarrier pipeline, one producer warpgroup and CONSUMERS consumer
 # warpgroups issuing wgmma.mma_async, clusters of CLUSTER_M CTAs along M sharing B by TMA
 # multicast, a persistent grid whose tile order (raster, swizzle) and size (sm_count) are ABI 2
-# runtime options, and a stmatrix + TMA-store ("tma") or register ("direct") epilogue.
+# runtime options, and a stmatrix + TMA-store ("tma") or register ("direct") epilogue. CLUSTER_M 1
+# builds also split K at run time (option "splits"): a tile's splits are one cluster along y,
+# reduced through distributed shared memory (few-tile shapes: decode with 33 <= M <= 64, deep K).
 _ENUM_MACROS.setdefault("EPILOGUE", ("EPILOGUE_TMA", {"direct": 0, "tma": 1}))
 
 # The runtime options every wgmma kernel declares in its meta (call order, values, default):
@@ -16,7 +18,42 @@ WGMMA_OPTIONS: tuple[tuple[str, tuple[int, ...], int], ...] = (
     ("raster", (0, 1, 2, 3), 0),                              # 0 heuristic, 1 along M, 2 along N, 3 Hilbert
     ("swizzle", (1, 2, 4, 8, 16), 8),                         # group size of rasters 1 and 2
     ("sm_count", (0, 64, 96, 114, 120, 128, 130, 132), 0),    # persistent grid size (0 = every SM)
+    ("splits", (0, 1, 2, 3, 4, 6, 8), 1),                     # K splits in a cluster (0 = wgmma_splits)
 )
+SPLITS_MAX = 8    # splitk_fixup.cuh's kClusterMax: the most CTAs of a portable cluster
+
+
+def wgmma_options(p: dict) -> list[tuple[str, tuple[int, ...], int]]:
+    """The runtime options a build declares: CLUSTER_M 2 builds share B along M in the cluster
+    and take splits 1 only."""
+    if p.get("CLUSTER_M", 1) == 1:
+        return list(WGMMA_OPTIONS)
+    return [o if o[0] != "splits" else ("splits", (1,), 1) for o in WGMMA_OPTIONS]
+
+
+def wgmma_splits(M: int, N: int, K: int, BM: int, BN: int, BK: int, sms: int, asked: int = 1,
+                 cluster_m: int = 1) -> int:
+    """The split count of one call: wgmma_hgemm.cuh's plan_splits, replayed. asked 0: the fewest
+    (waves x k-blocks per split) at one CTA per SM over 1..8 splits, ties to fewer; never more
+    splits than k-blocks (the launcher also steps down to a cluster size that is resident)."""
+    if cluster_m > 1 or K <= 0 or M <= 0 or N <= 0:
+        return 1
+    tiles = -(-M // BM) * -(-N // BN)
+    kb = -(-K // BK)
+    s = asked
+    if asked == 0:
+        costs = [(-(-tiles * c // sms) * -(-kb // c), c) for c in range(1, SPLITS_MAX + 1)]
+        s = min(costs)[1]
+    return max(1, min(s, kb))
+
+
+def _wgmma_option_redundant(p: dict, o: dict) -> bool:
+    # swizzle is the group size of rasters 1 and 2 only: with 0 (heuristic) or 3 (Hilbert) every
+    # swizzle value runs the same order. A split call's grid is (tiles, splits), not persistent:
+    # sm_count does not apply, and the planner keeps the heuristic order for it.
+    if o["raster"] in (0, 3) and o["swizzle"] != 8:
+        return True
+    return o.get("splits", 1) != 1 and (o["sm_count"] != 0 or o["raster"] != 0)
 
 
 def wgmma_option_space() -> dict[str, list[int]]:
@@ -97,8 +134,6 @@ _register(Family(
     _defaults=(_WGMMA_BIG, {**_WGMMA_BIG, "LAYOUT": "RC"}, _WGMMA_128, _WGMMA_SIMPLE,
                {**_WGMMA_SIMPLE, "LAYOUT": "RC"}),
     _problems=_wgmma_problems, _accepts=_wgmma_accepts,
-    _options=lambda p: list(WGMMA_OPTIONS),
-    # swizzle is the group size of rasters 1 and 2 only: with 0 (heuristic) or 3 (Hilbert)
-    # every swizzle value runs the same order
-    _option_redundant=lambda p, o: o["raster"] in (0, 3) and o["swizzle"] != 8,
+    _options=wgmma_options,
+    _option_redundant=_wgmma_option_redundant,
     instruction="wgmma", _name=_wgmma_name))

@@ -18,7 +18,14 @@
 //   * a persistent grid (one CTA per SM, at most the SMs asked for) walks the output tiles in a
 //     runtime-chosen order (grouped raster along M or N with a group size, or a Hilbert curve);
 //   * epilogue: fp32 -> fp16, then stmatrix into a swizzled staging buffer and TMA stores
-//     (EPILOGUE_TMA 1), or plain clipped stores from registers (EPILOGUE_TMA 0).
+//     (EPILOGUE_TMA 1), or plain clipped stores from registers (EPILOGUE_TMA 0);
+//   * split-K in a cluster (CLUSTER_M 1 builds, runtime option "splits"): grid (tiles, splits),
+//     one tile per CTA column, launched as clusters of (1, splits, 1). Rank z walks the k-blocks
+//     [z * kb / splits, (z + 1) * kb / splits) of its tile, writes its fp32 partial into its own
+//     drained pipeline buffers and reduces a slice of the tile from every rank's buffer through
+//     distributed shared memory in rank order (splitk_fixup.cuh's cluster reduction): no
+//     workspace, no semaphore, bit-identical run to run. For few-tile shapes: decode with
+//     33 <= M <= 64 (one BM = 64 tile row), deep K.
 //
 // Residues: TMA zero-fills every element of a load box that lies outside the matrix (any M, N,
 // K); TMA stores and the direct stores clip at M and N. TMA needs 16-byte aligned bases and
@@ -27,7 +34,8 @@
 //
 // Exports ABI 2 (docs/abi.md): cudal2_hgemm(..., options), cudal2_workspace, cudal2_meta.
 // Runtime options, in this order: raster (0 heuristic, 1 along M, 2 along N, 3 Hilbert),
-// swizzle (group size of rasters 1 and 2), sm_count (0 = every SM).
+// swizzle (group size of rasters 1 and 2), sm_count (0 = every SM), splits (1 = none; 0 = the
+// launcher's choice, plan_splits; CLUSTER_M 2 builds declare 1 only).
 //
 // Host side: the TMA descriptors are encoded per call with cuTensorMapEncodeTiled, reached
 // through cudaGetDriverEntryPointByVersion (no -lcuda), and passed as __grid_constant__ kernel
@@ -43,6 +51,7 @@
 #include <string.h>
 #include <atomic>
 
+#include "splitk_fixup.cuh"
 #include "wgmma_ptx.cuh"
 
 #ifndef BM
@@ -117,8 +126,9 @@ constexpr int kSmemBytes = kBarOffset + 3 * STAGES * 8 + 1024;   // barriers, ti
 
 // Registers per thread after setmaxnreg (multiples of 8; 128 * (producer + CONSUMERS * consumer)
 // must stay within the 64K-register file). One consumer (256 threads) needs no reallocation:
-// every thread may have 255 registers from the start.
-constexpr int kProducerRegs = kConsumers == 1 ? 40 : (kConsumers == 2 ? 40 : 32);
+// every thread may have 255 registers from the start. The producer keeps 40 at any CONSUMERS:
+// with 32 its tile walk plus the split's k-range spilled (CONSUMERS 3).
+constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = kConsumers == 1 ? 240 : (kConsumers == 2 ? 232 : 152);
 
 static_assert(ACC_F16 == 0, "the wgmma family implements fp32 accumulation only");
@@ -134,12 +144,34 @@ static_assert(kMI * kAcc <= (kConsumers == 3 ? 96 : 128), "too many accumulator 
 static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536, "register file");
 static_assert(kSmemBytes <= kSmemLimit, "stages + epilogue staging exceed the shared memory of an SM");
 
+// Split-K in the cluster: each rank's fp32 partial tile goes into its own stage (and staging)
+// buffers, drained by then, kRedRows rows at a time at a stride of BN + 8 floats (the 8 rows of
+// an accumulator fragment's float2 stores fall in distinct banks); as many rows as fit, BM or BM
+// halved until it fits.
+constexpr int kRedStride = BN + 8;
+constexpr int red_rows() {
+  int r = BM;
+  while (r > 1 && r * kRedStride * 4 > kBarOffset) r /= 2;
+  return r;
+}
+constexpr int kRedRows = red_rows();
+constexpr int kRedChunks = BM / kRedRows;
+constexpr int kRedBarrier = 1 + kConsumers;   // named barrier of every consumer thread (1..3: per warpgroup)
+static_assert(kRedRows >= 16 && kRedRows * kRedStride * 4 <= kBarOffset, "a reduction chunk must fit the stages");
+
 // Runtime options (ABI 2), in call order.
-constexpr int kOptRaster = 0, kOptSwizzle = 1, kOptSmCount = 2;
+constexpr int kOptRaster = 0, kOptSwizzle = 1, kOptSmCount = 2, kOptSplits = 3;
 static const int kRasterValues[] = {0, 1, 2, 3};
 static const int kSwizzleValues[] = {1, 2, 4, 8, 16};
 static const int kSmCountValues[] = {0, 64, 96, 114, 120, 128, 130, 132};
-constexpr int kDefaultRaster = 0, kDefaultSwizzle = 8, kDefaultSmCount = 0;
+#if CLUSTER_M == 1
+static const int kSplitsValues[] = {0, 1, 2, 3, 4, 6, 8};
+#define CUDAL2_SPLITS_JSON "[0, 1, 2, 3, 4, 6, 8]"
+#else   // the cluster's CTAs share B along M: no split-K
+static const int kSplitsValues[] = {1};
+#define CUDAL2_SPLITS_JSON "[1]"
+#endif
+constexpr int kDefaultRaster = 0, kDefaultSwizzle = 8, kDefaultSmCount = 0, kDefaultSplits = 1;
 
 struct Params {
   int M, N, K;
@@ -149,6 +181,7 @@ struct Params {
   int raster;              // resolved: 1 along M, 2 along N, 3 Hilbert
   int swizzle;             // group size for rasters 1 and 2
   int hilbert_dim;         // power of two >= max(tiles_cm, tiles_n) (raster 3)
+  int splits;              // K splits (= gridDim.y = the cluster's CTAs); 1: the persistent grid
   __half* C;               // direct epilogue only
   int ldc;
   int c_vec2;              // direct epilogue: C 4-byte aligned and ldc even (half2 stores)
@@ -259,6 +292,83 @@ __device__ __forceinline__ void wgmma_tile_n(float (&d)[kAcc], uint64_t desc_a, 
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Four floats at the same shared-memory address in CTA `rank` of the cluster (mapa + DSMEM load).
+__device__ __forceinline__ cudal2_splitk::Float4 ld_peer4(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  cudal2_splitk::Float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+// Split-K, the consumers' side: the tile's `splits` CTAs are this cluster (rank z = split z).
+// Chunk by chunk of kRedRows rows: every consumer thread stores its accumulators of those rows
+// into this CTA's shared memory; a cluster barrier (release / acquire) makes every rank's chunk
+// visible; each consumer thread sums units (4 floats of a row) of rank z's slice from ranks 0, 1,
+// ..., splits - 1 in that order (cluster_sum4: the same additions as the deterministic global
+// fixup) and stores them to C, clipped; a second barrier keeps every rank's chunk alive until
+// its peers have read it. The producer warpgroup arrives at the same 2 * kRedChunks barriers.
+__device__ __forceinline__ void cluster_reduce(float (&acc)[kMI][kAcc], uint8_t* smem, int cw,
+                                               int wg_tid, int row0, int col0, int z, int splits,
+                                               const Params& p) {
+  if (cluster_nctarank() != (uint32_t)splits) __trap();   // launched without its cluster
+  float* const red = reinterpret_cast<float*>(smem);
+  const uint32_t red_base = smem_u32(red);
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int ct = cw * 128 + wg_tid;                  // index among the consumer threads
+  constexpr int kUnitsPerRow = BN / 4;
+  constexpr int kUnits = kRedRows * kUnitsPerRow;
+  const int u_begin = cudal2_splitk::cluster_slice_begin(z, splits, kUnits);
+  const int u_end = cudal2_splitk::cluster_slice_begin(z + 1, splits, kUnits);
+  named_barrier_sync(kRedBarrier, 128 * kConsumers);   // every consumer's wgmma has read the stages
+#pragma unroll 1
+  for (int r0 = 0; r0 < BM; r0 += kRedRows) {
+    // accumulator layout as in the direct epilogue: rows 16w + l/4 (+8), columns 8j + 2(l%4) + {0,1}
+    const int row_in = cw * kWgM + warp * 16 + (lane >> 2) - r0;   // + 64 mi + 8 h
+    const int off = row_in * kRedStride + 2 * (lane & 3);           // + compile-time offsets
+#pragma unroll
+    for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row_in + mi * 64 + 8 * h;
+        if (kRedChunks > 1 && (r < 0 || r >= kRedRows)) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+          *reinterpret_cast<float2*>(red + off + (mi * 64 + 8 * h) * kRedStride + 8 * j) =
+              make_float2(acc[mi][4 * j + 2 * h], acc[mi][4 * j + 2 * h + 1]);
+      }
+    cluster_sync();   // every rank's chunk written (release) and visible here (acquire)
+    for (int u = u_begin + ct; u < u_end; u += 128 * kConsumers) {
+      const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
+      const uint32_t local = red_base + (uint32_t)(r * kRedStride + c4) * 4u;
+      const cudal2_splitk::Float4 sum = cudal2_splitk::cluster_sum4(
+          splits, [&](int q) { return ld_peer4(local, (uint32_t)q); });
+      const int row = row0 + r0 + r, col = col0 + c4;
+      if (row >= p.M) continue;
+      const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+      __half* c = p.C + (size_t)row * (size_t)p.ldc + col;
+      if (p.c_vec2 && col + 3 < p.N) {
+        reinterpret_cast<__half2*>(c)[0] = __floats2half2_rn(v[0], v[1]);
+        reinterpret_cast<__half2*>(c)[1] = __floats2half2_rn(v[2], v[3]);
+      } else {
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          if (col + q < p.N) c[q] = __float2half_rn(v[q]);
+      }
+    }
+    cluster_sync();   // the peers are done reading: the chunk may be overwritten, or the CTA exit
+  }
 }
 
 // ---- tile order -------------------------------------------------------------------------------
@@ -372,6 +482,11 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
   const uint32_t rank = kCM > 1 ? cluster_ctarank() : 0;   // position along M in the cluster
   const int cid = blockIdx.x / kCM;
   const int nclusters = gridDim.x / kCM;
+  // split-K (CLUSTER_M 1): split z = blockIdx.y walks the k-blocks [kb_begin, kb_end) of each tile
+  const int z = kCM == 1 ? (int)blockIdx.y : 0;
+  const int splits = kCM == 1 ? p.splits : 1;
+  const int kb_begin = (int)((long long)z * p.num_k_blocks / splits);
+  const int kb_end = (int)((long long)(z + 1) * p.num_k_blocks / splits);
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -398,13 +513,13 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
       while (sched.next(cm, n)) {
         const int m0 = (cm * kCM + (int)rank) * BM;
         const int n0 = n * BN;
-        for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+        for (int kb = kb_begin; kb < kb_end; ++kb) {
           mbar_wait(&empty[stage], phase ^ 1);      // fresh barrier: parity 1 passes at once
           if (leader) {
             uint8_t* sa = smem + stage * kStageBytes;
             uint8_t* sb = sa + kABytes;
             const int k0 = kb * BK;
-            if (kb == 0) stage_tile[stage] = make_int2(cm, n);
+            if (kb == kb_begin) stage_tile[stage] = make_int2(cm, n);
             mbar_arrive_expect_tx(&full[stage], kStageBytes);
 #pragma unroll
             for (int c = 0; c < kKChunks; ++c)
@@ -449,6 +564,11 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
       }
       __syncwarp();
     }
+    // split-K: the cluster barriers of the consumers' reduction count every thread of the cluster
+    if constexpr (kCM == 1) {
+      if (splits > 1)
+        for (int c = 0; c < 2 * kRedChunks; ++c) cluster_sync();
+    }
   } else {
     // ================= consumers: wgmma on the stages, then the epilogue =================
     if constexpr (kConsumers > 1) setmaxnreg_inc<kConsumerRegs>();
@@ -464,7 +584,8 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
       if (tile.x < 0) break;
       const int m_tile = tile.x * kCM + (int)rank;
       int prev_stage = stage;
-      for (int kb = 0; kb < p.num_k_blocks; ++kb) {
+      const int nkb = kb_end - kb_begin;      // >= 1: the launcher keeps splits <= k-blocks
+      for (int kb = 0; kb < nkb; ++kb) {
         if (kb > 0) mbar_wait(&full[stage], phase);
         const uint32_t sa = smem_u32(smem + stage * kStageBytes);
         const uint32_t sb = sa + kABytes;
@@ -499,6 +620,12 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
 #pragma unroll
       for (int mi = 0; mi < kMI; ++mi) fence_acc(acc[mi]);
 
+      if constexpr (kCM == 1) {
+        if (splits > 1) {   // the cluster sums the splits into C (one tile per CTA: grid.x = tiles)
+          cluster_reduce(acc, smem, cw, wg_tid, m_tile * BM, tile.y * BN, z, splits, p);
+          continue;
+        }
+      }
       const int row_base = m_tile * BM + cw * kWgM;   // first row of this warpgroup's slab
       const int col_base = tile.y * BN;
 #if EPILOGUE_TMA
@@ -688,6 +815,54 @@ static int resolve_raster(int raster, int hdim) {
   return raster == 1 ? 1 : 2;
 }
 
+// The split count of a call (splits option `asked`; 0: the launcher's choice): with one CTA per
+// SM, the fewest (waves x k-blocks per split) over 1..8 splits, ties to fewer; never more splits
+// than k-blocks. cudal2/templates/wgmma.py's wgmma_splits replays it for the cost model.
+static int plan_splits(int asked, long long tiles, int num_k_blocks, int sms) {
+  if (kCM > 1) return 1;
+  int s = asked;
+  if (asked == 0) {
+    long long best = 0;
+    for (int c = 1; c <= cudal2_splitk::kClusterMax; ++c) {
+      const long long cost = ((tiles * c + sms - 1) / sms) * ((num_k_blocks + c - 1) / c);
+      if (c == 1 || cost < best) { best = cost; s = c; }
+    }
+  }
+  if (s > num_k_blocks) s = num_k_blocks;
+  return s < 1 ? 1 : s;
+}
+
+// Whether a cluster of `splits` CTAs (dims (1, splits, 1), this kernel's shared memory) can be
+// resident on device `dev`: asked once per (device, split count) and cached. A failed query
+// (its error consumed, so it is not left for the caller's next launch): false.
+static bool cluster_resident(int dev, int splits) {
+  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];   // 0 unknown, 1 yes, 2 no
+  const bool cacheable = dev >= 0 && dev < 64 && splits <= cudal2_splitk::kClusterMax;
+  if (cacheable) {
+    const int c = cached[dev][splits].load(std::memory_order_relaxed);
+    if (c) return c == 1;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = (unsigned)splits;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, (unsigned)splits, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(&wgmma_hgemm_kernel), &cfg) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cacheable) cached[dev][splits].store(n > 0 ? 1 : 2, std::memory_order_relaxed);
+  return n > 0;
+}
+
 static const char* arch_name() {
 #if !defined(__CUDA_ARCH_LIST__)
   return "unknown";
@@ -712,14 +887,17 @@ static const char* build_meta() {
            "\"workspace_bytes\": 0, \"workspace_per_mn\": 0, "
            "\"options\": [{\"name\": \"raster\", \"values\": [0, 1, 2, 3], \"default\": %d}, "
            "{\"name\": \"swizzle\", \"values\": [1, 2, 4, 8, 16], \"default\": %d}, "
-           "{\"name\": \"sm_count\", \"values\": [0, 64, 96, 114, 120, 128, 130, 132], \"default\": %d}], "
+           "{\"name\": \"sm_count\", \"values\": [0, 64, 96, 114, 120, 128, 130, 132], \"default\": %d}, "
+           "{\"name\": \"splits\", \"values\": " CUDAL2_SPLITS_JSON ", \"default\": %d}], "
+           "\"cluster_splitk_max\": %d, "
            "\"warps\": %d, \"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, "
            "\"cluster\": [%d, 1, 1], \"consumers\": %d, \"epilogue\": \"%s\", \"epilogue_chunks\": %d, "
            "\"registers\": {\"producer\": %d, \"consumer\": %d}, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"STAGES\": %d, \"CONSUMERS\": %d, "
            "\"CLUSTER_M\": %d, \"EPILOGUE\": \"%s\", \"ACC\": \"f32\", \"LAYOUT\": \"%s\"}}",
            arch_name(), LAYOUT_RC ? "RC" : "RR", BM, BN, BK, n_div8 ? 8 : 1, kDefaultRaster,
-           kDefaultSwizzle, kDefaultSmCount, kThreads / 32, kThreads, STAGES, kSmemBytes, kCM,
+           kDefaultSwizzle, kDefaultSmCount, kDefaultSplits, kCM == 1 ? cudal2_splitk::kClusterMax : 0,
+           kThreads / 32, kThreads, STAGES, kSmemBytes, kCM,
            kConsumers, EPILOGUE_TMA ? "tma" : "direct", EPILOGUE_TMA ? kEpiChunks : 0, kProducerRegs, kConsumerRegs, BM, BN, BK,
            STAGES, kConsumers, kCM, EPILOGUE_TMA ? "tma" : "direct", LAYOUT_RC ? "RC" : "RR");
   return buf;
@@ -747,13 +925,15 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   using namespace cudal2_wgmma_impl;
   (void)workspace; (void)workspace_bytes;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  int raster = kDefaultRaster, swz = kDefaultSwizzle, sm_count = kDefaultSmCount;
+  int raster = kDefaultRaster, swz = kDefaultSwizzle, sm_count = kDefaultSmCount, asked = kDefaultSplits;
   if (options != nullptr) {
     raster = options[kOptRaster];
     swz = options[kOptSwizzle];
     sm_count = options[kOptSmCount];
+    asked = options[kOptSplits];
   }
-  if (!listed(raster, kRasterValues) || !listed(swz, kSwizzleValues) || !listed(sm_count, kSmCountValues))
+  if (!listed(raster, kRasterValues) || !listed(swz, kSwizzleValues) || !listed(sm_count, kSmCountValues) ||
+      !listed(asked, kSplitsValues))
     return cudaErrorInvalidValue;
   if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
   if (M == 0 || N == 0) return cudaSuccess;
@@ -822,14 +1002,31 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   p.C = c;
   p.ldc = ldc;
   p.c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
+  p.splits = plan_splits(asked, p.total, p.num_k_blocks, sms);
+  while (p.splits > 1 && !cluster_resident(dev, p.splits)) --p.splits;
+
+  void* args[] = {&cache.ma, &cache.mb, &cache.mc, &p};
+  if (p.splits > 1) {   // one CTA per (tile, split), each tile's splits one cluster
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = (unsigned)p.splits;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)p.total, (unsigned)p.splits, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&wgmma_hgemm_kernel), args);
+  }
 
   int ctas = sm_count == 0 ? sms : (sm_count < sms ? sm_count : sms);
   if (ctas > max_ctas) ctas = max_ctas;
   ctas -= ctas % kCM;
   if (ctas < kCM) ctas = kCM;
   if ((long long)ctas > (long long)p.total * kCM) ctas = p.total * kCM;
-
-  void* args[] = {&cache.ma, &cache.mb, &cache.mc, &p};
   return cudaLaunchKernel(reinterpret_cast<const void*>(&wgmma_hgemm_kernel), dim3((unsigned)ctas),
                           dim3(kThreads), args, kSmemBytes, s);
 }

@@ -5,7 +5,8 @@
  * its cluster dims) and cudaMemset* instead of running it, so a CPU test counts the launches of
  * one cudal2_hgemm call and reads their grids. tests/data/fake_cudart.c's calls and layout, plus
  * what a cluster launch needs (cudaLaunchConfig_t / cudaLaunchAttribute as driver_types.h lays
- * them out: 64-bit pointers and size_t). */
+ * them out: 64-bit pointers and size_t), and the driver entry point of cuTensorMapEncodeTiled (a
+ * fake that fills no tensor map: the wgmma family's launcher encodes its operands per call). */
 #include <stddef.h>
 
 typedef struct { unsigned x, y, z; } fake_dim3;
@@ -86,6 +87,22 @@ int cudaOccupancyMaxActiveClusters(int* n, const void* f, const fake_config* cfg
 }
 int cudaMemsetAsync(void* p, int v, size_t n, void* s) { (void)p; (void)v; (void)n; (void)s; ++memsets; return 0; }
 int cudaMemset(void* p, int v, size_t n) { (void)p; (void)v; (void)n; ++memsets; return 0; }
+
+/* cuTensorMapEncodeTiled as cudaTypedefs.h declares it: CUDA_SUCCESS, the map left as it is */
+static int fake_encode_tiled(void* map, int dtype, unsigned rank, void* base, const unsigned long long* dims,
+                             const unsigned long long* strides, const unsigned* box,
+                             const unsigned* elem_strides, int interleave, int swizzle, int l2, int oob) {
+  (void)map; (void)dtype; (void)rank; (void)base; (void)dims; (void)strides; (void)box;
+  (void)elem_strides; (void)interleave; (void)swizzle; (void)l2; (void)oob;
+  return 0;
+}
+int cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                     unsigned long long flags, int* status) {
+  (void)symbol; (void)version; (void)flags;
+  *fn = (void*)&fake_encode_tiled;
+  if (status) *status = 0;   /* cudaDriverEntryPointSuccess */
+  return 0;
+}
 
 int cudaGetLastError(void) { int e = pending; pending = 0; return e; }
 int cudaPeekAtLastError(void) { return pending; }
