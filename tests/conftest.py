@@ -92,7 +92,8 @@ for M, N, K, opts, ws in json.loads(sys.argv[3]):
     fake.fake_last_grid(g)
     fake.fake_last_cluster(cl)
     out.append({"rc": rc, "launches": fake.fake_launches(), "ex": fake.fake_ex_launches(),
-                "memsets": fake.fake_memsets(), "grid": list(g), "cluster": list(cl), "need": need})
+                "memsets": fake.fake_memsets(), "grid": list(g), "cluster": list(cl), "need": need,
+                "pdl": fake.fake_last_pdl()})
 print(json.dumps(out))
 """
 
@@ -105,7 +106,8 @@ def fake_launches(fake_runtime):
     `sms` SMs, `per_sm` resident CTAs per SM and `clusters` resident clusters (0: none can be
     resident). calls: [M, N, K, options or None, workspace bytes (-1: what cudal2_workspace asks
     for)], with lda = ldb = K and ldc = N. Per call: rc, launches, ex (of them cudaLaunchKernelEx),
-    memsets, grid and cluster dims of the last launch, need (cudal2_workspace)."""
+    memsets, grid and cluster dims of the last launch, pdl (its programmatic stream serialisation),
+    need (cudal2_workspace)."""
     import json
     import sys
     fake = fake_runtime("splitk_fake_cudart")

@@ -664,3 +664,33 @@ def test_hot_path_leading_dimensions_beyond_c_int_go_to_torch(hot):
     assert torch.equal(mm._cuda_matmul(a, b, None), torch.matmul(a, b)) and calls == []
     mm._cuda_matmul(torch.randn(1, 8, dtype=torch.float16), b, None)   # lda 8: the kernel's
     assert len(calls) == 1 and calls[0][6] == 8
+
+
+def test_pdl_knob_sets_the_option_where_a_kernel_declares_it(monkeypatch):
+    """CUDAL2_PDL=1: the serving table launches kernels that declare option pdl with pdl 1 (the
+    tuned options kept otherwise); kernels without it are untouched; a value other than 0 or 1 is
+    refused with the knob's name."""
+    from cudal2.runtime.loader import launcher
+
+    class Lib:
+        raw_launch = object()
+
+        def __init__(self, names):
+            self.meta = {"options": [{"name": n, "values": [0, 1], "default": 0} for n in names]}
+
+        def options(self, chosen):
+            return None if chosen is None else dict(chosen)
+
+        def workspace_bytes(self, M, N, K, opts):
+            return 0
+
+    monkeypatch.setenv("CUDAL2_PDL", "1")
+    assert launcher(Lib(["splits", "pdl"]), 1, 8, 8, {"splits": 4})[3] == {"splits": 4, "pdl": 1}
+    assert launcher(Lib(["splits"]), 1, 8, 8, None)[3] is None
+    monkeypatch.setenv("CUDAL2_PDL", "0")
+    assert launcher(Lib(["splits", "pdl"]), 1, 8, 8, {"splits": 4})[3] == {"splits": 4}
+    monkeypatch.delenv("CUDAL2_PDL")
+    assert launcher(Lib(["splits", "pdl"]), 1, 8, 8, None)[3] is None
+    monkeypatch.setenv("CUDAL2_PDL", "yes")
+    with pytest.raises(ValueError, match="CUDAL2_PDL must be 0 or 1"):
+        launcher(Lib(["pdl"]), 1, 8, 8, None)

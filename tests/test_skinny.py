@@ -61,10 +61,13 @@ def test_rules():
     assert FAM.accepts(c, 1, 4096, 4096) and FAM.accepts(c, 16, 4095, 4096)      # RC: any N
     assert not FAM.accepts(c, 17, 4096, 4096) and not FAM.accepts(c, 8, 4096, 4100)
     assert not FAM.accepts(c.with_(LAYOUT="RR"), 8, 4095, 4096)
-    # splits 0 with each decomposition (heuristic, split-K, stream-K), then each split count
-    assert FAM.option_space(c)[0] == {"splits": 0, "decomposition": 0} and len(FAM.option_space(c)) == 10
-    assert {"splits": 0, "decomposition": 3} in FAM.option_space(c)
-    assert {"splits": 4, "decomposition": 3} not in FAM.option_space(c)   # stream-K ignores splits
+    # splits 0 with each decomposition (heuristic, split-K, stream-K), then each split count;
+    # pdl 0 only (the kernel timer would see pdl overlap a call of the same kernel)
+    space = FAM.option_space(c)
+    assert space[0] == {"splits": 0, "decomposition": 0, "pdl": 0} and len(space) == 10
+    assert {"splits": 0, "decomposition": 3, "pdl": 0} in space
+    assert {"splits": 4, "decomposition": 3, "pdl": 0} not in space   # stream-K ignores splits
+    assert all(o["pdl"] == 0 for o in space)
     assert FAM.option_problems(c, {"splits": 3})
     assert FAM.option_problems(c, {"splits": 0, "decomposition": 1})
     assert len(_space()) > 100
@@ -141,8 +144,10 @@ def test_meta_and_refusals(cfg, arch):
         assert m["max_m"] == BM and "max_n" not in m and m["tile"] == [BM, BN, p["BK"]]
     assert m["workspace_zero_init"] is True and m["any_shape"] is True
     assert m["divisible"] == [1, 1 if p["LAYOUT"] == "RC" else 8, 8] and m["layout"] == p["LAYOUT"]
-    assert [o["name"] for o in m["options"]] == ["splits", "decomposition"] and m["params"] == p
+    assert [o["name"] for o in m["options"]] == ["splits", "decomposition", "pdl"] and m["params"] == p
     assert m["options"][1] == {"name": "decomposition", "values": [0, 2, 3], "default": 0}
+    assert m["options"][2] == {"name": "pdl", "values": [0, 1], "default": 0}
+    assert m["pdl"] is (arch == "sm_90a")        # sm_80 builds run pdl 1 as 0
     assert m["cluster_splitk_max"] == (8 if arch == "sm_90a" else 0) and m["streamk"] is True
     rc = p["LAYOUT"] == "RC"
     tiles = -(-4096 // BN)
@@ -175,10 +180,42 @@ def test_meta_and_refusals(cfg, arch):
     assert call(BM, wsb=want - 1) == INVALID_VALUE             # too small a workspace
     assert call(BM, ws=P + 4) == INVALID_VALUE                 # misaligned workspace
     assert call(BM, ws=0) == INVALID_VALUE
-    bad = (__import__("ctypes").c_int * 2)(3, 0)
+    bad = (__import__("ctypes").c_int * 3)(3, 0, 0)
     assert call(BM, options=bad) == INVALID_VALUE              # not a listed split count
-    bad = (__import__("ctypes").c_int * 2)(0, 1)
+    bad = (__import__("ctypes").c_int * 3)(0, 1, 0)
     assert call(BM, options=bad) == INVALID_VALUE              # not a listed decomposition
+    bad = (__import__("ctypes").c_int * 3)(0, 0, 2)
+    assert call(BM, options=bad) == INVALID_VALUE              # pdl is 0 or 1
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_pdl_is_one_launch_attribute_and_a_wait_before_any_global_access(arch, fake_launches):
+    """Option pdl 1 (sm_90a): the one launch carries programmatic stream serialisation (with the
+    cluster dims where the splits reduce in a cluster, in the same cudaLaunchKernelEx), every
+    decomposition; pdl 0 asks for nothing. The kernel's first global access follows
+    griddepcontrol.wait; there is no launch_dependents (the next grid waits for this one's end).
+    sm_80 builds: no attribute, no wait, pdl 1 runs as 0."""
+    import re
+    cfg = FAM.default()
+    r = _build(cfg, arch)
+    calls = [[1, 4096, 4096, [0, 0, 1], -1], [1, 4096, 4096, [0, 2, 1], -1],
+             [1, 4096, 4096, [0, 3, 1], -1], [1, 4096, 4096, [16, 0, 1], -1],
+             [1, 4096, 4096, [0, 2, 0], -1], [1, 4096, 4096, None, -1]]
+    got = fake_launches(r.so_path, calls)
+    assert all(g["rc"] == 0 and g["launches"] == 1 and g["memsets"] == 0 for g in got), got
+    sm90 = arch == "sm_90a"
+    assert [g["pdl"] for g in got] == ([1, 1, 1, 1, 0, 0] if sm90 else [0] * 6), got
+    assert [g["ex"] for g in got[:4]] == ([1] * 4 if sm90 else [0] * 4), got
+    assert got[1]["cluster"] == ([1, 8, 1] if sm90 else [1, 1, 1])   # 8 splits: cluster + pdl
+    ptx = r.ptx_path.read_text()
+    assert ("griddepcontrol.wait" in ptx) == sm90 and "griddepcontrol.launch_dependents" not in ptx
+    if sm90:   # in each kernel entry the wait comes before the first global load, store or atomic
+        for body in re.split(r"\.entry ", ptx)[1:]:
+            wait = body.index("griddepcontrol.wait")
+            access = r"\b(?:ld|st|atom|red)\.[\w.]*global|\bcp\.async[\w.]*global"
+            first = min((m.start() for m in re.finditer(access, body)), default=len(body))
+            assert wait < first, body[:200]
 
 
 @pytest.mark.compile
@@ -320,3 +357,74 @@ def test_stream_k_and_cluster_splits_are_exact_and_leave_the_workspace_zero(cfg)
                 assert (c.double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item() + 1e-3, o
             else:
                 assert torch.equal(first, c), (o, i)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CASES, ids=lambda c: f"{c.family}-{c.label().split(':')[1]}")
+def test_pdl_sees_the_previous_kernels_writes_in_a_stream_and_in_graphs(cfg):
+    """pdl 1 right behind a kernel that rewrites the small operand on the same stream: 200 calls
+    alternating two operands, each output the bits pdl 0 gives for its operand (the wait comes
+    before any read), the workspace zero after; then two CUDA graphs captured on torch's capture
+    stream, each (rewrite, call with pdl 1) on a workspace of its own, replayed in reverse order:
+    outputs exact, workspaces zero. Every decomposition that differs: the heuristic, stream-K, a
+    cluster split, the global fixup."""
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.toolchain import detect_arch
+    fam = FAMILIES[cfg.family]
+    arch = detect_arch()
+    if arch != "sm_90a":
+        pytest.skip("programmatic dependent launch needs sm_90 (other builds run pdl 1 as 0)")
+    lib = load_library(_build(cfg, arch).so_path)
+    mirror = fam is MIRROR
+    small, big, K = min(cfg.get("BM"), 5), 6144, 4096
+    M, N = (big, small) if mirror else (small, big)
+    src = [torch.randn(M, K, device="cuda", dtype=torch.float16) for _ in range(2)]
+    w = torch.randn(N, K, device="cuda", dtype=torch.float16)
+    b = w if lib.meta["layout"] == "RC" else w.t().contiguous()
+    a = torch.empty_like(src[0])
+
+    def call(c, opts, ws, ws_bytes):
+        stream = torch.cuda.current_stream().cuda_stream
+        assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, b.stride(0), N,
+                          ws.data_ptr() if ws_bytes else 0, ws_bytes, stream, opts) == 0
+
+    for o in ({}, {"decomposition": 3}, {"splits": 8}, {"splits": 16}):
+        opts0, opts1 = lib.options({**o, "pdl": 0}), lib.options({**o, "pdl": 1})
+        ws_bytes = lib.workspace_bytes(M, N, K, opts1)
+        assert ws_bytes == lib.workspace_bytes(M, N, K, opts0)
+        ws = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
+        refs = []
+        for s in src:
+            a.copy_(s)
+            refs.append(torch.empty(M, N, device="cuda", dtype=torch.float16))
+            call(refs[-1], opts0, ws, ws_bytes)
+        outs = []
+        for i in range(200):
+            a.copy_(src[i % 2])      # the previous kernel on the stream writes what the call reads
+            outs.append(torch.empty(M, N, device="cuda", dtype=torch.float16))
+            call(outs[-1], opts1, ws, ws_bytes)
+        torch.cuda.synchronize()
+        assert int(ws.count_nonzero()) == 0, o
+        for i, c in enumerate(outs):
+            assert torch.equal(c, refs[i % 2]), (o, i)
+        # two graphs on the default capture stream, each with a workspace of its own (zeroed
+        # before the capture), replayed in reverse order
+        graphs, gouts, gws = [], [], []
+        for s in src:
+            g = torch.cuda.CUDAGraph()
+            out = torch.empty(M, N, device="cuda", dtype=torch.float16)
+            buf = torch.zeros(max(ws_bytes, 16), dtype=torch.uint8, device="cuda")
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g):
+                a.copy_(s)
+                call(out, opts1, buf, ws_bytes)
+            graphs.append(g)
+            gouts.append(out)
+            gws.append(buf)
+        for _ in range(3):
+            for g in reversed(graphs):
+                g.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(out, ref) for out, ref in zip(gouts, refs)), o
+        assert all(int(buf.count_nonzero()) == 0 for buf in gws), o

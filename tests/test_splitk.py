@@ -165,6 +165,12 @@ def test_split_k_meta_declares_the_zero_init_workspace(cfg):
     assert lib.launch(P, P, P, 64, 64, 64, 64, 64, 64, P + 8, need, 0) == 1   # not 16-byte aligned
 
 
+def _pdl0(calls):
+    """skinny calls [M, N, K, [splits, decomposition] or None, ws] with option pdl 0 appended
+    (the launcher reads all three options)."""
+    return [[M, N, K, None if o is None else [*o, 0], ws] for M, N, K, o, ws in calls]
+
+
 def _one(got, grid, cluster=(1, 1, 1)):
     """One launch, no memset, that grid; a cluster launch (cudaLaunchKernelEx) iff cluster."""
     ex = int(tuple(cluster) != (1, 1, 1))
@@ -213,7 +219,7 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_launches):
     # decomposition 2: split-K as before (skinny_splits); <= 8 splits reduce in a cluster
     calls = [[1, 4096, 4096, [0, 2], -1], [4, 11008, 4096, [0, 2], -1], [1, 128, 4096, [0, 2], -1],
              [8, 4096, 4096, [16, 0], -1], [1, 4096, 64, [0, 2], -1]]
-    got = fake_launches(sk.so_path, calls)
+    got = fake_launches(sk.so_path, _pdl0(calls))
     for (M, N, K, opt, _), g in zip(calls, got):
         mode, grid, ws = _skinny_plan(N, K, BN, BK, BM, 132, 2, *opt)
         assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)
@@ -221,10 +227,10 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_launches):
     assert [g["grid"][1] for g in got] == [8, 4, 64, 16, 1]   # 32, 86, 1, 32, 32 N tiles
     assert [g["cluster"][1] for g in got] == [8, 4, 1, 1, 1]
     # a device of 66 SMs (another process: the SM count is cached per device): 5 splits
-    got = fake_launches(sk.so_path, [[16, 4096, 4096, [0, 2], -1]], sms=66)
+    got = fake_launches(sk.so_path, _pdl0([[16, 4096, 4096, [0, 2], -1]]), sms=66)
     assert _one(got[0], (32, 5, 1), (1, 5, 1)) and got[0]["need"] == 0, got
     # no resident cluster: the same split counts through the workspace
-    got = fake_launches(sk.so_path, [[1, 4096, 4096, [0, 2], 0], [1, 4096, 4096, [0, 2], -1]],
+    got = fake_launches(sk.so_path, _pdl0([[1, 4096, 4096, [0, 2], 0], [1, 4096, 4096, [0, 2], -1]]),
                       clusters=0)
     assert got[0]["rc"] == 1 and got[0]["launches"] == 0 and got[1]["need"] > 0, got
     assert _one(got[1], (32, 8, 1)), got
@@ -234,7 +240,7 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_launches):
     calls = [[1, 6144, 4096, [0, 3], -1], [1, 6144, 4096, [0, 0], -1], [1, 4096, 4096, [0, 0], -1],
              [1, 28672, 4096, [0, 0], -1], [1, 4096, 14336, [0, 0], -1], [1, 6144, 4096, None, -1],
              [1, 6144, 4096, [0, 3], 0]]
-    got = fake_launches(sk.so_path, calls)
+    got = fake_launches(sk.so_path, _pdl0(calls))
     modes = []
     for (M, N, K, opt, ws), g in zip(calls[:-1], got):
         mode, grid, need = _skinny_plan(N, K, BN, BK, BM, 132, 2, *(opt or [0, 0]))
@@ -245,14 +251,14 @@ def test_a_split_k_call_is_one_launch_with_a_fake_runtime(fake_launches):
     assert modes == ["streamk", "streamk", "cluster", "streamk", "streamk", "streamk"], modes
     assert got[-1]["rc"] == 1 and got[-1]["launches"] == 0     # stream-K needs its workspace
     # a device with 3 CTAs per SM: the stream-K grid follows the occupancy query
-    got = fake_launches(sk.so_path, [[1, 6144, 4096, [0, 3], -1]], per_sm=3)
+    got = fake_launches(sk.so_path, _pdl0([[1, 6144, 4096, [0, 3], -1]]), per_sm=3)
     assert _one(got[0], (396, 1, 1)), got
 
     # the mirror (N small, M large): its tiles and splits run along M, still one launch
     sn = build(FAMILIES["skinny_n"].build_spec(FAMILIES["skinny_n"].default(), "sm_90a"))
     calls = [[4096, 16, 4096, [0, 2], -1], [8192, 8, 4096, [0, 2], -1], [4096, 17, 4096, [0, 2], -1],
              [4096, 16, 4096, [0, 3], -1]]
-    got = fake_launches(sn.so_path, calls)
+    got = fake_launches(sn.so_path, _pdl0(calls))
     for (M, N, K, opt, _), g in zip(calls[:2], got):
         mode, grid, _ws = _skinny_plan(M, K, BN, BK, BM, 132, 2, *opt)
         assert _one(g, grid, (1, grid[1], 1) if mode == "cluster" else (1, 1, 1)), (M, N, K, g)

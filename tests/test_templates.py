@@ -435,6 +435,7 @@ def test_raw_kernels_build_without_spills(cfg, arch):
     assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (cfg.get("LAYOUT") == "RR")
     # B is read again by every M tile: no evict-first policy (the skinny families' alone)
     assert "L2::cache_hint" not in ptx and "createpolicy" not in ptx
+    assert "griddepcontrol" not in ptx   # programmatic dependent launch: the skinny families' option
 
 
 @pytest.mark.compile

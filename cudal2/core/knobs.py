@@ -23,6 +23,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_CACHE", "~/.cache/cudal2", "build cache and on-disk dispatch verdicts"),
     Knob("CUDAL2_DISABLE", "0", "1: cudal2.matmul is exactly torch.matmul"),
     Knob("CUDAL2_KERNELS", "<repo>/generated_kernels", "the tuned kernel table that dispatch serves"),
+    Knob("CUDAL2_PDL", "0", "1: dispatch launches the kernels that offer option pdl (the skinny "
+         "families, sm_90a) with programmatic dependent launch; the tuner never times it: "
+         "compare `cudal2 bench --model` with 0 and 1"),
     Knob("CUDAL2_ARCH", "", "target arch when no GPU is visible (sm_80, sm_90a)"),
     Knob("CUDAL2_BUILD_JOBS", "<cpu count>", "parallel nvcc processes for build_many"),
     Knob("CUDAL2_LOG", "warning", "log level of the cudal2 logger"),
@@ -48,6 +51,14 @@ def cache_dir() -> Path:
 
 def disabled() -> bool:
     return _flag("CUDAL2_DISABLE")
+
+
+def pdl() -> bool:
+    """CUDAL2_PDL: 0 (default) or 1; anything else is refused, not read as either."""
+    value = _get("CUDAL2_PDL") or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"CUDAL2_PDL must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def kernels_dir() -> Path:

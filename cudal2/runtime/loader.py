@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from cudal2.core import knobs
 from cudal2.core.abi import load_library
 from cudal2.core.build import BuildSpec, build
 
@@ -65,7 +66,10 @@ class KernelLoader:
 def launcher(lib, M: int, N: int, K: int, options=None) -> tuple:
     """The serving-table value of a kernel for one shape: (raw ctypes function, workspace bytes,
     the same as a c_size_t, the options array or None for ABI 1, whether its workspace must start
-    zero), built once so a launch converts nothing it can reuse (abi.raw_launch's convention)."""
+    zero), built once so a launch converts nothing it can reuse (abi.raw_launch's convention).
+    CUDAL2_PDL=1 sets option pdl to 1 in the kernels that declare it."""
+    if knobs.pdl() and any(o.get("name") == "pdl" for o in lib.meta.get("options") or []):
+        options = {**dict(options or {}), "pdl": 1}
     opts = lib.options(options or None)
     ws_bytes = lib.workspace_bytes(M, N, K, opts)
     zero = bool(lib.meta.get("workspace_zero_init"))

@@ -19,8 +19,15 @@ from cudal2.templates.mma import _mma_problems
 # decomposition (docs/abi.md's shared name): 0 heuristic (stream-K where the split-K grid would
 # end in a partial wave, else split-K), 2 split-K, 3 stream-K (the grid = the resident slots,
 # equal contiguous (tile, k-tile) ranges: streamk.cuh). An explicit split count is split-K.
+# pdl: programmatic dependent launch (sm_90a builds; sm_80 builds run 1 as 0): the grid may be
+# scheduled while the stream's previous kernel drains, and waits for it before any global access.
+# Every build accepts 1 (its meta says so), but the planner sweeps 0 only: the kernel timer runs
+# each call right behind a call of the same kernel, where pdl would overlap its own predecessor,
+# a path no baseline gets. CUDAL2_PDL=1 turns it on in dispatch, and `cudal2 bench --model`
+# measures it behind a model's own kernels.
 SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),
-                  ("decomposition", (0, 2, 3), 0))
+                  ("decomposition", (0, 2, 3), 0),
+                  ("pdl", (0,), 0))
 
 
 def _skinny_option_redundant(p: dict, o: dict) -> bool:

@@ -19,6 +19,13 @@
 // (the occupancy API, cached per device) over equal contiguous ranges of the tiles x k-tiles
 // iterations, so no call ends in a partial wave; the heuristic takes it where split-K would.
 //
+// Runtime option "pdl" (0, 1): 1 launches with programmatic stream serialisation (sm_90a builds;
+// sm_80 builds run it as 0), so the grid may be scheduled while the stream's previous kernel
+// drains; the kernel's first instruction waits for that kernel (griddepcontrol.wait) before any
+// read of A, B or the workspace. The planner does not time it (the kernel timer's back-to-back
+// calls would let it overlap a call of the same kernel, a path no baseline gets); dispatch uses it
+// under CUDAL2_PDL=1, and a model replay measures it.
+//
 // The pipeline, fragment mapping and epilogue are mma_hgemm.cuh's (included below with its
 // runtime-split hook); this file adds the ABI 2 entry points. It serves only what its 16-byte
 // loads serve and refuses the rest with cudaErrorInvalidValue: M > BM, A or B not 16-byte
@@ -60,6 +67,7 @@
 #define SPLITK_MAX_MN 1
 #define CUDAL2_RUNTIME_SPLITK 1
 #define CUDAL2_STREAM_EVICT_FIRST 1   // B (the mirror: A) is read once: evict it from L2 first
+#define CUDAL2_PDL 1                  // runtime option pdl: programmatic dependent launch (sm_90a)
 #define CUDAL2_STYLE "mma"
 #ifndef CUDAL2_SKINNY_N
 #define CUDAL2_SKINNY_N 0   // 1: the mirror (N <= BM, B column-major), family skinny_n
@@ -88,7 +96,8 @@ constexpr int kSplitValues[] = {0, 1, 2, 4, 8, 16, 32, 64};   // runtime option 
 // runtime option "decomposition" (docs/abi.md's shared name): 0 heuristic (stream-K where the
 // split-K grid would leave a tail, else split-K), 2 split-K, 3 stream-K (ignores "splits")
 constexpr int kDecompositionValues[] = {0, 2, 3};
-constexpr int kOptions = 2;
+constexpr int kPdlValues[] = {0, 1};   // runtime option "pdl": programmatic dependent launch
+constexpr int kOptions = 3;
 
 // SMs of the current device (cached per device; 0 when the query fails).
 static int sm_count() {
@@ -135,10 +144,11 @@ static int resident_slots() {
 
 static bool option_ok(const int* options) {
   if (options == nullptr) return true;
-  bool split_ok = false, dec_ok = false;
+  bool split_ok = false, dec_ok = false, pdl_ok = false;
   for (int v : kSplitValues) split_ok = split_ok || options[0] == v;
   for (int v : kDecompositionValues) dec_ok = dec_ok || options[1] == v;
-  return split_ok && dec_ok;
+  for (int v : kPdlValues) pdl_ok = pdl_ok || options[2] == v;
+  return split_ok && dec_ok && pdl_ok;
 }
 
 // The split count and K range per split of one call; splits * k_chunk covers K with no empty
@@ -232,7 +242,8 @@ static const char* build_meta() {
            "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
            "\"options\": [{\"name\": \"splits\", "
            "\"values\": [0, 1, 2, 4, 8, 16, 32, 64], \"default\": 0}, "
-           "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}], "
+           "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}, "
+           "{\"name\": \"pdl\", \"values\": [0, 1], \"default\": 0}], \"pdl\": %s, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
            "\"STAGES\": %d, \"LAYOUT\": \"%s\"}}",
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR",
@@ -243,7 +254,8 @@ static const char* build_meta() {
            (unsigned long long)cudal2_splitk::workspace_bytes(kMaxSplits, BM, 16384,
                                                               (16384 + BN - 1) / BN),
            SPLITK_DETERMINISTIC ? "deterministic" : "atomic",
-           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, BM, BN, BK, WM, WN, STAGES,
+           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, CUDAL2_PDL_LAUNCH ? "true" : "false",
+           BM, BN, BK, WM, WN, STAGES,
            LAYOUT_RC ? "RC" : "RR");
   return buf;
 }
@@ -302,9 +314,11 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   half* cp = reinterpret_cast<half*>(C);
   int k_chunk = c.k_chunk, streamk = c.mode == kStreamK;
   void* args[] = {&a, &b, &cp, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2, &streamk};
-  if (c.mode == kStreamK) return launch_gemm<true>(dim3((unsigned)c.ctas, 1), args, s);   // one launch
+  const bool pdl = options != nullptr && options[2] == 1;
+  if (c.mode == kStreamK)   // one launch
+    return launch_gemm<true>(dim3((unsigned)c.ctas, 1), args, s, 1, pdl);
   return launch_gemm<true>(dim3((unsigned)tiles, (unsigned)c.splits), args, s,
-                           c.mode == kCluster ? c.splits : 1);
+                           c.mode == kCluster ? c.splits : 1, pdl);
 }
 
 extern "C" const char* cudal2_meta(void) {

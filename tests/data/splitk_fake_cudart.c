@@ -2,7 +2,7 @@
  * tests/test_skinny.py): loaded with RTLD_GLOBAL before a kernel .so, it answers cudaGetDevice /
  * cudaDeviceGetAttribute / cudaFuncSetAttribute and the occupancy queries (CTAs per SM, resident
  * clusters: both set by the test), and records every cudaLaunchKernel, cudaLaunchKernelExC (with
- * its cluster dims) and cudaMemset* instead of running it, so a CPU test counts the launches of
+ * its cluster dims and programmatic stream serialisation) and cudaMemset* instead of running it, so a CPU test counts the launches of
  * one cudal2_hgemm call and reads their grids. tests/data/fake_cudart.c's calls and layout, plus
  * what a cluster launch needs (cudaLaunchConfig_t / cudaLaunchAttribute as driver_types.h lays
  * them out: 64-bit pointers and size_t), and the driver entry point of cuTensorMapEncodeTiled (a
@@ -12,9 +12,10 @@
 typedef struct { unsigned x, y, z; } fake_dim3;
 
 typedef struct {
-  int id;                     /* cudaLaunchAttributeID: 4 = cudaLaunchAttributeClusterDimension */
+  int id;                     /* cudaLaunchAttributeID: 4 = cudaLaunchAttributeClusterDimension,
+                                 6 = cudaLaunchAttributeProgrammaticStreamSerialization */
   char pad[8 - sizeof(int)];
-  union { char pad[64]; struct { unsigned x, y, z; } clusterDim; } val;
+  union { char pad[64]; struct { unsigned x, y, z; } clusterDim; int pdl; } val;
 } fake_attr;
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
 
 static int launches, ex_launches, memsets, occupancy_queries, cluster_queries;
 static fake_dim3 last_grid, last_cluster;
+static int last_pdl;
 static size_t last_smem;
 static int sm_count = 132, blocks_per_sm = 2, max_clusters = 16;
 static int fail_with, pending;
@@ -46,6 +48,7 @@ int cudaLaunchKernel(const void* f, fake_dim3 grid, fake_dim3 block, void** args
   last_grid = grid;
   last_smem = smem;
   last_cluster.x = last_cluster.y = last_cluster.z = 1;
+  last_pdl = 0;
   return 0;
 }
 static fake_dim3 cluster_of(const fake_config* cfg) {
@@ -66,6 +69,9 @@ int cudaLaunchKernelExC(const fake_config* cfg, const void* f, void** args) {
   last_grid = cfg->gridDim;
   last_smem = cfg->dynamicSmemBytes;
   last_cluster = cluster_of(cfg);
+  last_pdl = 0;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i)
+    if (cfg->attrs[i].id == 6) last_pdl = cfg->attrs[i].val.pdl;
   /* the runtime refuses a grid its cluster does not divide */
   if (last_grid.x % last_cluster.x || last_grid.y % last_cluster.y || last_grid.z % last_cluster.z) {
     pending = 1;
@@ -118,4 +124,5 @@ void fake_last_cluster(unsigned* xyz) { xyz[0] = last_cluster.x; xyz[1] = last_c
 void fake_set_sm_count(int n) { sm_count = n; }
 void fake_set_blocks_per_sm(int n) { blocks_per_sm = n; }
 void fake_set_max_clusters(int n) { max_clusters = n; }
-void fake_reset(void) { launches = ex_launches = memsets = 0; }
+int fake_last_pdl(void) { return last_pdl; }
+void fake_reset(void) { launches = ex_launches = memsets = last_pdl = 0; }
