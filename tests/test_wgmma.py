@@ -535,3 +535,96 @@ def test_split_k_in_a_cluster_matches_torch_and_is_bit_identical(cfg):
         outs.append(C)
     torch.cuda.synchronize()
     assert torch.equal(outs[0], outs[1])
+
+
+# ---- the cluster split-K reduction, emulated (numpy) -----------------------------------------
+def _red_rows(BM, BN, bar_offset):
+    """red_rows() of wgmma_hgemm.cuh: BM, halved until a chunk of BM x (BN + 8) floats fits."""
+    r = BM
+    while r > 1 and r * (BN + 8) * 4 > bar_offset:
+        r //= 2
+    return r
+
+
+def _cluster_reduce(partials, BM, BN, consumers, red_rows):
+    """cluster_reduce of wgmma_hgemm.cuh over `partials` (splits x BM x BN fp32, rank z's
+    accumulators): each thread's fragment stores into its rank's chunk buffer, then each rank
+    sums the units of its slice over ranks 0..splits-1 in order. Returns the tile and how many
+    times each element was stored and reduced."""
+    import numpy as np
+    splits = partials.shape[0]
+    wg_m, mi_n = BM // consumers, BM // consumers // 64
+    stride = BN + 8
+    out = np.full((BM, BN), np.nan, dtype=np.float32)
+    stored = np.zeros((BM, BN), dtype=int)
+    reduced = np.zeros((BM, BN), dtype=int)
+    units_per_row = BN // 4
+    units = red_rows * units_per_row
+    begin = [z * units // splits for z in range(splits + 1)]      # cluster_slice_begin
+    for r0 in range(0, BM, red_rows):
+        bufs = np.full((splits, red_rows * stride), np.nan, dtype=np.float32)
+        for z in range(splits):
+            for cw in range(consumers):
+                for warp in range(4):
+                    for lane in range(32):
+                        row_in = cw * wg_m + warp * 16 + (lane >> 2) - r0
+                        off = row_in * stride + 2 * (lane & 3)
+                        for mi in range(mi_n):
+                            for h in range(2):
+                                r = row_in + mi * 64 + 8 * h
+                                if r < 0 or r >= red_rows:
+                                    continue
+                                for j in range(BN // 8):
+                                    a = off + (mi * 64 + 8 * h) * stride + 8 * j
+                                    row, col = r0 + r, 8 * j + 2 * (lane & 3)
+                                    bufs[z, a:a + 2] = partials[z, row, col:col + 2]
+                                    stored[row, col:col + 2] += z == 0
+        for z in range(splits):
+            for ct in range(128 * consumers):
+                for u in range(begin[z] + ct, begin[z + 1], 128 * consumers):
+                    r, c4 = u // units_per_row, (u % units_per_row) * 4
+                    s = np.zeros(4, dtype=np.float32)
+                    for q in range(splits):                       # rank order
+                        s = s + bufs[q, r * stride + c4:r * stride + c4 + 4]
+                    out[r0 + r, c4:c4 + 4] = s
+                    reduced[r0 + r, c4:c4 + 4] += 1
+    return out, stored, reduced
+
+
+@pytest.mark.parametrize("BM,BN,consumers,bar_offset", [(64, 128, 1, 6 * 192 * 128),
+                                                       (128, 64, 2, 2 * 192 * 128),
+                                                       (192, 64, 3, 2 * 256 * 128),
+                                                       (128, 256, 1, 2 * 384 * 128)])
+@pytest.mark.parametrize("splits", [2, 3, 8])
+def test_cluster_reduction_emulated_covers_the_tile_once_in_rank_order(BM, BN, consumers, bar_offset,
+                                                                     splits):
+    """Every element of the tile is stored once per rank and reduced once, by one rank, as the
+    fp32 sum of ranks 0, 1, ..., splits-1 in that order, whatever the chunking (BM = 128, BN =
+    256 over 2 small stages needs two chunks)."""
+    import numpy as np
+    red_rows = _red_rows(BM, BN, bar_offset)
+    assert BM % red_rows == 0 and red_rows >= 16
+    rng = np.random.default_rng(BM * BN + splits)
+    partials = rng.standard_normal((splits, BM, BN)).astype(np.float32) * 1000
+    out, stored, reduced = _cluster_reduce(partials, BM, BN, consumers, red_rows)
+    assert (stored == 1).all() and (reduced == 1).all()
+    want = np.zeros((BM, BN), dtype=np.float32)
+    for z in range(splits):
+        want = want + partials[z]
+    assert np.array_equal(out, want)                    # bit for bit: the same additions in order
+
+
+def test_cluster_reduction_model_matches_the_header():
+    """The emulation above follows these lines of wgmma_hgemm.cuh; if they change, update it."""
+    src = (template_dir() / FAM.header).read_text()
+    for line in ("constexpr int kRedStride = BN + 8;",
+                 "while (r > 1 && r * kRedStride * 4 > kBarOffset) r /= 2;",
+                 "const int row_in = cw * kWgM + warp * 16 + (lane >> 2) - r0;",
+                 "const int off = row_in * kRedStride + 2 * (lane & 3);",
+                 "const int r = row_in + mi * 64 + 8 * h;",
+                 "*reinterpret_cast<float2*>(red + off + (mi * 64 + 8 * h) * kRedStride + 8 * j) =",
+                 "make_float2(acc[mi][4 * j + 2 * h], acc[mi][4 * j + 2 * h + 1]);",
+                 "for (int u = u_begin + ct; u < u_end; u += 128 * kConsumers) {",
+                 "const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;",
+                 "const uint32_t local = red_base + (uint32_t)(r * kRedStride + c4) * 4u;"):
+        assert line in src, line
