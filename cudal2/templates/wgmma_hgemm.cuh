@@ -126,9 +126,10 @@ constexpr int kSmemBytes = kBarOffset + 3 * STAGES * 8 + 1024;   // barriers, ti
 
 // Registers per thread after setmaxnreg (multiples of 8; 128 * (producer + CONSUMERS * consumer)
 // must stay within the 64K-register file). One consumer (256 threads) needs no reallocation:
-// every thread may have 255 registers from the start. The producer keeps 40 at any CONSUMERS:
-// with 32 its tile walk plus the split's k-range spilled (CONSUMERS 3).
-constexpr int kProducerRegs = 40;
+// every thread may have 255 registers from the start. The producer keeps 48 (2 consumers: the
+// whole file): with 40 (32 at CONSUMERS 3) its tile walk plus the split's k-range spilled 8-44
+// bytes in BK = 128, 2-stage builds (`cudal2 templates --build-space wgmma`).
+constexpr int kProducerRegs = 48;
 constexpr int kConsumerRegs = kConsumers == 1 ? 240 : (kConsumers == 2 ? 232 : 152);
 
 static_assert(ACC_F16 == 0, "the wgmma family implements fp32 accumulation only");
