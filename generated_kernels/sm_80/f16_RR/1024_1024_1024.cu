@@ -374,6 +374,17 @@ CUDAL2_SK_HD size_t workspace_bytes(int G, int tiles, int k_tiles, int tile_floa
 #ifndef CUDAL2_STREAM_EVICT_FIRST
 #define CUDAL2_STREAM_EVICT_FIRST 0   // 1: B, read once (skinny), loaded with an L2 evict-first policy
 #endif
+#ifndef CUDAL2_PDL
+#define CUDAL2_PDL 0   // 1: launches may ask for programmatic dependent launch (skinny's option pdl)
+#endif
+// Programmatic dependent launch exists from sm_90 on: there the kernel waits (griddepcontrol.wait)
+// for the stream's previous grid before touching global memory, and a call with pdl asks for the
+// launch attribute; other builds ignore the option.
+#if CUDAL2_PDL && defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 900
+#define CUDAL2_PDL_LAUNCH 1
+#else
+#define CUDAL2_PDL_LAUNCH 0
+#endif
 #ifndef SPLITK_MAX_MN
 #define SPLITK_MAX_MN 2097152   // split-K serves M*N up to this; sizes the declared workspace
 #endif
@@ -659,6 +670,12 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
   half* sB = sA + STAGES * kAStage;
+#if CUDAL2_PDL_LAUNCH && defined(__CUDA_ARCH__)
+  // Launched early (pdl): the previous grid's writes (A, B, the workspace) are visible only after
+  // this; it returns at once for a launch without the attribute. No launch_dependents: the next
+  // grid starts when this one ends.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -1056,29 +1073,43 @@ static bool cluster_resident(int splits) {
 }
 
 // The one launch of a call: the 16-byte-load (VEC) or guarded instantiation of hgemm_kernel;
-// cluster_y > 1 (sm_90a, the tile's splits reduced in a cluster): one cudaLaunchKernelEx with
-// cluster dims (1, cluster_y, 1) over grid.y == cluster_y.
+// cluster_y > 1 (sm_90a, the tile's splits reduced in a cluster): cluster dims (1, cluster_y, 1)
+// over grid.y == cluster_y; pdl (CUDAL2_PDL_LAUNCH builds): programmatic stream serialisation.
+// Either makes it one cudaLaunchKernelEx.
 template <bool VEC>
-static cudaError_t launch_once(dim3 grid, void** args, cudaStream_t s, int cluster_y) {
+static cudaError_t launch_once(dim3 grid, void** args, cudaStream_t s, int cluster_y, bool pdl) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
 #if CUDAL2_CLUSTER_SPLITK
   if (cluster_y > 1) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)cluster_y;
-    attr[0].val.clusterDim.z = 1;
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = (unsigned)cluster_y;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+#else
+  (void)cluster_y;
+#endif
+#if CUDAL2_PDL_LAUNCH
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+#else
+  (void)pdl;
+#endif
+  if (n > 0) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(kThreads, 1, 1);
     cfg.dynamicSmemBytes = kSmemBytes;
     cfg.stream = s;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(&hgemm_kernel<VEC>), args);
   }
-#else
-  (void)cluster_y;
-#endif
   return cudaLaunchKernel(reinterpret_cast<const void*>(&hgemm_kernel<VEC>), grid, dim3(kThreads),
                           args, kSmemBytes, s);
 }
@@ -1086,15 +1117,16 @@ static cudaError_t launch_once(dim3 grid, void** args, cudaStream_t s, int clust
 // A launch refused with cudaErrorInvalidValue after the opt-in was made (a device reset dropped
 // it; the arguments were checked before) consumes that error, opts in anew and is retried once.
 template <bool VEC>
-static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int cluster_y = 1) {
+static cudaError_t launch_gemm(dim3 grid, void** args, cudaStream_t s, int cluster_y = 1,
+                               bool pdl = false) {
   bool known = false;
   cudaError_t err = ensure_smem_attribute<VEC>(false, &known);
   if (err != cudaSuccess) return err;
-  err = launch_once<VEC>(grid, args, s, cluster_y);
+  err = launch_once<VEC>(grid, args, s, cluster_y, pdl);
   if (err == cudaErrorInvalidValue && known) {
     (void)cudaGetLastError();                        // this launch's error, not the caller's
     err = ensure_smem_attribute<VEC>(true);
-    if (err == cudaSuccess) err = launch_once<VEC>(grid, args, s, cluster_y);
+    if (err == cudaSuccess) err = launch_once<VEC>(grid, args, s, cluster_y, pdl);
   }
   return err;
 }
