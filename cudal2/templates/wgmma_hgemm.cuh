@@ -98,6 +98,11 @@
 namespace cudal2_wgmma_impl {
 
 using namespace cudal2_wgmma_ptx;   // smem_u32, make_desc, the wgmma wrappers (wgmma_ptx.cuh)
+// the cluster's device side (splitk_fixup.cuh): rank, size, barrier, DSMEM loads
+using cudal2_splitk::cluster_barrier;
+using cudal2_splitk::cluster_ctarank;
+using cudal2_splitk::cluster_nctarank;
+using cudal2_splitk::ld_peer4;
 
 constexpr int kConsumers = CONSUMERS;
 constexpr int kThreads = 128 * (kConsumers + 1);
@@ -263,16 +268,6 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -293,24 +288,6 @@ __device__ __forceinline__ void wgmma_tile_n(float (&d)[kAcc], uint64_t desc_a, 
 __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
                ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return r;
-}
-
-// Four floats at the same shared-memory address in CTA `rank` of the cluster (mapa + DSMEM load).
-__device__ __forceinline__ cudal2_splitk::Float4 ld_peer4(uint32_t local, uint32_t rank) {
-  uint32_t remote;
-  cudal2_splitk::Float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-  return v;
 }
 
 // Split-K, the consumers' side: the tile's `splits` CTAs are this cluster (rank z = split z).
@@ -349,7 +326,7 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[kMI][kAcc], uint8_t*
           *reinterpret_cast<float2*>(red + off + (mi * 64 + 8 * h) * kRedStride + 8 * j) =
               make_float2(acc[mi][4 * j + 2 * h], acc[mi][4 * j + 2 * h + 1]);
       }
-    cluster_sync();   // every rank's chunk written (release) and visible here (acquire)
+    cluster_barrier();   // every rank's chunk written (release) and visible here (acquire)
     for (int u = u_begin + ct; u < u_end; u += 128 * kConsumers) {
       const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
       const uint32_t local = red_base + (uint32_t)(r * kRedStride + c4) * 4u;
@@ -368,7 +345,7 @@ __device__ __forceinline__ void cluster_reduce(float (&acc)[kMI][kAcc], uint8_t*
           if (col + q < p.N) c[q] = __float2half_rn(v[q]);
       }
     }
-    cluster_sync();   // the peers are done reading: the chunk may be overwritten, or the CTA exit
+    cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or the CTA exit
   }
 }
 
@@ -499,7 +476,7 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
   }
   // The peer CTA multicasts into this CTA's stages and arrives on its barriers: both CTAs'
   // barriers must be initialised before anyone starts.
-  if constexpr (kCM > 1) cluster_sync(); else __syncthreads();
+  if constexpr (kCM > 1) cluster_barrier(); else __syncthreads();
 
   if (wg == 0) {
     // ================= producer: one warp issues every TMA load =================
@@ -568,7 +545,7 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
     // split-K: the cluster barriers of the consumers' reduction count every thread of the cluster
     if constexpr (kCM == 1) {
       if (splits > 1)
-        for (int c = 0; c < 2 * kRedChunks; ++c) cluster_sync();
+        for (int c = 0; c < 2 * kRedChunks; ++c) cluster_barrier();
     }
   } else {
     // ================= consumers: wgmma on the stages, then the epilogue =================
@@ -703,7 +680,7 @@ wgmma_hgemm_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constan
 #endif
   }
   // Neither CTA of a cluster may leave while the other can still arrive on its barriers.
-  if constexpr (kCM > 1) cluster_sync();
+  if constexpr (kCM > 1) cluster_barrier();
 #elif defined(__CUDA_ARCH__)
   __trap();   // no wgmma/setmaxnreg on this target: fail the launch, never return an unwritten C
 #endif  // CUDAL2_WGMMA_DEVICE
@@ -833,35 +810,12 @@ static int plan_splits(int asked, long long tiles, int num_k_blocks, int sms) {
   return s < 1 ? 1 : s;
 }
 
-// Whether a cluster of `splits` CTAs (dims (1, splits, 1), this kernel's shared memory) can be
-// resident on device `dev`: asked once per (device, split count) and cached. A failed query
-// (its error consumed, so it is not left for the caller's next launch): false.
-static bool cluster_resident(int dev, int splits) {
-  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];   // 0 unknown, 1 yes, 2 no
-  const bool cacheable = dev >= 0 && dev < 64 && splits <= cudal2_splitk::kClusterMax;
-  if (cacheable) {
-    const int c = cached[dev][splits].load(std::memory_order_relaxed);
-    if (c) return c == 1;
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = (unsigned)splits;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1, (unsigned)splits, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(&wgmma_hgemm_kernel), &cfg) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (cacheable) cached[dev][splits].store(n > 0 ? 1 : 2, std::memory_order_relaxed);
-  return n > 0;
+// Whether a cluster of `splits` CTAs of this kernel can be resident (splitk_fixup.cuh; the
+// shared-memory opt-in is made by device_info first).
+static bool cluster_resident(int splits) {
+  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];
+  return cudal2_splitk::cluster_resident(cached, reinterpret_cast<const void*>(&wgmma_hgemm_kernel),
+                                         kThreads, kSmemBytes, splits);
 }
 
 static const char* arch_name() {
@@ -1004,7 +958,7 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   p.ldc = ldc;
   p.c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
   p.splits = plan_splits(asked, p.total, p.num_k_blocks, sms);
-  while (p.splits > 1 && !cluster_resident(dev, p.splits)) --p.splits;
+  while (p.splits > 1 && !cluster_resident(p.splits)) --p.splits;
 
   void* args[] = {&cache.ma, &cache.mb, &cache.mc, &p};
   if (p.splits > 1) {   // one CTA per (tile, split), each tile's splits one cluster

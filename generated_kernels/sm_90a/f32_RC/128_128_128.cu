@@ -78,6 +78,9 @@
 #include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
+#if defined(__CUDACC__)
+#include <atomic>
+#endif
 
 #ifndef SPLITK_DETERMINISTIC
 #define SPLITK_DETERMINISTIC 1   // 1: sum partials in split-index order (bit-identical runs)
@@ -212,6 +215,73 @@ CUDAL2_HD Float4 cluster_sum4(int splits, Load load) {
 }
 
 #if defined(__CUDACC__)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// The cluster's device side (sm_90 and later; the host pass sees the declarations only).
+__device__ __forceinline__ uint32_t cluster_nctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster: release its shared-memory writes, acquire the peers'.
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Four floats at the same shared-memory address in CTA `rank` of the cluster (mapa + DSMEM load).
+__device__ __forceinline__ Float4 ld_peer4(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  Float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+#endif
+
+// Whether a cluster of `splits` CTAs of `kernel` (dims (1, splits, 1), `threads` threads and
+// `smem` bytes of dynamic shared memory, its opt-in already made) can be resident on the current
+// device: cudaOccupancyMaxActiveClusters > 0, asked once per (device, split count) and kept in
+// the caller's `cache` (one per kernel; 0 unknown, 1 yes, 2 no). No device or a failed query (its
+// error consumed, so it is not left for the caller's next launch): false.
+inline bool cluster_resident(std::atomic<int> (&cache)[64][kClusterMax + 1], const void* kernel,
+                             int threads, size_t smem, int splits) {
+  if (splits < 2 || splits > kClusterMax) return false;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool cacheable = dev >= 0 && dev < 64;
+  if (cacheable) {
+    const int c = cache[dev][splits].load(std::memory_order_relaxed);
+    if (c) return c == 1;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = (unsigned)splits;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1, (unsigned)splits, 1);
+  cfg.blockDim = dim3((unsigned)threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cacheable) cache[dev][splits].store(n > 0 ? 1 : 2, std::memory_order_relaxed);
+  return n > 0;
+}
+
 // Step 2 for the whole CTA (every thread calls it after storing its partials): true in the
 // CTA that arrived last, which then runs finish_tile and release_tile.
 __device__ __forceinline__ bool arrive(unsigned int* sem, int splits) {
@@ -621,31 +691,10 @@ static_assert(BM % kClusterRows == 0 && (size_t)kClusterRows * kCStride * sizeof
 static_assert(BN % 4 == 0, "the cluster reduction reads 4 floats at a time");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t cluster_nctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster: release its shared-memory writes, acquire the peers'.
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// Four floats at the same shared-memory address in CTA `rank` of the cluster (mapa + DSMEM load).
-__device__ __forceinline__ cudal2_splitk::Float4 ld_peer4(uint32_t local, uint32_t rank) {
-  uint32_t remote;
-  cudal2_splitk::Float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-  return v;
-}
+using cudal2_splitk::cluster_barrier;    // splitk_fixup.cuh: the cluster's device side
+using cudal2_splitk::cluster_ctarank;
+using cudal2_splitk::cluster_nctarank;
+using cudal2_splitk::ld_peer4;
 #endif
 #endif  // CUDAL2_CLUSTER_SPLITK
 
@@ -1031,41 +1080,14 @@ static cudaError_t ensure_smem_attribute(bool again = false, bool* known = nullp
 template <bool VEC>
 static bool cluster_resident(int splits) {
 #if CUDAL2_CLUSTER_SPLITK
+  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];
   if (splits < 2 || splits > cudal2_splitk::kClusterMax) return false;
-  static std::atomic<int> cached[64][cudal2_splitk::kClusterMax + 1];   // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const bool cacheable = dev >= 0 && dev < 64;
-  if (cacheable) {
-    const int c = cached[dev][splits].load(std::memory_order_relaxed);
-    if (c) return c == 1;
-  }
   if (ensure_smem_attribute<VEC>() != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = (unsigned)splits;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(1, (unsigned)splits, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = kSmemBytes;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(&hgemm_kernel<VEC>), &cfg) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (cacheable) cached[dev][splits].store(n > 0 ? 1 : 2, std::memory_order_relaxed);
-  return n > 0;
+  return cudal2_splitk::cluster_resident(cached, reinterpret_cast<const void*>(&hgemm_kernel<VEC>),
+                                         kThreads, kSmemBytes, splits);
 #else
   (void)splits;
   return false;
