@@ -5,9 +5,12 @@ set them at any time. The README's knob table lists the same names.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from cudal2.core.vocab import ARCHES
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +25,12 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_CACHE", "~/.cache/cudal2", "build cache and on-disk dispatch verdicts"),
     Knob("CUDAL2_DISABLE", "0", "1: cudal2.matmul is exactly torch.matmul"),
-    Knob("CUDAL2_KERNELS", "<repo>/generated_kernels", "the tuned kernel table that dispatch serves"),
+    Knob("CUDAL2_KERNELS", "<repo>/generated_kernels", "the tuned kernel table that ships with cudal2"),
+    Knob("CUDAL2_USER_KERNELS", "<CUDAL2_CACHE>/kernels", "your own tuned kernels: export and "
+         "`campaign run` write here; dispatch layers them over CUDAL2_KERNELS (the faster "
+         "measured row of a shape wins)"),
+    Knob("CUDAL2_BUILD_IN_CALL", "1", "1: a call that needs a kernel not yet built builds it "
+         "(announced at WARNING); 0: torch serves that shape until `cudal2 warmup` has built it"),
     Knob("CUDAL2_PDL", "0", "1: dispatch launches the kernels that offer option pdl (the skinny "
          "families, sm_90a) with programmatic dependent launch; the tuner never times it: "
          "compare `cudal2 bench --model` with 0 and 1"),
@@ -36,12 +44,24 @@ KNOBS: tuple[Knob, ...] = (
 )
 
 
-def _get(name: str) -> str:
-    return os.environ.get(name, "").strip()
+# CUDAL2_* names the harness and the test suite read that are not user knobs (no README row):
+# check_env accepts them by name.
+_INTERNAL = ("CUDAL2_CALL_GUARD", "CUDAL2_FAKE_FAULTS", "CUDAL2_TEST_PACK", "CUDAL2_LOWLAT_ALL",
+             "CUDAL2_SKINNY_ALL", "CUDAL2_WGMMA_ALL")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-def _flag(name: str) -> bool:
-    return _get(name).lower() in ("1", "true", "yes", "on")
+def _get(name: str, environ=None) -> str:
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def _switch(name: str, value: str, default: str) -> bool:
+    """A 0/1 knob ('' = default). Anything else (true, yes, 2) is refused, not read as either:
+    a typo must not silently mean the opposite of what was meant."""
+    value = value or default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def cache_dir() -> Path:
@@ -49,16 +69,26 @@ def cache_dir() -> Path:
     return Path(value).expanduser() if value else Path.home() / ".cache" / "cudal2"
 
 
-def disabled() -> bool:
-    return _flag("CUDAL2_DISABLE")
+def disabled(environ=None) -> bool:
+    """CUDAL2_DISABLE: 0 (default) or 1; anything else is refused."""
+    return _switch("CUDAL2_DISABLE", _get("CUDAL2_DISABLE", environ), "0")
 
 
-def pdl() -> bool:
+def user_kernels_dir() -> Path:
+    """CUDAL2_USER_KERNELS, else <CUDAL2_CACHE>/kernels: the user's own table, outside the
+    installed package so that upgrading cudal2 never erases it."""
+    value = _get("CUDAL2_USER_KERNELS")
+    return Path(value).expanduser() if value else cache_dir() / "kernels"
+
+
+def build_in_call(environ=None) -> bool:
+    """CUDAL2_BUILD_IN_CALL: 1 (default) or 0; anything else is refused."""
+    return _switch("CUDAL2_BUILD_IN_CALL", _get("CUDAL2_BUILD_IN_CALL", environ), "1")
+
+
+def pdl(environ=None) -> bool:
     """CUDAL2_PDL: 0 (default) or 1; anything else is refused, not read as either."""
-    value = _get("CUDAL2_PDL") or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"CUDAL2_PDL must be 0 or 1, got {value!r}")
-    return value == "1"
+    return _switch("CUDAL2_PDL", _get("CUDAL2_PDL", environ), "0")
 
 
 def kernels_dir() -> Path:
@@ -72,25 +102,34 @@ def kernels_dir() -> Path:
     return packaged if packaged.is_dir() else _REPO_ROOT / "generated_kernels"
 
 
-def default_arch() -> str | None:
-    return _get("CUDAL2_ARCH") or None
+def default_arch(environ=None) -> str | None:
+    """CUDAL2_ARCH: one of vocab.ARCHES as spelled there, or None when unset."""
+    value = _get("CUDAL2_ARCH", environ)
+    if value and value not in ARCHES:
+        raise ValueError(f"CUDAL2_ARCH must be one of {', '.join(ARCHES)}, got {value!r}")
+    return value or None
 
 
-def build_jobs() -> int:
-    value = _get("CUDAL2_BUILD_JOBS")
+def build_jobs(environ=None) -> int:
+    value = _get("CUDAL2_BUILD_JOBS", environ)
     if value:
         try:
             jobs = int(value)
         except ValueError:
             raise ValueError(f"CUDAL2_BUILD_JOBS must be an integer, got {value!r}") from None
         if jobs < 1:
-            raise ValueError(f"CUDAL2_BUILD_JOBS must be >= 1, got {jobs}")
+            raise ValueError(f"CUDAL2_BUILD_JOBS must be >= 1, got {value!r}")
         return jobs
     return os.cpu_count() or 1
 
 
-def log_level() -> str:
-    return _get("CUDAL2_LOG") or "warning"
+def log_level(environ=None) -> str:
+    """CUDAL2_LOG: a logging level name (any case), lower-cased; warning when unset."""
+    value = _get("CUDAL2_LOG", environ)
+    level = value.lower() or "warning"
+    if level not in LOG_LEVELS:
+        raise ValueError(f"CUDAL2_LOG must be a log level ({', '.join(LOG_LEVELS)}), got {value!r}")
+    return level
 
 
 def adapter_dir() -> Path | None:
@@ -100,10 +139,10 @@ def adapter_dir() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def fake_device_scale() -> float | None:
+def fake_device_scale(environ=None) -> float | None:
     """CUDAL2_FAKE_DEVICE: the time scale of the fake device (cudal2/harness/fakedevice.py), or
     None when unset (the real GPU, if any)."""
-    value = _get("CUDAL2_FAKE_DEVICE")
+    value = _get("CUDAL2_FAKE_DEVICE", environ)
     if not value:
         return None
     try:
@@ -117,3 +156,29 @@ def fake_device_scale() -> float | None:
 
 def repo_root() -> Path:
     return _REPO_ROOT
+
+
+# The knobs whose value can be wrong, read through their accessors by check_env.
+_VALIDATED = {"CUDAL2_DISABLE": disabled, "CUDAL2_BUILD_IN_CALL": build_in_call, "CUDAL2_PDL": pdl,
+              "CUDAL2_ARCH": default_arch, "CUDAL2_BUILD_JOBS": build_jobs,
+              "CUDAL2_LOG": log_level, "CUDAL2_FAKE_DEVICE": fake_device_scale}
+
+
+def known_names() -> tuple[str, ...]:
+    return tuple(k.name for k in KNOBS if k.name.startswith("CUDAL2_")) + _INTERNAL
+
+
+def check_env(environ=None) -> None:
+    """Refuse, with one line naming it, a CUDAL2_* variable that is set to a value its knob does
+    not take, or whose name is no knob (a typo such as CUDAL2_DISABLED would otherwise do
+    nothing, silently). `environ`: os.environ when None."""
+    environ = os.environ if environ is None else environ
+    known = known_names()
+    for name in sorted(n for n in environ if n.startswith("CUDAL2_")):
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ValueError(f"unknown environment variable {name}{hint}; cudal2 reads "
+                             f"{', '.join(known)}")
+        if name in _VALIDATED:
+            _VALIDATED[name](environ)

@@ -36,7 +36,8 @@ _env = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 def disabled() -> bool:
     """CUDAL2_DISABLE, read cheaply: os.environ.get costs ~0.6 us, a miss in the raw bytes dict
-    ~30 ns; only a set variable is parsed by knobs.disabled(), the one definition of the knob."""
+    ~30 ns; only a set variable is parsed by knobs.disabled(), the one definition of the knob,
+    which refuses (ValueError naming it) anything but 0 or 1, here too: a typo never means on."""
     if _env is not None and b"CUDAL2_DISABLE" not in _env:
         return False
     return knobs.disabled()

@@ -19,13 +19,13 @@ _functorch_active = torch._C._functorch.peek_interpreter_stack
 _autocast_any = torch._C._is_any_autocast_enabled
 
 
-def matmul(a, b, *, out=None):
-    """torch.matmul(a, b, out=out), with tuned kernels for 2-D fp16 CUDA operands."""
-    if type(a) in _PLAIN and type(b) in _PLAIN and a.is_cuda:
-        return _cuda_matmul(a, b, out)
+def matmul(input, other, *, out=None):  # noqa: A002 - torch.matmul's keyword names
+    """torch.matmul(input, other, out=out), with tuned kernels for 2-D fp16 CUDA operands."""
+    if type(input) in _PLAIN and type(other) in _PLAIN and input.is_cuda:
+        return _cuda_matmul(input, other, out)
     if out is None:
-        return _mm(a, b)
-    return _mm(a, b, out=out)
+        return _mm(input, other)
+    return _mm(input, other, out=out)
 
 
 def _cuda_matmul(a, b, out):
@@ -33,8 +33,7 @@ def _cuda_matmul(a, b, out):
         return _compiled_matmul(a, b, out)
     if a.dtype is not _f16 or b.dtype is not _f16 or a.ndim != 2 or b.ndim != 2:
         return _mm(a, b) if out is None else _mm(a, b, out=out)
-    if (_functorch_active() is not None or _tf_modes() or _dispatch_modes()
-            or (_autocast_any() and torch.get_autocast_dtype("cuda") is not _f16)):
+    if torch_only_mode():
         return _mm(a, b) if out is None else _mm(a, b, out=out)
     if _grad_enabled() and (a.requires_grad or b.requires_grad):
         if out is None:
@@ -46,3 +45,10 @@ def _cuda_matmul(a, b, out):
     if c is None:
         return _mm(a, b) if out is None else _mm(a, b, out=out)
     return c
+
+
+def torch_only_mode() -> bool:
+    """A transform, a torch function/dispatch mode or a non-fp16 autocast is active: only torch
+    knows what the call means there (the one rule, also for patch.py's layers)."""
+    return (_functorch_active() is not None or _tf_modes() or _dispatch_modes()
+            or (_autocast_any() and torch.get_autocast_dtype("cuda") is not _f16))
