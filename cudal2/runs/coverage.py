@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from cudal2.core import knobs
 from cudal2.core.store import KernelIndex
-from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import BASELINES, Shape
-from cudal2.runs.report import BUCKETS, Best, collect, fmt, geomean, size_bucket
+from cudal2.runs.report import (BUCKETS, Best, check_sizes, collect, csv_reader, fmt, geomean,
+                                read_rows, size_bucket)
 
 AUTOTUNED = "cublaslt_autotuned"
 
@@ -65,17 +66,13 @@ class ShapeCoverage:
 def read_shape_list(path) -> list[tuple[tuple[int, int, int], str]]:
     """(shape, layout) per row of an M,N,K[,layout] CSV, duplicates dropped ("" = any layout)."""
     out: dict[tuple, str] = {}
-    with open(path, newline="") as f:
-        r = csv.DictReader(f)
-        missing = {"M", "N", "K"} - set(r.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: header must have columns M,N,K (missing {sorted(missing)})")
-        for i, rec in enumerate(r, start=2):
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        for i, rec in enumerate(csv_reader(f, path, ("M", "N", "K")), start=2):
             try:
                 s = (int(rec["M"]), int(rec["N"]), int(rec["K"]))
             except (TypeError, ValueError):
                 raise ValueError(f"{path}:{i}: bad shape row {rec}") from None
-            out.setdefault((s, (rec.get("layout") or "").strip()), None)
+            out.setdefault((check_sizes(s, path, i), (rec.get("layout") or "").strip()), None)
     return list(out)
 
 
@@ -178,17 +175,38 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """`cudal2 report --coverage` (cudal2.cli hands the verb to this module for that flag)."""
     parser.add_argument("--db", nargs="+", default=["results.db"],
                         help="results DB(s) (results.db.gz read as is); rows of all are read")
-    parser.add_argument("--grid", default="shapes.csv", help="the shape grid (M,N,K)")
-    parser.add_argument("--trace", default="shapes/llm_trace.csv",
-                        help="the LLM trace (M,N,K[,layout]); '' to leave it out")
+    parser.add_argument("--grid", default=None,
+                        help="the shape grid (M,N,K; default: the repository's shapes.csv)")
+    parser.add_argument("--trace", default=None,
+                        help="the LLM trace (M,N,K[,layout]; default: the repository's "
+                             "shapes/llm_trace.csv); '' to leave it out")
     parser.add_argument("--kernels", default=None,
                         help="generated_kernels root whose tuned rows count as exported (default: $CUDAL2_KERNELS)")
     parser.add_argument("--out", default=None, help="output folder (default reports/<gpu>/<date>-coverage)")
 
 
+DEFAULT_LISTS = {"grid": "shapes.csv", "trace": "shapes/llm_trace.csv"}
+
+
+def shape_list_path(name: str, given: str | None) -> Path:
+    """The file of shape list `name`: the one given, else the repository's own, found from the
+    package rather than the working directory, so the defaults hold wherever the command runs.
+    The wheel does not ship the shape lists: there a default is refused, naming the option."""
+    if given is not None:
+        return Path(given)
+    path = knobs.repo_root() / DEFAULT_LISTS[name]
+    if not path.is_file():
+        raise ValueError(f"--{name}: the default {path} is not here (the shape lists come with "
+                         f"a source checkout, not the wheel); pass --{name} FILE")
+    return path
+
+
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        evs = [ev for p in args.db for ev in ResultsDB(p, readonly=True).rows()]
+        args.grid = str(shape_list_path("grid", args.grid))
+        if args.trace != "":
+            args.trace = str(shape_list_path("trace", args.trace))
+        evs = read_rows(args.db)
         lists = {"grid": read_shape_list(args.grid)}
         if args.trace:
             lists["trace"] = read_shape_list(args.trace)

@@ -23,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from cudal2.runtime.matmul import matmul
-from cudal2.runtime.op import OP
-from cudal2.runtime.resolve import TORCH, serving
+# The runtime (cudal2.runtime.matmul, op, resolve) is imported in the functions that call it: it
+# loads torch, which `cudal2 bench --overhead --help` must not wait for.
 
 PATHS = ("torch.matmul", "cudal2.matmul", "cudal2::hgemm op", "CUDAL2_DISABLE=1")
 DEFAULT_SHAPES = {"cpu": [(16, 16, 16)], "cuda": [(64, 64, 64), (128, 4096, 4096)]}
@@ -43,6 +42,9 @@ def _inputs(device: str, shape, dtype):
 def _callables(a, b):
     import torch
 
+    from cudal2.runtime.matmul import matmul
+    from cudal2.runtime.op import OP
+
     mm, cm, op = torch.matmul, matmul, OP
     return {
         "torch.matmul": lambda: mm(a, b),
@@ -54,6 +56,7 @@ def _callables(a, b):
 
 def served_by(a, b) -> str:
     """Which path cudal2.matmul took for these operands after a first call: kernel or torch."""
+    from cudal2.runtime.resolve import TORCH, serving
     if not a.is_cuda:
         return "torch (CPU)"
     for layout, ldb_ok in (("RR", b.stride(1) == 1), ("RC", b.stride(0) == 1)):

@@ -14,14 +14,16 @@ import csv
 import datetime as _dt
 import json
 import math
+import sqlite3
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from cudal2.harness import bandwidth as bw
-from cudal2.harness.db import ResultsDB
+from cudal2.harness.db import DBError, ResultsDB
 from cudal2.harness.types import BASELINES, medians, on_gpu, unmeasured
+from cudal2.runtime.plan import INT_MAX
 
 # Flop buckets (docs/measurement.md): upper bounds on 2*M*N*K, the last open.
 BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
@@ -148,20 +150,40 @@ def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | N
     return out
 
 
+def csv_reader(f, path, required: tuple[str, ...]) -> csv.DictReader:
+    """A DictReader over `f` whose header names are stripped, so a hand-written `M, N, K` reads
+    as M,N,K (open `f` with encoding utf-8-sig: a spreadsheet's BOM is not part of the first
+    name); ValueError naming the file and the columns it lacks."""
+    r = csv.DictReader(f)
+    r.fieldnames = [(name or "").strip() for name in r.fieldnames or ()]
+    missing = sorted(set(required) - set(r.fieldnames))
+    if missing:
+        raise ValueError(f"{path}: header must have columns {','.join(required)} (missing {missing})")
+    return r
+
+
+def check_sizes(shape: tuple[int, int, int], path, line: int) -> tuple[int, int, int]:
+    """`shape` if every size fits the kernel ABI (C ints, 1..INT_MAX); else a ValueError naming
+    the row and the column: a larger size would wrap round in the kernel call."""
+    for col, v in zip("MNK", shape):
+        if not 1 <= v <= INT_MAX:
+            raise ValueError(f"{path}:{line}: column {col}: {v} is outside 1..{INT_MAX} "
+                             "(the kernel ABI's sizes are 32-bit ints)")
+    return shape
+
+
 def read_weights(path) -> dict[tuple[int, int, int], float]:
     """shape -> summed weight from a CSV with M,N,K,weight (shapes/llm_trace.csv)."""
     out: dict[tuple, float] = {}
-    with open(path, newline="") as f:
-        r = csv.DictReader(f)
-        missing = {"M", "N", "K", "weight"} - set(r.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: header must have columns M,N,K,weight (missing {sorted(missing)})")
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        r = csv_reader(f, path, ("M", "N", "K", "weight"))
         for i, rec in enumerate(r, start=2):
             try:
                 k = (int(rec["M"]), int(rec["N"]), int(rec["K"]))
                 w = float(rec["weight"])
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{i}: bad weighted shape row {rec}: {exc}") from None
+            k = check_sizes(k, path, i)
             out[k] = out.get(k, 0.0) + w
     return out
 
@@ -361,12 +383,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                              "beside the decode rows' bandwidth")
 
 
+def read_rows(paths) -> list:
+    """Every row of the results DBs at `paths`, all read before any report is written; DBError
+    naming the file when one is missing, not a results DB or unreadable."""
+    out = []
+    for p in paths:
+        if not Path(p).exists():
+            raise DBError(f"no results DB at {p}")
+        try:
+            with ResultsDB(p, readonly=True) as db:
+                out += db.rows()
+        except sqlite3.DatabaseError as exc:       # a page that fails to read, mid-file
+            raise DBError(f"{p}: unreadable results DB ({exc})") from None
+    return out
+
+
 def run_cli(args: argparse.Namespace) -> int:
-    missing = [p for p in args.db if not Path(p).exists()]
-    if missing:
-        print(f"cudal2 report: no results DB at {', '.join(missing)}", file=sys.stderr)
+    try:
+        evs = read_rows(args.db)
+    except DBError as exc:
+        print(f"cudal2 report: {exc}", file=sys.stderr)
         return 2
-    evs = [ev for p in args.db for ev in ResultsDB(p, readonly=True).rows()]
     rows = collect(evs, mode=args.mode, gpu=args.gpu)
     if not rows:
         print(f"cudal2 report: no measured candidate rows in {' '.join(args.db)} (mode {args.mode}); "
