@@ -23,6 +23,7 @@ _LAZY_NAMES = {
     "patched": "runtime.patch",
     "unpatch": "runtime.patch",
     "hgemm": "runtime.op",
+    "warmup": "runtime.warmup",
     "plan": "runtime.plan",
     "Decision": "runtime.plan",
     "KernelIndex": "core.store",

@@ -46,7 +46,7 @@ class RLConfig:
     resume: bool = field(default=False, metadata={"help": "resume from the last checkpoint in --out"})
     db: str = field(default="", metadata={"help": "results DB path (default --out/results.db)"})
     export: bool = field(default=True, metadata={"help": "export each step's new measured winners into generated_kernels/"})
-    kernels_dir: str = field(default="", metadata={"help": "export target (default CUDAL2_KERNELS / generated_kernels)"})
+    kernels_dir: str = field(default="", metadata={"help": "export target (default: your kernel table, CUDAL2_USER_KERNELS, else $CUDAL2_CACHE/kernels)"})
     timeout: float = field(default=120.0, metadata={"help": "seconds per harness evaluation"})
     turns: int = field(default=1, metadata={"help": "multi-turn refinement: turns per trajectory; turn t+1 sees "
                        "turn t's compiler errors, ptxas stats, audit findings, correctness and speed "

@@ -29,6 +29,15 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
 
 
+@pytest.fixture(autouse=True)
+def _own_user_table(tmp_path_factory, monkeypatch):
+    """Every test gets an empty user kernel table of its own (CUDAL2_USER_KERNELS): an export
+    with no root writes there, and dispatch layers it over the shipped table, so nothing leaks
+    between tests or from the developer's ~/.cache/cudal2/kernels. A test of the default itself
+    deletes the variable."""
+    monkeypatch.setenv("CUDAL2_USER_KERNELS", str(tmp_path_factory.mktemp("user_kernels")))
+
+
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
     """An empty build cache for this test only."""

@@ -112,12 +112,35 @@ def test_nearest_by_log_distance_among_accepting_kernels():
 
 
 def test_nearest_skips_kernels_whose_tile_does_not_divide():
-    near, far = entry(128, 128, 128), entry(1024, 1024, 1024)
+    near, far = entry(128, 128, 128), entry(512, 512, 512)
     t = table(near, far)
     # 192 is not a multiple of 128: the nearer kernel refuses, the farther (64-tile) accepts.
     metas = {near.sha256: tile_meta(128, 128, 32), far.sha256: tile_meta(64, 64, 32)}
     d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, metas=metas)
     assert d.kind == "nearest" and [c.shape for c in d.candidates] == [far.shape]
+
+
+def test_nearest_has_a_distance_cap():
+    """A kernel farther than NEAREST_MAX_DISTANCE (ln 8) never races: the issue's decode shape
+    1x4096x4096 is 7.24 from the shipped 1024x512x4096 kernel; the fallback names the distance.
+    Within the cap the farther kernels still race, beyond it they are not candidates."""
+    assert planmod.NEAREST_MAX_DISTANCE == pytest.approx(2.079, abs=1e-3)
+    prefill = entry(1024, 512, 4096)
+    d = plan((1, 4096, 4096), "RR", "sm_90a", "f32", table(prefill), metas={prefill.sha256: ANY})
+    assert d.kind == "fallback" and "7.24" in d.reason and "1024x512x4096" in d.reason
+    assert "cap 2.08" in d.reason
+    near, beyond = entry(256, 256, 256), entry(4096, 4096, 4096)
+    t = table(near, beyond)
+    metas = {near.sha256: ANY, beyond.sha256: ANY}
+    d = plan((512, 512, 512), "RR", "sm_90a", "f32", t, metas=metas)
+    assert d.kind == "nearest" and d.candidates == (near,)     # 4096^3 is 3.60 away
+    d = plan((2048, 2048, 2048), "RR", "sm_90a", "f32", t, metas=metas)
+    assert d.kind == "nearest" and d.candidates == (beyond,)   # 256^3 is 3.60 away
+    # one dimension 8x off is the cap itself: still a candidate
+    assert plan((128, 256, 256), "RR", "sm_90a", "f32", table(entry(1024, 256, 256)),
+                metas={entry(1024, 256, 256).sha256: ANY}).kind == "nearest"
+    assert plan((127, 256, 256), "RR", "sm_90a", "f32", table(entry(1024, 256, 256)),
+                metas={entry(1024, 256, 256).sha256: ANY}).kind == "fallback"
 
 
 def test_splitk_kernels_refuse_outputs_beyond_their_workspace():
@@ -412,7 +435,7 @@ def test_decide_skips_broken_and_non_accepting_then_races_from_disk_verdict(stor
     idx, add, built = store
     near = add(128, 128, 128, {"any_shape": False, "tile": [128, 128, 32], "broken": True})
     mid = add(256, 256, 256, tile_meta(128, 128, 32))  # 192 not divisible: refuses
-    far = add(1024, 1024, 1024, tile_meta(64, 64, 64))  # accepts 192
+    far = add(512, 512, 512, tile_meta(64, 64, 64))  # accepts 192
     idx.write()
     key = dict(resolve.state.env[0], shape=[192, 192, 192], layout="RR", acc="f32",
                candidates=sorted([far.sha256]))
@@ -521,7 +544,7 @@ def test_nearest_keeps_each_shapes_options_apart(store):
     kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
               mode="offline", report="synthetic", speedups={"torch": 1.5}, verified="tile")
     near = idx.add("// one build\n", M=512, N=512, K=512, options={"swizzle": 1}, **kw)
-    far = idx.add("// one build\n", M=8192, N=8192, K=8192, options={"swizzle": 8}, **kw)
+    far = idx.add("// one build\n", M=1024, N=1024, K=1024, options={"swizzle": 8}, **kw)
     idx.write()
     assert near.sha256 == far.sha256
     meta = dict(ANY, arch="sm_90a", acc="f32", layout="RR", workspace_bytes=0, abi=2,

@@ -340,6 +340,14 @@ def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None) -
             return BuildResult(TOOLCHAIN_ERROR, key, None, None, str(exc), name=spec.name)
 
 
+def lookup(spec: BuildSpec, *, cache: Path | None = None) -> BuildResult | None:
+    """The cache entry `build(spec)` would return without compiling, or None when there is none
+    (dispatch asks this before a build it would otherwise run inside a user's call). Raises
+    ToolchainError without nvcc: the key holds its version."""
+    key = cache_key(spec, find_toolchain().version)
+    return _load_entry(_entry_dir(Path(cache) if cache else knobs.cache_dir(), key), spec.name)
+
+
 def build_many(specs: list[BuildSpec], *, jobs: int | None = None, timeout: float = 900,
                cache: Path | None = None, progress=None) -> list[BuildResult]:
     """Build many specs in parallel on CPU cores (nvcc processes); results in input order.

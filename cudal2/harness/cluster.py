@@ -10,7 +10,8 @@ from pathlib import Path
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
 # the settings a Ray worker needs to find the same caches and kernels as the driver
-_FORWARDED = ("CUDAL2_CACHE", "CUDAL2_ARCH", "CUDAL2_KERNELS")
+_FORWARDED = ("CUDAL2_CACHE", "CUDAL2_ARCH", "CUDAL2_KERNELS", "CUDAL2_USER_KERNELS",
+              "CUDAL2_BUILD_IN_CALL")
 
 
 def visible_devices() -> list[str]:

@@ -1,4 +1,11 @@
-"""Export measured winners from the results DB into generated_kernels/ (`cudal2 export`).
+"""Export measured winners from the results DB into a kernel table (`cudal2 export`).
+
+The table is the user's own by default (knobs.user_kernels_dir(): CUDAL2_USER_KERNELS, else
+<CUDAL2_CACHE>/kernels), outside the installed package so a pip upgrade never erases it; dispatch
+layers it over the shipped generated_kernels/ (cudal2.core.tables). `--out generated_kernels`
+writes the shipped table (the repository's own workflow). `--with-binaries` also stores each
+tuned kernel's built library in the table (cudal2.core.binaries), so a machine without nvcc
+serves it.
 
 The only way a kernel enters the dispatch table. The export rule (docs/measurement.md): for each
 (arch, acc, layout, shape), among final-stage rows that are ok, correct and measured (never
@@ -14,7 +21,7 @@ GPU model): each GPU's measurements export into that GPU's own row (`gpu`, the n
 records, vocab.gpu_key), so tables of an H100 and an H200 (both sm_90a) coexist. When the table
 already holds another kernel for that row (another model's campaign, another DB), the same rule
 settles it: the higher lower bound stays, a tie keeps the table's row, and the loser (its kernel,
-options, figure, report and DB) is recorded in generated_kernels/settled.csv. Sources are written
+options, figure, report and DB) is recorded in the table's settled.csv. Sources are written
 through cudal2.core.store.KernelIndex (identical sources stored once, atomic index.csv), with
 tuned=1, the median speedup against every baseline, the interval's lower end, the options and the
 report the numbers came from, and the row's token bucket (`m_bucket`, cudal2.core.vocab.m_bucket):
@@ -36,9 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from cudal2.core import knobs
+from cudal2.core import binaries, knobs
+from cudal2.core.build import BuildSpec, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.store import SPEEDUP_COLUMNS, IndexRow, KernelIndex, format_options
+from cudal2.core.toolchain import find_toolchain
 from cudal2.core.vocab import WIN_MARGIN, gpu_key, m_bucket
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
@@ -168,7 +177,8 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
            mode: str = "offline", margin: float = DEFAULT_MARGIN, report: str = "",
            gpu: str | None = None, family_for: Callable[[str], str] | None = None,
            dry_run: bool = False, db: str = "") -> ExportResult:
-    """Select winners and write them into the store at `root` (default: knobs.kernels_dir()).
+    """Select winners and write them into the store at `root` (default: the user's table,
+    knobs.user_kernels_dir(); the shipped table is never written unless named).
     `source_for(sha)` returns the kernel text of a source sha (None if unknown: refused). A tuned
     row whose (kernel, options) these rows measured again and refused leaves the table; another
     kernel in the winner's row is settled by `settle`. `db`: the results DB the rows came from
@@ -182,7 +192,7 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
                   for ev in evaluations if on_gpu(ev, gpu) and unmeasured(ev, mode) is None
                   and getattr(ev, "stage", "final") == "final"}
     decisions = select(evaluations, mode=mode, margin=margin, gpu=gpu)
-    idx = KernelIndex.load(root)
+    idx = KernelIndex.load(knobs.user_kernels_dir() if root is None else root)
     changed = False
     for d in decisions:
         old = idx.get(*d.key, gpu=d.gpu)
@@ -290,6 +300,32 @@ def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report:
         lost_speedups=";".join(f"{k}={v:.4f}" for k, v in sorted(old.speedups.items())))
 
 
+def carry_binaries(root, *, build: Callable | None = None, jobs: int | None = None,
+                   nvcc: str | None = None) -> list[tuple[str, str, str]]:
+    """Build every tuned kernel of the table at `root` (through the build cache, CUDAL2_BUILD_JOBS
+    at a time) and store its library and provenance under <root>/bin/<arch>/ (binaries.carry);
+    binaries of kernels no longer in the table are deleted. `nvcc`: the version the builds ran
+    with (default: the toolchain's); `build`: default build_many. Returns (arch, file, 'carried'
+    | why not) per kernel."""
+    idx = KernelIndex.load(root)
+    groups: dict[tuple[str, str], list[IndexRow]] = {}
+    for row in idx.tuned_rows():
+        groups.setdefault((row.arch, row.sha256), []).append(row)
+    specs = [BuildSpec(idx.source(rows[0]), arch=arch, name=rows[0].file)
+             for (arch, _), rows in groups.items()]
+    results = (build or build_many)(specs, jobs=jobs or knobs.build_jobs()) if specs else []
+    nvcc = nvcc or (find_toolchain().version if any(r.ok for r in results) else "")
+    out = []
+    for ((arch, sha), rows), res in zip(groups.items(), results):
+        if not res.ok:
+            out.append((arch, rows[0].file, f"build {res.status}"))
+            continue
+        binaries.carry(idx.root, arch, sha, res.so_path, nvcc=nvcc, gpus=[r.gpu for r in rows if r.gpu])
+        out.append((arch, rows[0].file, "carried"))
+    binaries.prune(idx.root, set(groups))
+    return out
+
+
 def sources_from(db=None, dirs: Iterable = ()) -> Callable[[str], str | None]:
     """A sha -> source resolver: the results DB (if it stores sources), then `<dir>/<sha>.cu`."""
     dirs = [Path(d) for d in dirs]
@@ -322,7 +358,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default=None, help="only rows measured on this GPU (substring)")
     parser.add_argument("--arch", default=None, help="only this arch")
     parser.add_argument("--sources", nargs="*", default=[], help="folders of <sha>.cu files (a campaign pack)")
-    parser.add_argument("--out", default=None, help="generated_kernels root (default: CUDAL2_KERNELS)")
+    parser.add_argument("--out", default=None,
+                        help="the table to write (default: your own table, CUDAL2_USER_KERNELS, "
+                             "else $CUDAL2_CACHE/kernels; `--out generated_kernels`: the shipped one)")
+    parser.add_argument("--with-binaries", action="store_true",
+                        help="also build every tuned kernel of the table and store its library "
+                             "(bin/<arch>/<sha>.so + provenance): a machine without nvcc serves it")
     parser.add_argument("--dry-run", action="store_true", help="decide and print, write nothing")
     parser.add_argument("--verbose", action="store_true", help="list every refusal")
 
@@ -335,7 +376,7 @@ def run_cli(args: argparse.Namespace) -> int:
     rows = db.rows()
     if args.arch:
         rows = [r for r in rows if r.arch == args.arch]
-    root = Path(args.out) if args.out else knobs.kernels_dir()
+    root = Path(args.out) if args.out else knobs.user_kernels_dir()
     print(f"export: {len(rows)} DB rows from {args.db}, mode {args.mode}, margin {args.margin:.0%}, into {root}")
     res = export(rows, sources_from(db, args.sources), root=root, mode=args.mode, margin=args.margin,
                  report=args.report, gpu=args.gpu, dry_run=args.dry_run, db=str(args.db))
@@ -352,4 +393,11 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"  ... {len(refused) - 20} more refusals (--verbose lists them)")
     print(f"{len(res.exported)} exported, {len(res.kept)} kept the table's row, {len(refused)} refused; "
           + (f"index: {res.index_path}" if res.index_path else "nothing written"))
+    if args.with_binaries and not args.dry_run:
+        carried = carry_binaries(root)
+        for arch, file, status in carried:
+            print(f"  binary   {arch} {file}: {status}")
+        failed = sum(status != "carried" for _, _, status in carried)
+        print(f"{len(carried) - failed} binaries carried under {root / binaries.BIN_DIR}, {failed} failed")
+        return 1 if failed else 0
     return 0

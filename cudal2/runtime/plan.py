@@ -15,6 +15,14 @@ from cudal2.core.vocab import LAYOUTS, gpu_key
 NEAREST_CANDIDATES = 2
 MAX_PROBES = 6
 INT_MAX = 2**31 - 1  # the kernel ABI's sizes and leading dimensions are C ints
+# The farthest (log_distance) a tuned kernel may be from a shape and still race for it: ln 8, one
+# dimension 8x off (or all three ~3.3x). Farther, the kernel was tuned for another regime (a
+# decode GEMV against a prefill tile, docs/dispatch.md "The distance cap"), it rarely wins, and
+# a candidate costs a build (seconds to minutes of nvcc) and a race on the first call.
+NEAREST_MAX_DISTANCE = math.log(8)
+
+# torch.matmul accumulates fp16 GEMMs in fp32, so only f32-accumulate kernels serve it.
+SERVED_ACC = "f32"
 
 # A table entry is the index row itself (arch, acc, layout, shape, file, sha256, family, tuned).
 TableEntry = IndexRow
@@ -35,6 +43,13 @@ def for_gpu(entries: Iterable[TableEntry], gpu: str | None) -> list[TableEntry]:
     own = [e for e in entries if gpu and e.gpu == gpu]
     shadowed = {e.key[:6] for e in own}
     return own + [e for e in entries if not e.gpu and e.key[:6] not in shadowed]
+
+
+def served_rows(entries: Iterable[TableEntry], arch: str, gpu: str | None = None) -> list[TableEntry]:
+    """The tuned rows dispatch may serve on `arch` (f32 accumulate), on GPU model `gpu` as
+    for_gpu() picks them; gpu None: every GPU model's rows (a machine without a GPU asking)."""
+    rows = [e for e in entries if e.tuned and e.arch == arch and e.acc == SERVED_ACC]
+    return sorted(rows if gpu is None else for_gpu(rows, gpu), key=lambda e: e.key)
 
 
 def log_distance(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
@@ -70,7 +85,8 @@ class Decision:
 def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, table: Table, *,
          metas: Mapping[str, Mapping] | None = None, exclude: Iterable[str] = (),
          k: int = NEAREST_CANDIDATES, unknown_meta: str = "candidate",
-         gpu: str | None = None, verified: Mapping[str, Iterable[str]] | None = None) -> Decision:
+         gpu: str | None = None, verified: Mapping[str, Iterable[str]] | None = None,
+         max_distance: float = NEAREST_MAX_DISTANCE) -> Decision:
     """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`,
     on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows
     first, any-GPU rows where it has none, never another GPU's).
@@ -80,8 +96,9 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
     bucket:  a tuned kernel for (N, K) exported at another M of M's token bucket (bucket_match);
              it serves as an exact one does;
     nearest: the `k` tuned kernels of the same (arch, acc, layout) nearest in log-space
-             distance (log_distance) that accept the shape (meta any_shape, or M, N, K divisible by
-             its tile); they race cuBLAS before serving;
+             distance (log_distance), within `max_distance` (NEAREST_MAX_DISTANCE), that accept
+             the shape (meta any_shape, or M, N, K divisible by its tile); they race cuBLAS
+             before serving;
     fallback: nothing may serve: torch.matmul.
     `metas` maps sha256 -> cudal2_meta for kernels loaded so far; a kernel whose meta is unknown
     is a candidate marked `unresolved` (unknown_meta="candidate") or skipped ("reject").
@@ -125,10 +142,18 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
                         (b,) if b.sha256 not in metas else ())
     ranked = sorted(((log_distance((M, N, K), e.shape), e.shape, e.file, e) for e in same
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
+    # a kernel whose tile is only its own claim serves its exact shape only
+    ranked = [t for t in ranked if verified is None or "tile" in verified.get(t[3].sha256, ())]
+    cap = max_distance + 1e-9        # exactly 8x off is within the cap, whatever the rounding
+    if ranked and ranked[0][0] > cap:
+        d, e = ranked[0][0], ranked[0][3]
+        return Decision("fallback", (), f"the nearest tuned {arch}/{acc}_{layout} kernel "
+                        f"({e.M}x{e.N}x{e.K}) is at log-distance {d:.2f} from {M}x{N}x{K}, beyond "
+                        f"the nearest-shape cap {max_distance:.2f}")
     cands, unresolved, dists = [], [], []
     for d, _, _, e in ranked:
-        if verified is not None and "tile" not in verified.get(e.sha256, ()):
-            continue                 # its tile is the kernel's claim only: exact shapes only
+        if d > cap:
+            break
         meta = metas.get(e.sha256)
         if meta is None:
             if unknown_meta != "candidate":
@@ -142,7 +167,8 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
             break
     if not cands:
         return Decision("fallback", (), f"none of {len(same)} tuned {arch}/{acc}_{layout} "
-                        f"kernels accepts {M}x{N}x{K} (tile divisibility / any_shape)")
+                        f"kernels within log-distance {max_distance:.2f} accepts {M}x{N}x{K} "
+                        "(tile divisibility / any_shape)")
     desc = ", ".join(f"{e.M}x{e.N}x{e.K} (d={d:.2f})" for e, d in zip(cands, dists))
     return Decision("nearest", tuple(cands), f"nearest by log-space distance: {desc}",
                     tuple(unresolved), tuple(dists))

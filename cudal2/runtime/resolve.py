@@ -1,6 +1,7 @@
 """Once per (device, shape, layout): which kernel serves it (plan, load, maybe race), kept in
-the serving table the hot path reads. The table of tuned kernels comes from generated_kernels/
-(knobs.kernels_dir())."""
+the serving table the hot path reads. The table of tuned kernels is the shipped one
+(knobs.kernels_dir()) with the user's (knobs.user_kernels_dir()) layered over it
+(cudal2.core.tables)."""
 from __future__ import annotations
 
 import ctypes
@@ -12,11 +13,11 @@ import warnings
 import torch
 
 from cudal2.core import knobs
-from cudal2.core.store import KernelIndex, KernelIndexError
+from cudal2.core.tables import SHIPPED, Tables, load_tables
 from cudal2.core.vocab import ARCH_BY_CAPABILITY, gpu_key
 from cudal2.runtime import race as R
-from cudal2.runtime.loader import KernelLoader, KernelLoadError, Workspaces, launcher
-from cudal2.runtime.plan import MAX_PROBES, Decision, TableEntry, plan, table_from_index
+from cudal2.runtime.loader import KernelLoader, KernelLoadError, KernelNotBuilt, Workspaces, launcher
+from cudal2.runtime.plan import MAX_PROBES, SERVED_ACC, Decision, TableEntry, plan
 
 log = logging.getLogger("cudal2.runtime")
 
@@ -34,10 +35,14 @@ class State:
     def __init__(self, loader: KernelLoader | None = None):
         self.lock = threading.RLock()            # held while resolving a new shape
         self.loader = loader or KernelLoader()
-        self.index: KernelIndex | None = None
+        self.tables: Tables | None = None
         self.table: dict[tuple, TableEntry] | None = None
         self.metas: dict[str, dict] = {}
         self.broken: set[str] = set()
+        # serving keys decided without a kernel that was not built (CUDAL2_BUILD_IN_CALL=0):
+        # forgotten by redecide_unbuilt() after warmup, so they are decided again
+        self.unbuilt: set[tuple] = set()
+        self.told_unbuilt: set[str] = set()       # kernels already named at WARNING
         self.arch: dict[int, str | None] = {}
         self.gpu: dict[int, str] = {}             # device -> GPU model name (vocab.gpu_key)
         self.env: dict[int, dict] = {}
@@ -57,18 +62,30 @@ def reset(loader: KernelLoader | None = None) -> None:
 
 
 def table() -> dict[tuple, TableEntry]:
+    """The serving table: the shipped and user tables' tuned rows, layered (loaded once)."""
     if state.table is None:
-        root = knobs.kernels_dir()
-        try:
-            state.index = KernelIndex.load(root)
-            state.table = table_from_index(state.index)
-        except KernelIndexError as exc:
-            # The library must never break a matmul that torch would compute: say why, serve torch.
-            warnings.warn(f"cudal2: ignoring the kernel table ({exc}); every shape uses torch.matmul",
-                          RuntimeWarning, stacklevel=4)
-            state.index, state.table = None, {}
-        log.debug("kernel table %s: %d tuned kernels", root, len(state.table))
+        tables = load_tables()
+        for problem in tables.problems:
+            # The library must never break a matmul that torch would compute: say why, serve
+            # the other table (torch where neither has a kernel).
+            warnings.warn(f"cudal2: {problem}; its shapes use torch.matmul", RuntimeWarning,
+                          stacklevel=4)
+        state.tables, state.table = tables, tables.rows
+        log.debug("kernel tables %s: %d tuned kernels served",
+                  {n: str(i.root) for n, i in tables.indexes.items()}, len(state.table))
     return state.table
+
+
+def redecide_unbuilt() -> int:
+    """Forget the serving decisions made without a kernel that was not built (the knob
+    CUDAL2_BUILD_IN_CALL=0), so their next call decides again (after warmup). Returns how many."""
+    with state.lock:
+        keys = list(state.unbuilt)
+        for key in keys:
+            serving.pop(key, None)
+        state.unbuilt.clear()
+        state.told_unbuilt.clear()
+    return len(keys)
 
 
 def device_arch(dev: int) -> str | None:
@@ -110,10 +127,14 @@ def device_env(dev: int) -> dict:
     return env
 
 
-def load(e: TableEntry):
-    """Build+load a table kernel; check its meta against its row. Raises KernelLoadError."""
+def load(e: TableEntry, call: str = ""):
+    """Load a table kernel (its table's carried binary, the build cache, else a build if the knob
+    allows); check its meta against its row. Raises KernelLoadError (KernelNotBuilt)."""
+    tables = state.tables
+    name = e.file if tables.table_of(e) == SHIPPED else f"{e.file} ({tables.table_of(e)} table)"
     # Keyed by source and arch: one source may in principle serve several arch directories.
-    lib = state.loader.get(f"{e.sha256}:{e.arch}", lambda: state.index.source(e), e.arch, name=e.file)
+    lib = state.loader.get(f"{e.sha256}:{e.arch}", lambda: tables.source(e), e.arch, name=name,
+                           carried=(tables.root_of(e), e.sha256), call=call)
     meta = lib.meta
     for f in ("arch", "acc", "layout"):
         if meta.get(f) != getattr(e, f):
@@ -155,7 +176,7 @@ def resolve(dev: int, M: int, N: int, K: int, layout: str, a, b):
 
 def decide(dev, M, N, K, layout, a, b):
     arch = device_arch(dev)
-    acc = "f32"  # torch.matmul accumulates fp16 GEMMs in fp32; f16-accumulate kernels never serve
+    acc = SERVED_ACC  # torch.matmul accumulates fp16 GEMMs in fp32: f16-accumulate kernels never serve
     tbl = table()
     # what the audit confirmed of each kernel's meta (index columns config / verified): a kernel
     # whose tile is only its own claim serves the shape it was measured at, nothing else
@@ -163,11 +184,15 @@ def decide(dev, M, N, K, layout, a, b):
     for e in tbl.values():
         verified.setdefault(e.sha256, set()).update(e.trusted_meta)
     probes = 0
+    call = f"{M}x{N}x{K} {layout}"
+    knobs.build_in_call()        # a bad value is the user's error (resolve says so), not a kernel's
+    unbuilt: set[str] = set()    # not built, building forbidden: out of this decision only
     # plan() is pure; a kernel's meta (tile, any_shape) is known only once it is loaded, so load
     # what plan() marks unresolved and plan again. Each round learns a meta or marks a kernel
-    # broken, and after MAX_PROBES loads unknown kernels are skipped, so this ends.
+    # broken or unbuilt, and after MAX_PROBES loads unknown kernels are skipped, so this ends.
     while True:
-        d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas, exclude=state.broken,
+        d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas,
+                 exclude=state.broken | unbuilt,
                  unknown_meta="candidate" if probes < MAX_PROBES else "reject",
                  gpu=device_gpu(dev), verified=verified)   # this GPU's rows, then any-GPU rows
         if d.kind in ("exact", "bucket") and d.candidates[0].sha256 not in state.metas:
@@ -179,10 +204,15 @@ def decide(dev, M, N, K, layout, a, b):
         for e in pending:
             probes += 1
             try:
-                load(e)
+                load(e, call)
+            except KernelNotBuilt as exc:
+                unbuilt.add(e.sha256)
+                _tell_unbuilt(e, call, exc)
             except Exception as exc:  # noqa: BLE001 - a broken kernel is skipped, torch serves
                 state.broken.add(e.sha256)
                 log.warning("cudal2: tuned kernel %s unusable, skipping it: %s", e.file, exc)
+    if unbuilt:
+        state.unbuilt.add((dev, M, N, K, layout))
     log.debug("cudal2 dispatch %s %dx%dx%d %s on cuda:%d: %s (%s)", arch, M, N, K, layout, dev,
               d.kind, d.reason)
     if d.kind == "fallback":
@@ -191,6 +221,14 @@ def decide(dev, M, N, K, layout, a, b):
         e = d.candidates[0]
         return launcher(load(e), M, N, K, e.options_dict)
     return _nearest(dev, M, N, K, layout, a, b, d)
+
+
+def _tell_unbuilt(e: TableEntry, call: str, exc: Exception) -> None:
+    if e.sha256 not in state.told_unbuilt:
+        state.told_unbuilt.add(e.sha256)
+        log.warning("cudal2: %s; %s (and any shape that needs that kernel) is decided without "
+                    "it, torch unless a built kernel serves, until `cudal2 warmup` or "
+                    "cudal2.warmup() builds it", exc, call)
 
 
 def _contender_id(e) -> str:

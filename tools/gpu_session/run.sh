@@ -232,7 +232,7 @@ for s in "${STAGES[@]}"; do
       else ovh=(--device cpu); fi
       stage overhead "$(budget overhead "${BUDGET_OVERHEAD:-90}")" bash -c "
         $PY tools/gpu_session/overhead_table.py '$d/kernels' 64,64,64 256,256,256 128,4096,4096 &&
-        CUDAL2_KERNELS='$d/kernels' $PY -m cudal2.runs.overhead ${ovh[*]} --json '$d/overhead_kernel_path.json' &&
+        CUDAL2_KERNELS='$d/kernels' CUDAL2_USER_KERNELS='$d/kernels' $PY -m cudal2.runs.overhead ${ovh[*]} --json '$d/overhead_kernel_path.json' &&
         $PY -m cudal2.runs.overhead --device all --json '$d/overhead_shipped_table.json'"
       rm -rf "$d/kernels"   # the fixture table states no measured speedup: it stays here
       ;;
