@@ -331,3 +331,21 @@ def test_help_imports_no_torch(argv):
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["code"] == 0 and got["usage"], got
     assert got["heavy"] == [], f"cudal2 {' '.join(argv)} imported {got['heavy']}"
+
+
+@pytest.mark.parametrize("read", ["tune.read_shapes", "coverage.read_shape_list",
+                                  "report.read_weights", "modelbench.read_rows"])
+def test_every_shapes_reader_follows_the_one_rule(tmp_path, read):
+    """core/shapefile.py is the rule of every shapes CSV reader: a BOM and spaced header names
+    read, a size beyond the ABI's int refused naming the row and the column."""
+    import importlib
+    mod, fn = read.split(".")
+    pkg = "cudal2.search" if mod == "tune" else "cudal2.runs"
+    reader = getattr(importlib.import_module(f"{pkg}.{mod}"), fn)
+    ok = tmp_path / "ok.csv"
+    ok.write_text("\ufeffM, N, K, weight\n16, 4096, 4096, 1\n", encoding="utf-8")
+    assert reader(ok)
+    big = tmp_path / "big.csv"
+    big.write_text("M,N,K,weight\n16,4096,4096,1\n3000000000,8,8,1\n")
+    with pytest.raises(ValueError, match=r"big.csv:3: column M: 3000000000"):
+        reader(big)

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Iterable
 
 from cudal2.core import knobs
+from cudal2.core.shapefile import check_sizes, open_csv, reader as csv_reader
 from cudal2.core.store import KernelIndex
 from cudal2.harness.types import BASELINES, Shape
-from cudal2.runs.report import (BUCKETS, Best, check_sizes, collect, csv_reader, fmt, geomean,
+from cudal2.runs.report import (BUCKETS, Best, collect, fmt, geomean,
                                 read_rows, size_bucket)
 
 AUTOTUNED = "cublaslt_autotuned"
@@ -66,7 +67,7 @@ class ShapeCoverage:
 def read_shape_list(path) -> list[tuple[tuple[int, int, int], str]]:
     """(shape, layout) per row of an M,N,K[,layout] CSV, duplicates dropped ("" = any layout)."""
     out: dict[tuple, str] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_csv(path) as f:
         for i, rec in enumerate(csv_reader(f, path, ("M", "N", "K")), start=2):
             try:
                 s = (int(rec["M"]), int(rec["N"]), int(rec["K"]))

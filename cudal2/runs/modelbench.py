@@ -26,7 +26,6 @@ on CPU.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import random
@@ -34,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from cudal2.core.shapefile import check_sizes, open_csv, reader as shape_reader
 from cudal2.core.toolchain import detect_arch
 from cudal2.harness import bandwidth as bw
 from cudal2.runs import shapes as S
@@ -47,10 +47,11 @@ DECODE_MAX_M = bw.DECODE_MAX_M     # the issue's decode rows: M <= 64
 def read_rows(path) -> list[dict]:
     """Rows of a `cudal2 shapes` CSV (M,N,K,layout,weight,tokens,count; count 1 when absent)."""
     out = []
-    with open(path, newline="") as f:
-        for i, rec in enumerate(csv.DictReader(f), start=2):
+    with open_csv(path) as f:
+        for i, rec in enumerate(shape_reader(f, path), start=2):
             try:
-                out.append(dict(M=int(rec["M"]), N=int(rec["N"]), K=int(rec["K"]),
+                M, N, K = check_sizes((int(rec["M"]), int(rec["N"]), int(rec["K"])), path, i)
+                out.append(dict(M=M, N=N, K=K,
                                 layout=(rec.get("layout") or "RC").strip(),
                                 weight=float(rec.get("weight") or 0.0),
                                 layer=rec.get("layer", ""), tokens=int(rec.get("tokens") or rec["M"]),

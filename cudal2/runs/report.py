@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from cudal2.core.shapefile import check_sizes, open_csv, reader as csv_reader
 from cudal2.harness import bandwidth as bw
 from cudal2.harness.db import DBError, ResultsDB
 from cudal2.harness.types import BASELINES, medians, on_gpu, unmeasured
-from cudal2.runtime.plan import INT_MAX
 
 # Flop buckets (docs/measurement.md): upper bounds on 2*M*N*K, the last open.
 BUCKETS = ((1e9, "<1e9"), (1e11, "1e9-1e11"), (1e12, "1e11-1e12"), (float("inf"), ">=1e12"))
@@ -150,32 +150,10 @@ def aggregate(rows: list[ShapeRow], origin: str | None = None, weights: dict | N
     return out
 
 
-def csv_reader(f, path, required: tuple[str, ...]) -> csv.DictReader:
-    """A DictReader over `f` whose header names are stripped, so a hand-written `M, N, K` reads
-    as M,N,K (open `f` with encoding utf-8-sig: a spreadsheet's BOM is not part of the first
-    name); ValueError naming the file and the columns it lacks."""
-    r = csv.DictReader(f)
-    r.fieldnames = [(name or "").strip() for name in r.fieldnames or ()]
-    missing = sorted(set(required) - set(r.fieldnames))
-    if missing:
-        raise ValueError(f"{path}: header must have columns {','.join(required)} (missing {missing})")
-    return r
-
-
-def check_sizes(shape: tuple[int, int, int], path, line: int) -> tuple[int, int, int]:
-    """`shape` if every size fits the kernel ABI (C ints, 1..INT_MAX); else a ValueError naming
-    the row and the column: a larger size would wrap round in the kernel call."""
-    for col, v in zip("MNK", shape):
-        if not 1 <= v <= INT_MAX:
-            raise ValueError(f"{path}:{line}: column {col}: {v} is outside 1..{INT_MAX} "
-                             "(the kernel ABI's sizes are 32-bit ints)")
-    return shape
-
-
 def read_weights(path) -> dict[tuple[int, int, int], float]:
     """shape -> summed weight from a CSV with M,N,K,weight (shapes/llm_trace.csv)."""
     out: dict[tuple, float] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with open_csv(path) as f:
         r = csv_reader(f, path, ("M", "N", "K", "weight"))
         for i, rec in enumerate(r, start=2):
             try:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from cudal2.core.shapefile import INT_MAX  # noqa: F401 - hot.py reads it from here
 from cudal2.core.abi import meta_accepts  # the ABI's shape rule (also what the planner follows)
 from cudal2.core.store import IndexRow
 from cudal2.core.vocab import LAYOUTS, gpu_key
@@ -14,7 +15,6 @@ from cudal2.core.vocab import LAYOUTS, gpu_key
 # willing to build/load to find them (meta is only known once a kernel is loaded).
 NEAREST_CANDIDATES = 2
 MAX_PROBES = 6
-INT_MAX = 2**31 - 1  # the kernel ABI's sizes and leading dimensions are C ints
 # The farthest (log_distance) a tuned kernel may be from a shape and still race for it: ln 8, one
 # dimension 8x off (or all three ~3.3x). Farther, the kernel was tuned for another regime (a
 # decode GEMV against a prefill tile, docs/dispatch.md "The distance cap"), it rarely wins, and
