@@ -52,6 +52,7 @@ from cudal2.harness.tournament import Entrant
 from cudal2.harness.types import BASELINES, DEFAULT_SERVER_GAPS_MS, EvalRequest, Shape
 from cudal2.harness.worker import WorkerPool, probe_library
 from cudal2.runs import export as export_mod, report
+from cudal2.runs.progress import Bar, clock
 from cudal2.runs.account import Account, Throughput
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
@@ -112,7 +113,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
             jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
             order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
-            lt_choices_from=(), log=print) -> dict:
+            lt_choices_from=(), progress: bool | None = None, log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
     the run re-measures what dispatch serves today. layout: the shapes file's layout column
@@ -121,7 +122,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering.
     lt_choices_from: results DBs, or folders holding them (results.db, results.db.gz), whose
     cuBLASLt autotune choices the pack carries: the run reuses a choice whose key (GPU, cuBLASLt
-    version, shape, accumulator, layout) matches instead of autotuning again."""
+    version, shape, accumulator, layout) matches instead of autotuning again. progress: bars
+    with an ETA over planning and building (None: on a terminal only)."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -143,12 +145,19 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     first = [Shape(*r.shape) for r in tuned]
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
     model = CostModel.default(arch=arch)
-    p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
-             acc=acc, layout=layout, per_family=per_family)
+    # planning ranks every config's runtime options per shape: minutes for a model's file (a
+    # line first, so a log without the bar does not look hung)
+    log(f"campaign prepare: planning {len(shapes)} shapes for {arch} (layout {layout})")
+    with Bar(len(shapes), "planning", enabled=progress, unit="shape", log=log) as bar:
+        p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
+                 acc=acc, layout=layout, per_family=per_family, progress=lambda s: bar.update())
     log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
         f"({p.pairs} shape x candidate pairs) for {arch}, packing into {out}")
-    rep = build_plan(p, jobs=jobs, progress=lambda r: log(
-        f"  built {r.name}: {r.status}{' (cached)' if r.cached else f' {r.seconds:.1f} s'}"))
+    with Bar(len(p.candidates), "building", enabled=progress, unit="build", log=log) as bar:
+        def built(r):
+            bar.update()
+            bar.log(f"  built {r.name}: {r.status}{' (cached)' if r.cached else f' {r.seconds:.1f} s'}")
+        rep = build_plan(p, jobs=jobs, progress=built)
     log("  " + rep.text())
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(shapes_file, out / "shapes.csv")
@@ -203,7 +212,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
              for lib, (src, libs, _) in blibs.items()]
-    built = build_many(specs + [bandwidth.spec(arch)], jobs=jobs)
+    with Bar(len(specs) + 1, "building baselines", enabled=progress, unit="build", log=log) as bar:
+        built = build_many(specs + [bandwidth.spec(arch)], jobs=jobs, progress=lambda r: bar.update())
     stream = _pack_stream_read(built.pop(), out, log)
     for (lib, (src, libs, exports)), r in zip(blibs.items(), built):
         if not r.ok:
@@ -599,6 +609,7 @@ class _Run:
     done_shapes: int = 0
     live: Path | None = None               # a folder kept current after every shape
     log: Callable = print
+    bar: Bar | None = None                 # the shapes' progress bar (drawn on a terminal only)
     lock: threading.Lock = field(default_factory=threading.Lock)
     summary: dict = field(default_factory=dict)
 
@@ -607,7 +618,8 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         kernels_root=None, margin: float = 0.02, allow_no_gpu: bool = False, resume_db=None,
         server_gaps_ms=None, finals_per_shape: int = 2, db_path=None, devices=None,
         executor: str = "local", address: str | None = None, ray_cpus: int | None = None,
-        live_dir=None, call_account=None, exclude_families=(), log=print) -> dict:
+        live_dir=None, call_account=None, exclude_families=(), progress: bool | None = None,
+        log=print) -> dict:
     """The GPU half. Returns a summary dict (counts, paths, throughput, the by-phase account).
     budget_s: a deadline, checked before each unit of work (a shape, a screening chunk, a finals
     session), FINISH_RESERVE_S before it kept for export and reports. resume_db: the results.db
@@ -620,7 +632,8 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     a killed run leaves). call_account: the JSON a calling script began (account.Account.from_file:
     the call's start and its phases before the campaign). exclude_families: pack families (and
     "split-K": every build with SPLITK > 1) kept out of this run, e.g. a family whose GPU tests
-    failed in the same call."""
+    failed in the same call. progress: a bar over the shapes with an ETA (None: on a terminal
+    only); the per-shape lines print above it."""
     packs = [Path(p).resolve() for p in ([pack] if isinstance(pack, (str, Path)) else pack)]
     r = _Run(pack=packs[0], m=_merge_packs(packs), out=Path(out), log=log,
              acct=Account.from_file(call_account) if call_account else Account(),
@@ -648,9 +661,13 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
         _bandwidth(r)
     request = dict(arch=r.m["arch"], acc=r.m.get("acc"), modes=modes, baselines=baselines,
                    origin="tune", server_gaps_ms=gaps, gate_margin=margin)
+    r.bar = Bar(len(r.plan), "shapes", enabled=progress, unit="shape", log=log)
+    r.log = r.bar.log                      # the per-shape lines print above the bar
     try:
         _drive(r, tournament.FinalistPolicy(top=finals_per_shape), request)
     finally:
+        r.bar.close()
+        r.log = log
         with r.acct.phase("campaign end"):
             for ln in r.lanes:
                 ln.close()
@@ -821,10 +838,21 @@ def _drive(r: _Run, policy, request: dict) -> None:
                     r.log(f"  {Shape(*nxt[0])}: the tournament raised {type(exc).__name__}: {exc}")
             with r.lock:
                 _checkpoint(r)
+                _tick(r)
 
     with ThreadPoolExecutor(len(r.lanes)) as ex:
         for f in [ex.submit(lane_loop, ln) for ln in r.lanes]:
             f.result()
+
+
+def _tick(r: _Run) -> None:
+    """A shape done: the bar moves, with the budget left beside its ETA (the run stops there)."""
+    if r.bar is None:
+        return
+    left = r.deadline - time.monotonic()
+    if left != float("inf"):
+        r.bar.postfix(f"budget left {clock(max(0.0, left))}")
+    r.bar.update()
 
 
 def _entrants(r: _Run, S: Shape, pairs: list, request: dict) -> list:
@@ -1091,6 +1119,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         "choices the pack carries, reused where their key matches")
     p.add_argument("--max-pack-mib", type=float, default=None,
                    help="refuse a pack larger than this many MiB (default: no limit)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (drawn only on a terminal anyway)")
     r = sub.add_parser("run", help="GPU half: time the pack's candidates and baselines, export, report")
     r.add_argument("pack", nargs="+",
                    help="folders made by `cudal2 campaign prepare` (several: one run, their shapes "
@@ -1112,7 +1142,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--db", default=None,
                    help="results DB to append to (created if absent; default <run folder>/results.db): "
                         "runs accumulate into it and skip what it already holds")
-    r.add_argument("--kernels-out", default=None, help="generated_kernels root to export into")
+    r.add_argument("--kernels-out", default=None,
+                   help="the kernel table to export into (default: your own table, "
+                        "CUDAL2_USER_KERNELS, else $CUDAL2_CACHE/kernels)")
     r.add_argument("--exclude-families", nargs="+", default=[],
                    help="pack families kept out of this run ('split-K': every build with SPLITK > 1)")
     r.add_argument("--live", default=None,
@@ -1122,6 +1154,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="JSON {start: epoch s, phases: {name: s}} a calling script began: the "
                         "summary's by-phase account then covers the whole call")
     r.add_argument("--allow-no-gpu", action="store_true", help="run the plumbing without a GPU (no timings)")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (drawn only on a terminal anyway)")
     r.add_argument("--devices", nargs="+", default=None,
                    help="GPUs to spread shapes over, as CUDA_VISIBLE_DEVICES names them (default: every visible GPU)")
     r.add_argument("--executor", default="local", choices=("local", "ray"),
@@ -1141,14 +1175,16 @@ def run_cli(args: argparse.Namespace) -> int:
                     acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
                     max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
                     order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db,
-                    lt_choices_from=args.lt_choices_from)
+                    lt_choices_from=args.lt_choices_from,
+                    progress=False if args.no_progress else None)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),
                 kernels_root=args.kernels_out, margin=args.margin, allow_no_gpu=args.allow_no_gpu,
                 resume_db=args.resume_db, server_gaps_ms=args.server_gaps_ms,
                 finals_per_shape=args.finals_per_shape, db_path=args.db, devices=args.devices,
                 executor=args.executor, address=args.address, live_dir=args.live,
-                call_account=args.call_account, exclude_families=args.exclude_families)
+                call_account=args.call_account, exclude_families=args.exclude_families,
+                progress=False if args.no_progress else None)
         else:
             problems = dry_run(args.pack)
             for p in problems:

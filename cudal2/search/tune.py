@@ -12,7 +12,6 @@ parameter at a time) or purely cost-model-ranked. Evaluations go through
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import random
 import resource
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from cudal2 import templates
@@ -28,6 +26,7 @@ from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.toolchain import ToolchainError, detect_arch, find_toolchain
+from cudal2.core.shapefile import check_sizes, open_csv, reader as shape_reader
 from cudal2.core.vocab import INSTRUCTIONS, LAYOUTS
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
@@ -42,27 +41,16 @@ MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (s
 # --- shape files -----------------------------------------------------------------------------
 def read_shapes(path) -> list[Shape]:
     """`M,N,K[,...]` CSV (extra columns ignored) -> shapes, in file order, duplicates dropped."""
-    path = Path(path)
-    try:
-        f = path.open(newline="")
-    except OSError as exc:
-        raise ValueError(f"cannot read shape file {path}: {exc}") from None
-    with f:
-        reader = csv.DictReader(f)
-        missing = {"M", "N", "K"} - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: header must have columns M,N,K (missing {sorted(missing)})")
-        seen, out = set(), []
-        for i, row in enumerate(reader, start=2):
+    seen, out = set(), []
+    with open_csv(path) as f:
+        for i, row in enumerate(shape_reader(f, path), start=2):
             try:
-                s = Shape(int(row["M"]), int(row["N"]), int(row["K"]))
+                s = Shape(*check_sizes((int(row["M"]), int(row["N"]), int(row["K"])), path, i))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{i}: bad shape row {row}: {exc}") from None
             if s not in seen:
                 seen.add(s)
                 out.append(s)
-    if not out:
-        raise ValueError(f"{path}: no shapes")
     return out
 
 
@@ -70,12 +58,8 @@ def shapes_layout(path, requested: str | None = None) -> str:
     """The B layout to plan for a shapes file: its `layout` column (one value for every row,
     e.g. RC in a `cudal2 shapes --model` file) or `requested`; RR when neither says. A file whose
     rows disagree, or a request that contradicts the file, is a ValueError naming both."""
-    path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            found = {(r.get("layout") or "").strip() for r in csv.DictReader(f)} - {""}
-    except OSError as exc:
-        raise ValueError(f"cannot read shape file {path}: {exc}") from None
+    with open_csv(path) as f:
+        found = {(r.get("layout") or "").strip() for r in shape_reader(f, path, ())} - {""}
     bad = sorted(found - set(LAYOUTS))
     if bad:
         raise ValueError(f"{path}: layout column holds {bad}; layouts are {LAYOUTS}")
@@ -145,7 +129,7 @@ class BuildPlan:
 def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
          limit_per_shape: int | None = None, model: CostModel | None = None,
          acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS,
-         per_family: int | None = None) -> BuildPlan:
+         per_family: int | None = None, progress: Callable | None = None) -> BuildPlan:
     """Candidates for every shape, deduplicated: one Candidate per distinct source, planned for
     one (accumulator, layout) target. Runtime options are not build parameters, so a build is
     planned once and carries, per shape it serves, the option combinations worth timing:
@@ -155,7 +139,9 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     config scored by its best option combination. With `per_family` every family that serves a
     shape gets that many of its own best configs (its first default among them when it serves
     the shape), and `limit_per_shape` becomes the least a shape gets, filled with the best of the
-    rest: the prior's error is largest across families, so none is left untimed."""
+    rest: the prior's error is largest across families, so none is left untimed. `progress(shape)`
+    is called as each shape is planned (ranking the options is the slow part: ~85 s for a
+    Llama-3 8B file)."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
@@ -205,6 +191,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             cands.append(cand)
         per_shape[shape] = cands
         pairs += len(cands)
+        if progress is not None:
+            progress(shape)
     return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs, evaluations,
                      acc, layout)
 
@@ -548,7 +536,7 @@ def run_cli(args: argparse.Namespace) -> int:
             print(f"  {res.strategy}: {len(res.trials)} evaluations in {res.seconds:.0f} s; best "
                   + (f"{b.config.label()} {b.time_us:.2f} us{' (ESTIMATED, no GPU)' if b.estimated else ''}"
                      if b else "none"))
-    print(f"results in {args.db}; `cudal2 export --db {args.db}` copies the winners into generated_kernels/")
+    print(f"results in {args.db}; `cudal2 export --db {args.db}` copies the winners into your kernel table ($CUDAL2_CACHE/kernels)")
     return 0
 
 
