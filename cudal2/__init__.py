@@ -1,6 +1,6 @@
 """cudal2: per-shape HGEMM CUDA kernels behind a drop-in ``torch.matmul``.
 
-``cudal2.matmul(a, b, *, out=None)`` has torch.matmul's semantics for every input; 2-D fp16 CUDA
+``cudal2.matmul(input, other, *, out=None)`` has torch.matmul's semantics for every input; 2-D fp16 CUDA
 tensors with a supported layout are served by a tuned kernel when one beat cuBLAS for the shape.
 ``cudal2.patch(model)`` / ``cudal2.patched(model)`` route a model's nn.Linear layers through it.
 

@@ -24,7 +24,7 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_CACHE", "~/.cache/cudal2", "build cache and on-disk dispatch verdicts"),
-    Knob("CUDAL2_DISABLE", "0", "1: cudal2.matmul is exactly torch.matmul"),
+    Knob("CUDAL2_DISABLE", "0", "1: cudal2.matmul is exactly torch.matmul and cudal2.patch a no-op"),
     Knob("CUDAL2_KERNELS", "<repo>/generated_kernels", "the tuned kernel table that ships with cudal2"),
     Knob("CUDAL2_USER_KERNELS", "<CUDAL2_CACHE>/kernels", "your own tuned kernels: export and "
          "`campaign run` write here; dispatch layers them over CUDAL2_KERNELS (the faster "
@@ -34,7 +34,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("CUDAL2_PDL", "0", "1: dispatch launches the kernels that offer option pdl (the skinny "
          "families, sm_90a) with programmatic dependent launch; the tuner never times it: "
          "compare `cudal2 bench --model` with 0 and 1"),
-    Knob("CUDAL2_ARCH", "", "target arch when no GPU is visible (sm_80, sm_90a)"),
+    Knob("CUDAL2_ARCH", "", "target arch when no GPU is visible: sm_80, sm_86, sm_89 or sm_90a"),
     Knob("CUDAL2_BUILD_JOBS", "<cpu count>", "parallel nvcc processes for build_many"),
     Knob("CUDAL2_LOG", "warning", "log level of the cudal2 logger"),
     Knob("CUDAL2_ADAPTER", "<repo>/rl/data/adapter", "the LoRA adapter the default policy (smollm2) merges"),
