@@ -101,7 +101,7 @@ def test_dry_run_catches_a_corrupt_pack(pack, tmp_path):
     problems = campaign.dry_run(bad, log=lambda *a: None)
     assert any("does not match its sha256" in p for p in problems)
     # a library that hashes right but is not a shared object fails to load in the worker
-    m["candidates"][0]["so_sha256"] = campaign._sha_file(so)
+    m["candidates"][0]["so_sha256"] = campaign.file_sha(so)
     (bad / "manifest.json").write_text(json.dumps(m))
     problems = campaign.dry_run(bad, log=lambda *a: None)
     assert any("loading" in p and "error" in p for p in problems)

@@ -17,6 +17,7 @@ import pytest
 
 from cudal2 import cli
 from cudal2.harness import provenance
+from cudal2.core.identity import source_sha
 from cudal2.runs import campaign, progress, tunemodel
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -52,10 +53,13 @@ class FakePrepare:
         (out / "shapes.csv").write_bytes(Path(shapes_file).read_bytes())
         so = out / "builds" / "b0" / "kernel.so"
         so.write_bytes(b"not a real library")
+        src = "// a kernel\n"
+        (out / "builds" / "b0" / "kernel.cu").write_text(src)
         if self.fail_after_pack:
             raise RuntimeError("killed before the manifest")
         m = {"schema": campaign.SCHEMA, "arch": arch, "candidates": [
-            {"dir": "builds/b0", "so_sha256": hashlib.sha256(so.read_bytes()).hexdigest()}],
+            {"dir": "builds/b0", "label": "b0", "sha": source_sha(src),
+             "so_sha256": hashlib.sha256(so.read_bytes()).hexdigest()}],
              "baselines": [], "screenings": 2, "pack_bytes": 100}
         (out / campaign.MANIFEST).write_text(json.dumps(m))
         return m
@@ -75,10 +79,7 @@ class Stream(io.StringIO):
         return self.tty
 
 
-@pytest.mark.parametrize("use_tqdm", [True, False])
-def test_a_bar_draws_on_a_terminal_with_an_eta(monkeypatch, use_tqdm):
-    if not use_tqdm:                       # the stdlib line: a GPU machine without tqdm
-        monkeypatch.setattr(progress, "_tqdm", lambda *a: None)
+def test_a_bar_draws_on_a_terminal_with_an_eta(monkeypatch):
     out, err = Stream(True), Stream(True)
     monkeypatch.setattr("sys.stdout", out)
     bar = progress.Bar(4, "planning", unit="shape", stream=err)
@@ -91,8 +92,18 @@ def test_a_bar_draws_on_a_terminal_with_an_eta(monkeypatch, use_tqdm):
     assert "a line tools parse\n" in out.getvalue()         # above the bar, on stdout, whole
     drawn = err.getvalue()
     assert "planning" in drawn and "2/4" in drawn and "budget left 01:00" in drawn
-    if not use_tqdm:
-        assert "ETA" in drawn
+    assert "<" in drawn                                       # tqdm's [elapsed<remaining]
+
+
+def test_without_tqdm_no_bar_only_the_lines(monkeypatch):
+    """A machine without tqdm (a bare GPU image) gets the per-line prints, nothing drawn."""
+    monkeypatch.setattr(progress, "_tqdm", lambda *a: None)
+    err, lines = Stream(True), []
+    monkeypatch.setattr("sys.stdout", Stream(True))
+    with progress.Bar(2, "shapes", stream=err, log=lines.append) as bar:
+        bar.update()
+        bar.log("  1x8x8: ok")
+    assert not bar.enabled and err.getvalue() == "" and lines == ["  1x8x8: ok"]
 
 
 def test_no_bar_off_a_terminal_or_when_asked(monkeypatch):
@@ -109,12 +120,8 @@ def test_no_bar_off_a_terminal_or_when_asked(monkeypatch):
     assert not progress.wanted(None, Stream(True), object())      # no isatty: not a terminal
 
 
-def test_eta_and_clock():
-    assert progress.eta_s(0, 10, 5.0) is None
-    assert progress.eta_s(2, 10, 10.0) == pytest.approx(40.0)
-    assert progress.eta_s(10, 10, 10.0) == 0.0
-    assert progress.clock(None) == "?" and progress.clock(75) == "01:15"
-    assert progress.clock(3725) == "1:02:05"
+def test_clock():
+    assert progress.clock(75) == "01:15" and progress.clock(3725) == "1:02:05"
 
 
 # --- the CPU half and its resume ------------------------------------------------------------------
@@ -137,7 +144,7 @@ def test_cpu_half_says_what_is_left_for_a_gpu(tiny, tmp_path, monkeypatch):
     assert f"cudal2 tune-model --model {work / 'shapes.csv'} --arch sm_90a --work {work}" in text
     assert f"cudal2 campaign run {work / 'pack'} --db {work / 'results.db'}" in text
     st = json.loads((work / "state.json").read_text())
-    assert st["prepare"]["manifest_sha256"] == tunemodel.sha256(work / "pack" / "manifest.json")
+    assert st["prepare"]["manifest_sha256"] == tunemodel.file_sha(work / "pack" / "manifest.json")
 
 
 def test_a_second_call_skips_a_valid_pack_and_redoes_a_stale_one(tiny, tmp_path, monkeypatch):

@@ -39,6 +39,11 @@ def two_tables(tmp_path, monkeypatch):
 
 
 # -- layering ----------------------------------------------------------------------------------
+
+def _record(root, sha):
+    """The provenance JSON a carried sm_90a binary has beside it."""
+    return json.loads(binaries.paths(root, "sm_90a", sha)[1].read_text())
+
 def test_the_faster_measured_row_serves_and_the_other_is_kept_shadowed(two_tables):
     shipped, user = two_tables
     rows = {  # M: (shipped lo, user lo, which serves)
@@ -168,7 +173,7 @@ def loader_with(built, loaded, cuda=CUDA):
 
 def test_carry_records_provenance_and_prune_drops_what_left_the_table(carried, tmp_path):
     user, row, so = carried
-    rec = binaries.record(user.root, "sm_90a", row.sha256)
+    rec = _record(user.root, row.sha256)
     assert so == user.root / "bin" / "sm_90a" / f"{row.sha256}.so"
     assert rec == {"format": 1, "arch": "sm_90a", "source_sha256": row.sha256,
                    "so_sha256": hashlib.sha256(so.read_bytes()).hexdigest(), "nvcc": "12.4.131",
@@ -268,8 +273,8 @@ def test_export_with_binaries_carries_every_tuned_kernel(two_tables, tmp_path):
     assert calls == [(2, 3)]
     assert sorted(s for _, _, s in got) == ["build compile_error", "carried"]
     assert binaries.check(user.root, "sm_90a", good.sha256, cuda="12.1")[0] is not None
-    assert binaries.record(user.root, "sm_90a", good.sha256)["gpus"] == [H100]
-    assert binaries.record(user.root, "sm_90a", bad.sha256) is None and not stale.exists()
+    assert _record(user.root, good.sha256)["gpus"] == [H100]
+    assert not binaries.paths(user.root, "sm_90a", bad.sha256)[1].exists() and not stale.exists()
 
 
 def test_loader_errors_name_no_nvcc_without_a_toolchain(monkeypatch):

@@ -18,6 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from cudal2.core.identity import file_sha
 from cudal2.core.store import atomic_write_bytes
 
 BIN_DIR = "bin"
@@ -35,10 +36,6 @@ def cuda_of(nvcc_version: str) -> str:
     return ".".join(str(nvcc_version).split(".")[:2])
 
 
-def _file_sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def carry(root, arch: str, sha: str, so_path, *, nvcc: str, gpus=()) -> Path:
     """Copy a built library into the table at `root` with its provenance (both atomically, the
     .so first, so a record never names a missing or half-written library). Returns the .so."""
@@ -50,15 +47,6 @@ def carry(root, arch: str, sha: str, so_path, *, nvcc: str, gpus=()) -> Path:
               "gpus": sorted(set(gpus))}
     atomic_write_bytes(rec, (json.dumps(record, indent=1) + "\n").encode())
     return so
-
-
-def record(root, arch: str, sha: str) -> dict | None:
-    """The provenance record of a carried library, None when the table carries none."""
-    _, rec = paths(root, arch, sha)
-    try:
-        return json.loads(rec.read_text())
-    except FileNotFoundError:
-        return None
 
 
 def check(root, arch: str, sha: str, *, cuda: str | None) -> tuple[Path | None, str]:
@@ -82,7 +70,7 @@ def check(root, arch: str, sha: str, *, cuda: str | None) -> tuple[Path | None, 
         return None, f"{rec_path}: built from source {str(rec_sha)[:12]}, the row's is {sha[:12]}"
     if not so.is_file():
         return None, f"{so} is missing (its record {rec_path.name} is there)"
-    got = _file_sha(so)
+    got = file_sha(so)
     if got != so_sha:
         return None, f"{so}: sha256 {got[:12]} but {rec_path.name} records {str(so_sha)[:12]}"
     if not cuda:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 # C/C++ string and character literals, line and block comments, in one alternation so a comment
 # marker inside a string stays code.
@@ -57,3 +58,9 @@ def device_sha(text: str) -> str:
     code = canonical(text)
     code = _META_FN.sub(lambda m: m.group(1) + _STRINGS.sub('""', m.group(2)) + m.group(3), code)
     return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def file_sha(path) -> str:
+    """sha256 of a file's bytes (a built library, a pack's or a table's file): what it is, byte
+    for byte, as opposed to source_sha's identity of a kernel's text."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -25,7 +25,6 @@ import argparse
 import csv
 import datetime as _dt
 import gzip
-import hashlib
 import json
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ from typing import Callable
 
 from cudal2.core.abi import preload_cuda_runtime
 from cudal2.core.build import BuildSpec, build_many, result_from_json
-from cudal2.core.identity import source_sha
+from cudal2.core.identity import file_sha, source_sha
 from cudal2.core.store import KernelIndex
 from cudal2.core.toolchain import find_toolchain, pip_cuda_roots
 from cudal2.harness import bandwidth, baselines as hb, fakedevice, provenance
@@ -70,10 +69,6 @@ def _git_commit() -> str:
         return ""
 
 
-def _sha_file(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
 def _pack_entry(result, dest: Path) -> dict:
     """Copy one build-cache entry into the pack (PTX gzipped). Returns its manifest fields."""
     entry = result.so_path.parent
@@ -83,7 +78,7 @@ def _pack_entry(result, dest: Path) -> dict:
     if result.ptx_path and result.ptx_path.exists():
         with result.ptx_path.open("rb") as f, gzip.open(dest / "kernel.ptx.gz", "wb", compresslevel=6) as g:
             shutil.copyfileobj(f, g)
-    return {"key": result.key, "so_sha256": _sha_file(dest / "kernel.so"),
+    return {"key": result.key, "so_sha256": file_sha(dest / "kernel.so"),
             "resources": {"registers": result.max_registers, "shared_bytes": result.max_shared_bytes,
                           "spills": result.spills}}
 
@@ -297,6 +292,28 @@ def load_manifest(pack) -> dict:
     return m
 
 
+def pack_entries(m: dict) -> list[tuple[str, dict]]:
+    """(what, manifest entry) of every library a pack holds: candidates, baselines, stream read."""
+    entries = [(f"candidate {c['label']}", c) for c in m["candidates"]]
+    entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
+    if m.get("stream_read"):
+        entries.append((f"baseline {bandwidth.NAME}", m["stream_read"]))
+    return entries
+
+
+def file_problem(pack: Path, what: str, e: dict) -> str | None:
+    """Why an entry's files are not as its manifest says (library there, its bytes' sha256, its
+    source's identity); None when they are."""
+    so, src = pack / e["dir"] / "kernel.so", pack / e["dir"] / "kernel.cu"
+    if not so.is_file():
+        return f"{what}: {so} missing"
+    if file_sha(so) != e["so_sha256"]:
+        return f"{what}: {so} does not match its sha256 in the manifest"
+    if not src.is_file() or source_sha(src.read_text()) != e["sha"]:
+        return f"{what}: source missing or not matching {e['sha'][:12]}"
+    return None
+
+
 def dry_run(pack, *, log=print) -> list[str]:
     """Check a pack: manifest loads, every file is there and hashes right, every .so loads in a
     killable worker and exports cudal2_hgemm + cudal2_meta with meta matching the manifest.
@@ -305,23 +322,14 @@ def dry_run(pack, *, log=print) -> list[str]:
     pack = Path(pack)
     m = load_manifest(pack)
     problems = []
-    entries = [(f"candidate {c['label']}", c) for c in m["candidates"]]
-    entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
-    if m.get("stream_read"):
-        entries.append((f"baseline {bandwidth.NAME}", m["stream_read"]))
+    entries = pack_entries(m)
     with WorkerPool(1, mem_limit_bytes=4 << 30) as pool:
         for what, e in entries:
+            bad = file_problem(pack, what, e)
+            if bad:
+                problems.append(bad)
+                continue
             so = pack / e["dir"] / "kernel.so"
-            if not so.is_file():
-                problems.append(f"{what}: {so} missing")
-                continue
-            if _sha_file(so) != e["so_sha256"]:
-                problems.append(f"{what}: {so} does not match its sha256 in the manifest")
-                continue
-            src = pack / e["dir"] / "kernel.cu"
-            if not src.is_file() or source_sha(src.read_text()) != e["sha"]:
-                problems.append(f"{what}: source missing or not matching {e['sha'][:12]}")
-                continue
             probe = probe_library if what.startswith("candidate") else probe_baseline
             args = (str(so.resolve()),) if probe is probe_library else (str(so.resolve()), e["exports"])
             out = pool.run(probe, *args, timeout_s=60)

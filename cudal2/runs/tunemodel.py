@@ -21,7 +21,6 @@ work/results.db, which skips every (shape, build, options) it already recorded.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from cudal2.core import knobs
+from cudal2.core.identity import file_sha
+from cudal2.core.store import atomic_write_bytes
 from cudal2.runs import campaign, shapes as S
 
 STATE = "state.json"
@@ -67,10 +68,6 @@ class Job:
 
 
 # --- state --------------------------------------------------------------------------------------
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def read_state(work: Path) -> dict:
     """state.json of the work folder ({} when absent); a corrupt one is an error naming it."""
     p = Path(work) / STATE
@@ -88,9 +85,8 @@ def read_state(work: Path) -> dict:
 
 def write_state(work: Path, **updates) -> dict:
     st = dict(read_state(work), schema=SCHEMA, **updates)
-    tmp = Path(work) / (STATE + ".tmp")
-    tmp.write_text(json.dumps(st, indent=1, sort_keys=True) + "\n")
-    tmp.replace(Path(work) / STATE)      # atomic: a killed call leaves the old state or the new
+    # atomic: a killed call leaves the old state or the new
+    atomic_write_bytes(Path(work) / STATE, (json.dumps(st, indent=1, sort_keys=True) + "\n").encode())
     return st
 
 
@@ -106,7 +102,7 @@ def shapes_step(job: Job) -> str:
             raise ValueError(f"{src}: no such shapes file")
         if src.resolve() == job.shapes.resolve():     # the GPU machine's call on a copied folder
             job.log(f"tune-model 1/4 shapes: {job.shapes} (the work folder's own)")
-            return sha256(job.shapes)
+            return file_sha(job.shapes)
         shutil.copyfile(src, tmp)
         what = f"{src} (a shapes file, as given)"
     else:
@@ -115,13 +111,13 @@ def shapes_step(job: Job) -> str:
         S.write_rows(rows, tmp)
         what = (f"{model.name} tp={job.tp}: {len(rows)} rows, "
                 f"{len({(r['M'], r['N'], r['K']) for r in rows})} distinct shapes")
-    same = job.shapes.is_file() and sha256(tmp) == sha256(job.shapes)
+    same = job.shapes.is_file() and file_sha(tmp) == file_sha(job.shapes)
     if same:
         tmp.unlink()
     else:
         tmp.replace(job.shapes)
     job.log(f"tune-model 1/4 shapes: {what} -> {job.shapes}{' (unchanged)' if same else ''}")
-    return sha256(job.shapes)
+    return file_sha(job.shapes)
 
 
 # --- step 2: prepare ----------------------------------------------------------------------------
@@ -135,19 +131,19 @@ def pack_problem(job: Job, shapes_sha: str, state: dict) -> str | None:
         return f"its manifest does not load ({exc})"
     if m.get("arch") != job.arch:
         return f"it was prepared for {m.get('arch')}, not {job.arch}"
-    if not (job.pack / "shapes.csv").is_file() or sha256(job.pack / "shapes.csv") != shapes_sha:
+    if not (job.pack / "shapes.csv").is_file() or file_sha(job.pack / "shapes.csv") != shapes_sha:
         return "the shapes changed since it was prepared"
     done = state.get("prepare") or {}
-    if done.get("manifest_sha256") != sha256(job.pack / campaign.MANIFEST):
+    if done.get("manifest_sha256") != file_sha(job.pack / campaign.MANIFEST):
         return "state.json does not record this pack as prepared here"
     # an option not given takes the pack's: the GPU machine's call need not repeat them
     changed = {k: v for k, v in job.prepare_options.items() if (done.get("options") or {}).get(k, v) != v}
     if changed or not isinstance(done.get("options"), dict):
         return f"the prepare options changed ({done.get('options')} -> {job.prepare_options})"
-    for e in m["candidates"] + m["baselines"] + ([m["stream_read"]] if m.get("stream_read") else []):
-        so = job.pack / e["dir"] / "kernel.so"
-        if not so.is_file() or sha256(so) != e["so_sha256"]:
-            return f"{so} is missing or does not match its sha256 in the manifest"
+    for what, e in campaign.pack_entries(m):
+        bad = campaign.file_problem(job.pack, what, e)
+        if bad:
+            return bad
     return None
 
 
@@ -168,7 +164,7 @@ def prepare_step(job: Job, shapes_sha: str) -> dict:
                          progress=job.progress, log=job.log, **options)
     write_state(job.work, shapes_sha256=shapes_sha,
                 prepare={"arch": job.arch, "options": options,
-                         "manifest_sha256": sha256(job.pack / campaign.MANIFEST)})
+                         "manifest_sha256": file_sha(job.pack / campaign.MANIFEST)})
     return m
 
 
@@ -180,7 +176,7 @@ def run_done(job: Job, gpu: str) -> Path | None:
     if not (job.pack / campaign.MANIFEST).is_file():
         return None
     if (done.get("manifest_sha256"), done.get("gpu"), done.get("kernels_out")) != (
-            sha256(job.pack / campaign.MANIFEST), gpu, job.kernels_out):
+            file_sha(job.pack / campaign.MANIFEST), gpu, job.kernels_out):
         return None
     summary = Path(done.get("run_dir") or "") / "summary.json"
     try:
@@ -201,7 +197,7 @@ def run_step(job: Job, gpu: str) -> dict | None:
     summary = campaign.run(job.pack, job.work / "run", budget_s=job.budget_s or float("inf"),
                            kernels_root=job.kernels_out, db_path=job.work / "results.db",
                            progress=job.progress, log=job.log)
-    write_state(job.work, run={"manifest_sha256": sha256(job.pack / campaign.MANIFEST),
+    write_state(job.work, run={"manifest_sha256": file_sha(job.pack / campaign.MANIFEST),
                                "gpu": summary["gpu"], "run_dir": summary["run_dir"],
                                "kernels_out": job.kernels_out})
     if summary.get("stopped"):

@@ -36,11 +36,10 @@ class Warmed:
 
 
 def visible_gpu() -> str | None:
-    """The visible GPU's model name (vocab.gpu_key), None without one."""
-    try:
-        return gpu_key(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - a broken driver is no GPU to name
+    """The current GPU's model name as dispatch names it (resolve.device_gpu), None without one."""
+    if not torch.cuda.is_available():
         return None
+    return resolve.device_gpu(torch.cuda.current_device()) or None
 
 
 def target(arch: str | None = None, gpu: str | None = None) -> tuple[str, str | None]:
