@@ -35,7 +35,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "shapes": ("cudal2.runs.shapes", "a model's linear layers as a shapes CSV, from its Hugging Face config (offline)"),
     "tune-model": ("cudal2.runs.tunemodel", "a model's GEMMs tuned on this GPU in one resumable command: shapes, campaign prepare, run, export, the served table and the model replay (the CPU half without a GPU)"),
     "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines; `--coverage`: shapes measured and exported per FLOP bucket)"),
-    "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates"),
+    "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates; `backfill-keys DB...` records the binary keys of rows recorded before keys"),
 }
 
 
@@ -52,6 +52,8 @@ FLAG_MODULES = {("bench", "--overhead"): "cudal2.runs.overhead",
                 ("report", "--coverage"): "cudal2.runs.coverage"}
 # Options whose presence picks the module and which that module's parser takes itself.
 OPTION_MODULES = {("bench", "--model"): "cudal2.runs.modelbench"}   # a model's passes as CUDA graphs
+# (verb, first argument) -> the module that serves that action (the action is dropped).
+ACTION_MODULES = {("db", "backfill-keys"): "cudal2.runs.backfill"}
 
 
 def module_for(verb: str, rest: list[str]) -> tuple[str, list[str]]:
@@ -59,6 +61,8 @@ def module_for(verb: str, rest: list[str]) -> tuple[str, list[str]]:
     for (v, flag), module in FLAG_MODULES.items():
         if v == verb and flag in rest:
             return module, [a for a in rest if a != flag]
+    if rest and (verb, rest[0]) in ACTION_MODULES:
+        return ACTION_MODULES[verb, rest[0]], rest[1:]
     for (v, opt), module in OPTION_MODULES.items():
         if v == verb and any(a == opt or a.startswith(opt + "=") for a in rest):
             return module, rest

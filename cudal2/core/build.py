@@ -5,13 +5,15 @@ in CPU pools and in CI. Cache key = sha256 of everything that can change the bin
 source, hashes of the template headers it includes, the CUTLASS version when it includes CUTLASS,
 nvcc version, flags, arch, linked libraries. Per-key file lock, build in a temp dir, one atomic
 rename; a corrupt entry is deleted and rebuilt. Build errors are data (status + log), never a
-crash. Failed compiles are cached too, so a repeated bad kernel costs nothing.
+crash. Failed compiles are cached too, so a repeated bad kernel costs nothing. A successful
+build also records its binary key (cudal2.core.binarykey: what the binary is, whatever the text).
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from cudal2.core import knobs
+from cudal2.core.binarykey import KEY_VERSION, binary_key
 from cudal2.core.toolchain import (
     ToolchainError,
     cutlass_include_dirs,
@@ -46,6 +49,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 # The system's C/C++ headers a host compiler reads.
 SYSTEM_INCLUDE_ROOTS = (Path("/usr/include"), Path("/usr/lib/gcc"), Path("/usr/local/include"))
+log = logging.getLogger(__name__)
 
 OK, COMPILE_ERROR, TIMEOUT, TOOLCHAIN_ERROR = "ok", "compile_error", "timeout", "toolchain_error"
 
@@ -82,6 +86,7 @@ class BuildResult:
     name: str = "kernel"
     deps: tuple[str, ...] = ()           # every file the compile read (nvcc -MD), the source aside
     include_roots: tuple[str, ...] = ()  # the folders the build allowed headers from
+    binary_key: str | None = None        # cudal2.core.binarykey; None: failed, or no cuobjdump
 
     @property
     def ok(self) -> bool:
@@ -103,7 +108,7 @@ class BuildResult:
         return {"status": self.status, "key": self.key, "seconds": round(self.seconds, 3),
                 "cached": self.cached, "registers": self.max_registers,
                 "shared_bytes": self.max_shared_bytes, "spills": self.spills,
-                "log_tail": trim_log(self.log)}
+                "log_tail": trim_log(self.log), "binary_key": self.binary_key}
 
 
 def trim_log(log: str, lines: int = 20) -> str:
@@ -171,6 +176,16 @@ def _uses_cutlass(source: str) -> bool:
     return any(n.startswith(("cutlass/", "cute/")) for t in texts for n in _INCLUDE_RE.findall(t))
 
 
+def includes_templates(source: str) -> bool:
+    """Whether `source` #includes one of our template headers (its build follows theirs)."""
+    return bool(_template_headers(source))
+
+
+def uses_cutlass(source: str) -> bool:
+    """Whether `source` (or a template header it includes) includes CUTLASS or CuTe."""
+    return _uses_cutlass(source)
+
+
 def include_roots(*, header_dirs: bool = False) -> list[Path]:
     """Folders a kernel build may read headers from: the toolkit (nvcc's root, /usr/local/cuda*,
     CUDA/CCCL headers from pip), CUTLASS, our templates and the system's C/C++ headers. With
@@ -230,11 +245,42 @@ def _load_entry(entry: Path, name: str) -> BuildResult | None:
         ptx = entry / "kernel.ptx"
         if so is not None and not so.exists():
             raise ValueError("kernel.so missing")
+        if so is not None and meta.get("binary_key_version") != KEY_VERSION:
+            meta = _add_binary_key(meta, so, meta_path)     # built before keys, or this key
         return result_from_json(meta, so_path=so, ptx_path=ptx if ptx.exists() else None,
                                 name=name)
     except (ValueError, KeyError, TypeError, json.JSONDecodeError):
         shutil.rmtree(entry, ignore_errors=True)
         return None
+
+
+def _key_of(so: Path, arch: str, nvcc: str) -> str | None:
+    """The binary key of a built library, or None (logged) when it cannot be taken."""
+    try:
+        return binary_key(so, arch=arch, nvcc=nvcc)
+    except Exception as exc:  # noqa: BLE001 - a key is extra: it never fails a build or a load
+        log.debug("no binary key for %s: %s", so, exc)
+        return None
+
+
+def _add_binary_key(meta: dict, so: Path, meta_path: Path) -> dict:
+    """`meta` with the library's binary key, written back to build.json atomically (when the
+    key could be taken and the cache is writable)."""
+    key = _key_of(so, meta.get("arch", ""), meta.get("nvcc", ""))
+    if key is None:
+        return meta
+    meta = {**meta, "binary_key": key, "binary_key_version": KEY_VERSION}
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix="build.json.", dir=meta_path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(meta))
+        os.replace(tmp, meta_path)
+    except OSError as exc:
+        log.debug("binary key of %s not stored: %s", so, exc)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+    return meta
 
 
 def result_from_json(meta: dict, *, so_path, ptx_path, name: str = "kernel") -> BuildResult:
@@ -244,7 +290,8 @@ def result_from_json(meta: dict, *, so_path, ptx_path, name: str = "kernel") -> 
                        resources=tuple(KernelResources(**r) for r in meta.get("resources", ())),
                        seconds=float(meta.get("seconds", 0.0)), cached=True, name=name,
                        deps=tuple(meta.get("deps", ())),
-                       include_roots=tuple(meta.get("include_roots", ())))
+                       include_roots=tuple(meta.get("include_roots", ())),
+                       binary_key=meta.get("binary_key"))
 
 
 def _limit_memory() -> None:
@@ -302,7 +349,10 @@ def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildRes
         deps_file = work / "kernel.d"
         deps = parse_deps(deps_file.read_text()) if deps_file.exists() else ()
         deps_file.unlink(missing_ok=True)
-        (work / "build.json").write_text(json.dumps({
+        bkey = _key_of(work / "kernel.so", arch, tc.version) if status == OK else None
+        # none now: the next load tries again
+        keyed = {"binary_key": bkey, "binary_key_version": KEY_VERSION} if bkey else {}
+        (work / "build.json").write_text(json.dumps({**keyed,
             "status": status, "key": key, "log": log, "seconds": seconds, "name": spec.name,
             "arch": arch, "nvcc": tc.version, "resources": [asdict(r) for r in resources],
             "deps": list(deps), "include_roots": [str(r) for r in include_roots()]}))
@@ -412,7 +462,8 @@ def run_cli(args: argparse.Namespace) -> int:
             continue
         where = res.so_path if res.ok else res.status
         print(f"{spec.name}: {res.status} {'(cached) ' if res.cached else ''}{res.seconds:.1f}s "
-              f"regs={res.max_registers} smem={res.max_shared_bytes} spills={res.spills} -> {where}")
+              f"regs={res.max_registers} smem={res.max_shared_bytes} spills={res.spills}"
+              + (f" binary_key={res.binary_key}" if res.ok else "") + f" -> {where}")
         if not res.ok and args.log:
             print(res.log)
         elif not res.ok:

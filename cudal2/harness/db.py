@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from cudal2.harness.types import Evaluation, Shape, normalise_options
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry.
 MIGRATIONS: tuple[str, ...] = (
@@ -102,6 +102,20 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX baseline_choices_key ON baseline_choices (key);
     CREATE TRIGGER baseline_choices_no_update BEFORE UPDATE ON baseline_choices
         BEGIN SELECT RAISE(ABORT, 'results DB is append-only: choices are never updated'); END;
+    """,
+    # 3: binary keys (cudal2.core.binarykey). New rows carry theirs; rows recorded before get
+    # theirs from binary_keys, filled by rebuilding the stored source (cudal2 db backfill-keys).
+    """
+    ALTER TABLE evaluations ADD COLUMN binary_key TEXT;
+    CREATE TABLE binary_keys (
+        source_sha TEXT NOT NULL,
+        arch       TEXT NOT NULL,
+        nvcc       TEXT NOT NULL,
+        binary_key TEXT NOT NULL,
+        how        TEXT NOT NULL,                    -- how the key was obtained (e.g. rebuilt)
+        created    TEXT NOT NULL,
+        PRIMARY KEY (source_sha, arch, nvcc)
+    );
     """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -318,7 +332,7 @@ class ResultsDB:
             "torch": env.get("torch"), "nvcc": env.get("nvcc"), "git_commit": env.get("git_commit"),
             "hostname": env.get("hostname"), "created": ev.created,
             "stage": ev.stage, "timer": str((env.get("settings") or {}).get("timer") or ""),
-            "speedup_lo": min(los) if los else None,
+            "speedup_lo": min(los) if los else None, "binary_key": ev.binary_key,
         }
         for col in _JSON_COLS:
             row[col] = json.dumps(getattr(ev, col) or {}, sort_keys=True, default=str)
@@ -347,11 +361,37 @@ class ResultsDB:
     def _to_eval(self, r: sqlite3.Row) -> Evaluation:
         cols = r.keys()                 # a read-only DB of an older schema lacks newer columns
         d = {k: json.loads(r[k]) for k in _JSON_COLS if k in cols}
+        key = r["binary_key"] if "binary_key" in cols else None        # recorded with the row
+        key = key or (r["backfilled_key"] if "backfilled_key" in cols else None)
         return Evaluation(status=r["status"], source_sha=r["source_sha"],
                           shape=Shape(r["M"], r["N"], r["K"]), arch=r["arch"], acc=r["acc"],
                           layout=r["layout"], estimated=bool(r["estimated"]), created=r["created"],
                           origin=r["origin"], detail=r["detail"], id=r["id"],
-                          stage=r["stage"] if "stage" in cols else "final", **d)
+                          stage=r["stage"] if "stage" in cols else "final", binary_key=key, **d)
+
+    def _has_table(self, name: str) -> bool:
+        return bool(self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                       "AND name = ?", (name,)).fetchone())
+
+    def add_binary_key(self, source_sha: str, arch: str, nvcc: str, binary_key: str,
+                       how: str) -> bool:
+        """Record the binary key of a stored source built for (arch, nvcc), for the rows
+        recorded before keys (the first record stands). True if it was new."""
+        t0 = time.perf_counter()
+        with self._lock, self._timed_write(t0):
+            cur = self._conn.execute(
+                "INSERT OR IGNORE INTO binary_keys VALUES (?, ?, ?, ?, ?, datetime('now'))",
+                (source_sha, arch, nvcc, binary_key, how))
+        return cur.rowcount == 1
+
+    def binary_keys(self) -> dict[tuple[str, str, str], str]:
+        """{(source_sha, arch, nvcc): binary key} as backfilled (empty before schema 3)."""
+        with self._lock:
+            if not self._has_table("binary_keys"):
+                return {}
+            rows = self._conn.execute("SELECT source_sha, arch, nvcc, binary_key "
+                                      "FROM binary_keys").fetchall()
+        return {(r[0], r[1], r[2]): r[3] for r in rows}
 
     def add_baseline_choice(self, key: str, entry: dict) -> None:
         """Record a cuBLASLt autotune choice (baselines.autotune_key -> entry); the latest per
@@ -388,7 +428,7 @@ class ResultsDB:
         for k, v in filters.items():
             if k == "shape":
                 for name, x in zip("MNK", (v.M, v.N, v.K)):
-                    where.append(f"{name} = ?")
+                    where.append(f"e.{name} = ?")
                     args.append(x)
                 continue
             if k not in _FILTERS:
@@ -396,14 +436,19 @@ class ResultsDB:
             if k == "options":
                 v = options_key(v)
             if isinstance(v, (list, tuple, set, frozenset)):
-                where.append(f"{k} IN ({', '.join('?' for _ in v)})")
+                where.append(f"e.{k} IN ({', '.join('?' for _ in v)})")
                 args.extend(v)
             else:
-                where.append(f"{k} = ?")
+                where.append(f"e.{k} = ?")
                 args.append(int(v) if isinstance(v, bool) else v)
-        sql = "SELECT * FROM evaluations" + (" WHERE " + " AND ".join(where) if where else "")
-        sql += " ORDER BY id" + (f" LIMIT {int(limit)}" if limit else "")
         with self._lock:
+            sql = "SELECT e.* FROM evaluations e"
+            if self._has_table("binary_keys"):      # rows recorded before keys: the backfill's
+                sql = ("SELECT e.*, k.binary_key AS backfilled_key FROM evaluations e "
+                       "LEFT JOIN binary_keys k ON k.source_sha = e.source_sha "
+                       "AND k.arch = e.arch AND k.nvcc = e.nvcc")
+            sql += (" WHERE " + " AND ".join(where) if where else "")
+            sql += " ORDER BY e.id" + (f" LIMIT {int(limit)}" if limit else "")
             return [self._to_eval(r) for r in self._conn.execute(sql, args).fetchall()]
 
     def source(self, sha: str) -> str | None:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from cudal2.core.abi import AbiError, option_values
+from cudal2.core.abi import AbiError, meta_accepts, option_values
 from cudal2.core.build import BuildSpec, build, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.vocab import normalise_options
@@ -41,6 +41,7 @@ log = logging.getLogger("cudal2.harness")
 _MEASURE_STATUS = {"ok": T.OK, "wrong": T.WRONG, "too_fast": T.TOO_FAST,
                    "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED, "error": T.ERROR,
                    "audit_rejected": T.AUDIT_REJECTED}     # the call guard refused a call
+_GUARD_REFUSAL = "kernel returned cudaError 1"    # measure's words for cudaErrorInvalidValue
 _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom": T.OOM}
 
 
@@ -108,6 +109,7 @@ def record(db, ev: Evaluation, source: str | None = None, *,
     if one is given, then append it to `db` (None: not stored). Returns `ev` (with its id)."""
     if estimator is not None and ev.status == T.NOT_MEASURED and not ev.estimated:
         estimator(ev)
+    ev.binary_key = ev.binary_key or (ev.build or {}).get("binary_key")   # BuildResult.summary()'s
     if db is not None and ev.id is None:
         db.add(ev, source=source)
     return ev
@@ -237,7 +239,9 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
 
 
 def _check_request(request: EvalRequest, ev: Evaluation, br):
-    """What an audited kernel must still satisfy for this request: its options, its accumulator."""
+    """What an audited kernel must still satisfy for this request: its options, its accumulator,
+    the shape (a kernel whose meta, checked against its own guard by the audit, refuses the shape
+    is `refused`: caught here, on any machine, before anything runs)."""
     if request.options:
         try:
             option_values(ev.meta, dict(request.options))
@@ -247,6 +251,10 @@ def _check_request(request: EvalRequest, ev: Evaluation, br):
     if request.acc == "f32" and ev.meta.get("acc") == "f16":
         ev.status, ev.detail = T.WRONG, "kernel declares an f16 accumulator; the request needs f32"
         return None
+    M, N, K = request.shape.M, request.shape.N, request.shape.K
+    if ev.meta and not meta_accepts(ev.meta, M, N, K):
+        ev.status, ev.detail = T.REFUSED, f"the kernel does not serve {M}x{N}x{K} (its meta)"
+        return None
     return br
 
 
@@ -254,6 +262,8 @@ def _apply(ev: Evaluation, m: dict, gpu_model: str | None) -> Evaluation:
     """Fill an Evaluation from measure's result dict."""
     ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
     ev.detail = str(m.get("detail") or "")
+    if m.get("status") == "launch_error" and ev.detail.split(":")[0].strip() == _GUARD_REFUSAL:
+        ev.status = T.REFUSED       # its own guard said no (cudaErrorInvalidValue), nothing ran
     ev.correctness = m.get("correctness") or ev.correctness or {}
     if m.get("call_guard"):                 # the dynamic layer of the audit: what it saw
         ev.audit = {**(ev.audit or {}), "call_guard": m["call_guard"]}

@@ -37,8 +37,10 @@ TOO_FAST = "too_fast"            # faster than the physical lower bound: a verdi
 NOT_MEASURED = "not_measured"    # no GPU: built and audited only, no number invented
 OOM = "oom"                      # the worker went over its host-memory limit
 ERROR = "error"                  # the harness itself failed (reason in `detail`)
+REFUSED = "refused"              # the kernel does not serve the requested shape (its meta, which
+                                 # the audit checks against its guard, or the guard at launch)
 STATUSES = (OK, BUILD_ERROR, AUDIT_REJECTED, WRONG, CRASHED, TIMEOUT, TOO_FAST, NOT_MEASURED,
-            OOM, ERROR)
+            OOM, REFUSED, ERROR)
 # Statuses that say something about the kernel (cacheable); ERROR is the harness's fault.
 FINAL_STATUSES = tuple(s for s in STATUSES if s != ERROR)
 
@@ -174,6 +176,9 @@ class Evaluation:
     #   calls_per_sample, sm_clock_mhz, stopped, ...}}: the intervals and how the session ran
     stats: dict[str, Any] = field(default_factory=dict)
     stage: str = "final"          # "final" (reported, exported, rewarded) | "screen" (ranking only)
+    # sha256 of the built binary (cudal2.core.binarykey): identical binaries share it whatever
+    # their source text; None when unknown (a build that failed, a row recorded before keys)
+    binary_key: str | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -22,9 +22,11 @@ from cudal2.harness.pipeline import record
 
 
 def row_identity(ev) -> str:
-    """What makes two rows the same recorded evaluation: every field but the DB row id."""
+    """What makes two rows the same recorded evaluation: every field but the DB row id and the
+    binary key (a backfill may key a row after it was first merged)."""
     d = dataclasses.asdict(ev)
     d.pop("id", None)
+    d.pop("binary_key", None)
     return json.dumps(d, sort_keys=True, default=str)
 
 
