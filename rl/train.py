@@ -38,6 +38,7 @@ from cudal2_rl.policy import (SMALL_RECIPE, BuiltinRecipe, default_max_tokens, d
                               is_builtin, load_policy)
 from cudal2_rl.prompts import make_prompt
 from cudal2_rl.reward import Attempt, KernelReward, launch_bound, note_bests, trl_rewards
+from cudal2_rl.table import REPORTS, Queue, RewardTable, default_paths
 
 
 class RunLog:
@@ -106,23 +107,51 @@ class RankZeroReward:
         return per_rank[rank]
 
 
-def pick_shapes(path: str, sample: int, seed: int, exclude=()) -> list[tuple[int, int, int]]:
-    """The shapes of `path` less `exclude`; `sample` of them drawn with `seed` (0 = all)."""
+def pick_shapes(path, sample: int, seed: int, exclude=()) -> list[tuple[int, int, int]]:
+    """The shapes of `path` (a CSV, or a list of shapes) less `exclude`; `sample` of them drawn
+    with `seed` (0 = all)."""
     skip = set(map(tuple, exclude))
-    shapes = [(s.M, s.N, s.K) for s in read_shapes(path) if (s.M, s.N, s.K) not in skip]
+    shapes = [s for s in all_shapes(path) if s not in skip]
     if sample and sample < len(shapes):
         shapes = sorted(random.Random(seed).sample(shapes, sample))
     return shapes
 
 
-def all_shapes(path: str) -> list[tuple[int, int, int]]:
+def all_shapes(path) -> list[tuple[int, int, int]]:
+    if isinstance(path, (list, tuple)):
+        return [tuple(int(x) for x in s) for s in path]
     return [(s.M, s.N, s.K) for s in read_shapes(path)]
 
 
-def choose_shapes(cfg: RLConfig, log: "RunLog", db_path: Path, gpu: str) -> list[tuple[int, int, int]]:
-    """The training shapes: launch-bound shapes (baseline kernel time within 2x the launch
-    floor) are left out with the reason logged (--launch-bound skip) or kept and said so."""
-    everything = all_shapes(cfg.shapes)
+def open_table(cfg: RLConfig, log: "RunLog"):
+    """The reward table (rl.table) the run's rewards come from without a GPU, or None for
+    --table none. A table with nothing for this arch is an error naming it: the run does not
+    fall back to estimates."""
+    if cfg.table == "none":
+        return None
+    paths = [Path(p) for p in cfg.table.split(",") if p] if cfg.table else default_paths()
+    if not paths:
+        raise ValueError(f"reward table: no results DB under {REPORTS} (the committed table); "
+                         "name DBs with --table, or --table none")
+    table = RewardTable.open(paths, gpu=cfg.table_gpu or None, arch=cfg.arch)
+    if not len(table):
+        raise ValueError(f"{table.describe()}: nothing measured for {cfg.arch}"
+                         + (f" on {cfg.table_gpu}" if cfg.table_gpu else "")
+                         + f" in {', '.join(map(str, paths))}: a GPU call must fill it first")
+    log(table.describe(), type="table", paths=[str(p) for p in paths], gpu=table.gpu)
+    return table
+
+
+def choose_shapes(cfg: RLConfig, log: "RunLog", db_path: Path, gpu: str,
+                  table=None) -> list[tuple[int, int, int]]:
+    """The training shapes (--shapes, else the table's): launch-bound shapes (baseline kernel
+    time within 2x the launch floor) are left out with the reason logged (--launch-bound skip)
+    or kept and said so."""
+    source = cfg.shapes or (table.shapes() if table is not None else "")
+    if not source:
+        raise ValueError("no training shapes: --shapes FILE, or a reward table (--table) to train on "
+                         "the shapes it measured")
+    everything = all_shapes(source)
     db = None
     if gpu and db_path.exists():
         db = ResultsDB(db_path, readonly=True)
@@ -132,16 +161,17 @@ def choose_shapes(cfg: RLConfig, log: "RunLog", db_path: Path, gpu: str) -> list
         for shape, why in bound.items():
             log(type="launch_bound", shape=list(shape), left_out=True, reason=why)
         ex = next(iter(bound.values()))
-        log(f"left out {len(bound)}/{len(everything)} launch-bound shape(s) of {cfg.shapes}: their "
+        log(f"left out {len(bound)}/{len(everything)} launch-bound shape(s) of "
+            f"{cfg.shapes or 'the reward table'}: their "
             f"baseline kernel time is within 2x the launch floor ({cfg.launch_floor_us:g} us), where "
             f"candidates differ by launch noise (e.g. {ex}); every reason is in log.jsonl; "
             "--launch-bound keep trains on them", type="launch_bound_summary", left_out=len(bound))
-        shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed, exclude=bound)
+        shapes = pick_shapes(source, cfg.sample, cfg.seed, exclude=bound)
         if not shapes:
-            raise ValueError(f"every shape of {cfg.shapes} is launch-bound (baseline kernel time "
+            raise ValueError(f"every shape of {cfg.shapes or 'the reward table'} is launch-bound (baseline kernel time "
                              f"< 2 x {cfg.launch_floor_us:g} us); use --launch-bound keep")
         return shapes
-    shapes = pick_shapes(cfg.shapes, cfg.sample, cfg.seed)
+    shapes = pick_shapes(source, cfg.sample, cfg.seed)
     for s in shapes:
         if s in bound:
             log(f"kept launch-bound shape {bound[s]}: finals sample as the harness does (until the "
@@ -220,6 +250,8 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
                 line += "  " + executor.throughput()
             if reward.estimated:
                 line += "  " + reward.estimate_note()
+                if reward.table is not None:
+                    line += "  " + table_note(summ, reward)
             trl_keep = {k: trl_logs.get(k) for k in ("reward", "reward_std", "frac_reward_zero_std",
                                                       "grad_norm", "loss") if k in trl_logs}
             log(line, type="step", step=step, summary=summ, trl=trl_keep,
@@ -235,6 +267,17 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
                 _export(reward, cfg, p["improved"], log, out, step)
 
     return StepLogger()
+
+
+def table_note(summ: dict, reward) -> str:
+    """What the reward table answered this step; with no hit, what is missing and where the
+    kernels wait for a GPU."""
+    hits, misses = summ.get("table_hits", 0), summ.get("table_misses", 0)
+    line = f"table: {hits} hit(s), {misses} miss(es)"
+    if not hits:
+        line += (f" (no speed term this step: the table ({reward.table.describe()}) lacks the "
+                 f"kernels the policy wrote; they wait in {reward.queue.path} for the next GPU call)")
+    return line
 
 
 def _quiet_progress(trainer, log: RunLog):
@@ -438,11 +481,12 @@ def run(cfg: RLConfig) -> dict:
     main = pstate is None or pstate.is_main_process
     log = RunLog(out / "log.jsonl", enabled=main)
     db_path = Path(cfg.db) if cfg.db else out / "results.db"
-    shapes = choose_shapes(cfg, log, db_path, visible_gpu_name())
+    table = open_table(cfg, log)      # every rank: the training shapes come from it
+    shapes = choose_shapes(cfg, log, db_path, visible_gpu_name(), table)
     if main:
         print(f"cudal2_rl.train: {cfg.steps} GRPO steps on {len(shapes)} shape(s) "
               f"({', '.join(_fmt_shape(s) for s in shapes[:6])}{' ...' if len(shapes) > 6 else ''}) "
-              f"from {cfg.shapes}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
+              f"from {cfg.shapes or 'the reward table'}, policy {cfg.policy}, arch {cfg.arch}, acc {cfg.acc}, "
               f"reward vs {cfg.baseline} ({cfg.mode}); output -> {out}", flush=True)
 
     _quiet_libraries()
@@ -459,8 +503,10 @@ def run(cfg: RLConfig) -> dict:
         executor = make_executor(cfg.executor, address=cfg.address or None, jobs=cfg.jobs or None,
                                  screen=cfg.screen, finals_per_group=cfg.finals_per_group)
         db = ResultsDB(db_path)
+        queue = Queue(cfg.queue or out / "queue.jsonl") if table is not None else None
         reward = KernelReward(executor, db, arch=cfg.arch, baseline=cfg.baseline, mode=cfg.mode,
-                              timeout_s=cfg.timeout, sources_dir=out / "sources")
+                              timeout_s=cfg.timeout, sources_dir=out / "sources",
+                              table=table, queue=queue)
     reward_fn = reward
     if pstate is not None:
         from accelerate.utils import broadcast_object_list
@@ -476,11 +522,13 @@ def run(cfg: RLConfig) -> dict:
             executor=executor.describe(), db=str(db_path), shapes=[list(s) for s in shapes],
             policy=cfg.policy, style=style, config=vars(cfg))
     if main and reward.estimated:
-        log("rewards are FLAT without a GPU: no GPU is visible here, so kernels are built and audited "
-            "but not run, and every kernel that passes gets one reward; kernel times estimated from "
-            "each build rank them in the logs only " + reward.estimate_note()
-            + ". Kernels already measured on a GPU reuse their DB rows. "
-            + executor.throughput(), type="estimated")
+        log("no GPU is visible here: kernels are built and audited but not run; "
+            + ("a kernel whose binary the reward table measured at the shape gets its measured "
+               f"reward ({table.describe()}), one it lacks the flat reward and a place in the queue "
+               f"{reward.queue.path} for the next GPU call; "
+               if table is not None else "every kernel that passes gets one flat reward; ")
+            + "kernel times estimated from each build rank them in the logs only "
+            + reward.estimate_note() + ". " + executor.throughput(), type="estimated")
 
     from trl import GRPOConfig, GRPOTrainer
     per_step = cfg.prompts_per_step or min(len(shapes), 4)

@@ -240,3 +240,59 @@ def test_warm_start_sft_step_on_a_results_db_measured_winners(tmp_path, small_po
     assert lora_b and any(t.abs().sum() > 0 for t in lora_b)       # the step moved the adapter
     with pytest.raises(SystemExit, match="--base"):
         warmstart.main(["--base", str(tmp_path / "missing"), "--db", str(tmp_path / "r.db"), "--steps", "1"])
+
+
+def _table_of(sources_dir, shapes, db_path):
+    """A synthetic reward table (test data, not a measurement): every source the run wrote,
+    built (from the build cache) for its binary key, measured at each shape at a distinct time."""
+    from cudal2.core.build import BuildSpec, build
+    from cudal2.harness.db import ResultsDB
+    from cudal2.harness.types import Evaluation, Shape
+    from cudal2.core.identity import source_sha
+    db = ResultsDB(db_path)
+    keys = 0
+    for i, src in enumerate(sorted(sources_dir.glob("*.cu"))):
+        text = src.read_text()
+        br = build(BuildSpec(text, arch="sm_90a"))
+        if not br.ok or not br.binary_key:
+            continue
+        keys += 1
+        for M, N, K in shapes:
+            for draw in range(2):
+                us = 10.0 + 3.0 * i + 0.01 * draw
+                db.add(Evaluation(status="ok", source_sha=source_sha(text), shape=Shape(M, N, K),
+                                  arch="sm_90a", acc="f32", layout="RR", stage="final",
+                                  binary_key=br.binary_key,
+                                  timings={"offline": {"candidate": {"median_us": us},
+                                                       "cublaslt_autotuned": {"median_us": 20.0}}},
+                                  env={"gpu": "TEST GPU", "settings": {"timer": "kernel",
+                                                                      "operands": "cold"}}),
+                       source=text)
+    db.close()
+    return keys
+
+
+def test_main_job_learns_from_a_table_that_covers_its_shapes(tmp_path, small_policy):
+    """Without a GPU, a table that measured the kernels the policy writes gives measured rewards:
+    reward variance in the groups and a gradient. A first run with no table learns what the
+    seeded policy writes; the second, with a table of those binaries, trains on it."""
+    from cudal2_rl.config import RLConfig
+    from cudal2_rl.train import run
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("M,N,K\n1024,1024,1024\n")
+    common = dict(policy=str(small_policy), shapes=str(shapes), steps=1, num_generations=4,
+                  prompts_per_step=1, jobs=2, timeout=300, seed=0, launch_bound="keep",
+                  export=False, temperature=1.5)
+    first = tmp_path / "first"
+    run(RLConfig(out=str(first), table="none", **common))
+    assert _table_of(first / "sources", [(1024, 1024, 1024)], tmp_path / "table.db") >= 2
+    out = tmp_path / "run"
+    res = run(RLConfig(out=str(out), table=str(tmp_path / "table.db"), **common))
+    if not res["reward"].estimated:
+        pytest.skip("a GPU is visible: rewards come from the harness, not the table")
+    recs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert any(r.get("type") == "table" and r["gpu"] == "TEST GPU" for r in recs)
+    step = [r for r in recs if r.get("type") == "step"][0]
+    assert step["summary"]["table_hits"] >= 2, step["line"]
+    assert step["summary"]["reward_std"] > 0 and step["trl"]["grad_norm"] > 0, step["line"]
+    assert "table: " in step["line"]
