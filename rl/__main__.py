@@ -13,7 +13,7 @@ def main(argv=None) -> int:
         from .train import main as train_main
         return train_main(argv[1:])
     if argv[0] == "experiment":
-        from .experiment import main as experiment_main
+        from .experiment.cli import main as experiment_main
         return experiment_main(argv[1:])
     from .policy import main as policy_main
     return policy_main(argv[1:])

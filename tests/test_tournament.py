@@ -261,13 +261,13 @@ def test_no_second_tournament_in_the_source_tree():
     assert not offenders, "a second tournament: " + "; ".join(offenders)
 
 
-def test_the_three_callers_reach_tournament_run():
-    """campaign.run (through its per-GPU lanes), GroupRunner.run and experiment.Harness.finals
+def test_the_callers_reach_tournament_run():
+    """campaign.run (through its per-GPU lanes) and GroupRunner.run
     call tournament.run (read from their code: a caller that stops using it fails here)."""
     import inspect
     from cudal2.runs import campaign
-    from cudal2_rl import executor, experiment
-    for fn in (campaign._LocalLane.run, executor.GroupRunner.run, experiment.Harness.finals):
+    from cudal2_rl import executor
+    for fn in (campaign._LocalLane.run, executor.GroupRunner.run):
         src = inspect.getsource(fn)
         assert "tournament.run(" in src, f"{fn.__qualname__} does not call tournament.run"
     run_src = inspect.getsource(campaign.run)

@@ -1,7 +1,6 @@
 """THE tournament: screen candidates of one shape, pick finalists by one rule, run the finals as
-one interleaved session, replace a finalist that fails. The campaign (cudal2.runs.campaign), the
-RL executor (rl.executor.GroupRunner) and the experiment (rl.experiment.Harness.finals) all
-call `run`; docs/measurement.md describes it.
+one interleaved session, replace a finalist that fails. The campaign (cudal2.runs.campaign) and
+the RL executor (rl.executor.GroupRunner) call `run`; docs/measurement.md describes it.
 
     run(shape, entrants, backend, policy)
       1. screen: every entrant without a screening row (one entrant alone is not screened:
