@@ -309,6 +309,8 @@ class Attempt:
     hints: list = field(default_factory=list)   # bottleneck hints for feedback (bottleneck_hints)
     table: str = ""              # no GPU: "hit" (rewarded from the reward table), "miss" (queued), ""
     table_rows: list = field(default_factory=list)   # the table's (db, row id) behind a hit
+    binary_key: str = ""         # a hit's binary, and the GPU-seconds the table spent on it
+    gpu_seconds: float = 0.0
 
     @property
     def compiled(self) -> bool:
@@ -429,6 +431,7 @@ class KernelReward:
         self.sources_dir = sources_dir              # every evaluated source saved as <sha>.cu
         # no GPU: measured rewards come from the reward table (rl.table), misses join the queue
         self.table, self.queue = table, queue
+        self.table_reads: dict[tuple, float] = {}   # (binary key, shape) read -> its GPU-seconds
         self.remeasure = remeasure
         # Without a GPU, rows measured on a GPU model are still the best answer for a kernel seen
         # there: reuse them (default: the one GPU model this DB has measurements from, if one).
@@ -603,6 +606,8 @@ class KernelReward:
         a.reference = (base / ref_us) if base else 1.0
         a.resolution = table_resolution(entry)
         a.table_rows = [[d.db, d.row_id] for d in entry.draws]
+        a.binary_key, a.gpu_seconds = entry.binary_key, entry.gpu_seconds
+        self.table_reads[(entry.binary_key, a.shape)] = entry.gpu_seconds
 
     def verified(self, ev) -> bool:
         """A final measured row that is a re-measurement (an estimate never is)."""

@@ -609,6 +609,7 @@ def run(cfg: RLConfig) -> dict:
         f"{n_best}/{len(shapes)} shapes with a {'built (estimated)' if reward.estimated else 'correct'} kernel"
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
         type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached,
+        table_reads=len(reward.table_reads), table_gpu_seconds=round(sum(reward.table_reads.values()), 3),
         remeasured=reward.n_remeasured, fresh=executor.fresh, gpu_seconds=round(executor.gpu_seconds, 3))
     _show_written(reward, out)
     print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "

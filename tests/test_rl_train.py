@@ -296,3 +296,5 @@ def test_main_job_learns_from_a_table_that_covers_its_shapes(tmp_path, small_pol
     assert step["summary"]["table_hits"] >= 2, step["line"]
     assert step["summary"]["reward_std"] > 0 and step["trl"]["grad_norm"] > 0, step["line"]
     assert "table: " in step["line"]
+    done = [r for r in recs if r.get("type") == "done"][0]     # charged to RL by the experiment
+    assert done["table_reads"] >= 2
