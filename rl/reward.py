@@ -347,11 +347,12 @@ def _audit_lines(ev) -> list:
 
 def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASELINE,
                  mode: str = DEFAULT_MODE, floor_us: float = 3.0, arch: str = "sm_90a",
-                 cost_model=None) -> dict[tuple[int, int, int], str]:
+                 cost_model=None, table=None) -> dict[tuple[int, int, int], str]:
     """Shapes whose baseline kernel time is within 2x the launch floor: there every candidate
     sits within launch noise of every other, so a group cannot be ranked by speed. Returns
     {shape: reason}. The baseline time is the DB's measured median for the shape on `gpu` when
-    there is one (kernel time, finals), else the cost model's estimate (said in the reason)."""
+    there is one (kernel time, finals), else the reward table's (`table`), else the cost model's
+    estimate (said in the reason)."""
     out = {}
     measured: dict[tuple, list[float]] = {}
     if db is not None and gpu:
@@ -361,8 +362,11 @@ def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASE
                 measured.setdefault((e.shape.M, e.shape.N, e.shape.K), []).append(float(t))
     for s in shapes:
         s = tuple(s)
+        table_us = table.baseline_us(s, baseline) if table is not None else None
         if s in measured:
             t, how = statistics.median(measured[s]), f"measured on {gpu}"
+        elif table_us:
+            t, how = table_us, f"measured on {table.gpu}, from the reward table"
         else:
             if cost_model is None:
                 cost_model = CostModel.default(arch=arch)

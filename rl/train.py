@@ -156,7 +156,7 @@ def choose_shapes(cfg: RLConfig, log: "RunLog", db_path: Path, gpu: str,
     if gpu and db_path.exists():
         db = ResultsDB(db_path, readonly=True)
     bound = launch_bound(everything, db=db, gpu=gpu, baseline=cfg.baseline, mode=cfg.mode,
-                         floor_us=cfg.launch_floor_us, arch=cfg.arch)
+                         floor_us=cfg.launch_floor_us, arch=cfg.arch, table=table)
     if cfg.launch_bound == "skip" and bound:
         for shape, why in bound.items():
             log(type="launch_bound", shape=list(shape), left_out=True, reason=why)
