@@ -102,8 +102,8 @@ def _small_pack(tmp_path, shapes: list[str], per_shape: int) -> Path:
     csv_file = tmp_path / "shapes.csv"
     csv_file.write_text("M,N,K\n" + "\n".join(shapes) + "\n")
     root = tmp_path / "root"
-    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", csv_file, "--no-wheels", "--no-policy",
-             "--no-prefill", "--no-experiment", "--families", "mma", "--limit-per-shape", str(per_shape)],
+    r = _sh([KIT / "prepare.sh", "--root", root, "--shapes", csv_file, "--no-wheels",
+             "--no-prefill", "--families", "mma", "--limit-per-shape", str(per_shape)],
             timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "total" in r.stdout and "carry:" in r.stdout
@@ -130,19 +130,31 @@ def test_campaign_stage_on_a_small_pack(tmp_path):
 
 @pytest.mark.compile
 def test_the_verdict_call_rehearsed_with_the_fake_device(tmp_path):
-    """rehearse.sh on a small pack: the whole verdict call (canary, the GPU test groups due, the
-    campaign) on the fake device under a scaled deadline: at most 8 files come back, the deadline
-    is kept, the summary is complete with its by-phase account; the call killed at a random
-    point leaves a DB that opens and a summary that parses."""
+    """rehearse.sh on a small pack and a small RL queue: the whole verdict call (canary, the GPU
+    test groups due, the queue's stage, the campaign) on the fake device under a scaled deadline:
+    at most 8 files come back, the deadline is kept, the summary is complete with its by-phase
+    account, the queued sources have rows in results.db; the call killed at a random point
+    leaves a DB that opens and a summary that parses."""
+    from cudal2.core.identity import source_sha
+    from cudal2.templates import FAMILIES, enumerate_space, instantiate
     pack = _small_pack(tmp_path, ["128,128,128", "256,512,128", "64,64,64"], per_shape=2)
-    r = _sh([KIT / "rehearse.sh", "--pack", pack, "--scale", "0.1", "--work", tmp_path / "w"],
+    # the queue (rl/table.py's Queue format): one mma instantiation the pack lacks, at two shapes
+    src = instantiate(next(c for c in enumerate_space(FAMILIES["mma"], arch="sm_90a")
+                           if dict(c.params)["SPLITK"] == 1))
+    sha = source_sha(src)
+    (tmp_path / "q" / "sources").mkdir(parents=True)
+    (tmp_path / "q" / "sources" / f"{sha}.cu").write_text(src)
+    (tmp_path / "q" / "queue.jsonl").write_text("".join(json.dumps(
+        {"binary_key": "k", "M": M, "N": N, "K": K, "count": 1, "source_sha": sha,
+         "source_file": f"sources/{sha}.cu"}) + "\n" for M, N, K in [(256, 256, 256), (96, 64, 128)]))
+    r = _sh([KIT / "rehearse.sh", "--pack", pack, "--queue", tmp_path / "q" / "queue.jsonl",
+             "--scale", "0.1", "--work", tmp_path / "w"],
             env={"GPU_SESSION_CACHE": str(pack.parent / ".gpu_cache")}, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
-    assert "rehearse: passed" in r.stdout
+    assert "rehearse: passed" in r.stdout and "rows of the 1 queued sources" in r.stdout
     summary = next((tmp_path / "w" / "out").glob("summary.json"))
-    import json
     call = json.loads(summary.read_text())["call"]
-    assert {"canary", "tests", "screening", "audit"} <= set(call["phases"])
+    assert {"canary", "tests", "RL queue", "screening", "audit"} <= set(call["phases"])
     assert call["unattributed_fraction"] <= 0.10, call
     _device_tool_limits(tmp_path / "w" / "out")
     # collect.sh files the call under reports/<gpu>/<date>-verdict/ (its DB gzipped)
@@ -163,8 +175,7 @@ def test_the_carried_build_cache_travels_gzipped_and_is_restored_on_the_machine(
              "kernel.so": os.urandom(4096)}
     for name, data in files.items():
         (entry / name).write_bytes(data)
-    args = [KIT / "prepare.sh", "--root", tmp_path, "--no-prefill", "--no-policy", "--no-campaign",
-            "--no-experiment", "--no-wheels"]
+    args = [KIT / "prepare.sh", "--root", tmp_path, "--no-prefill", "--no-campaign", "--no-wheels"]
     for _ in range(2):
         r = _sh(args)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

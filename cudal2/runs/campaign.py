@@ -56,6 +56,7 @@ from cudal2.runs.account import Account, Throughput
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
 from cudal2.search.tune import build_plan, plan, read_shapes, shapes_layout
+from cudal2.templates import config_of
 
 SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
 MANIFEST = "manifest.json"
@@ -203,6 +204,157 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                     entry["sweeps"].append([[t.M, t.N, t.K], [t.options_dict]])
                 elif t.options_dict not in sweep:
                     sweep.append(t.options_dict)
+    bases, stream = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
+    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+        timespec="seconds"), "git_commit": _git_commit(), "nvcc": _nvcc(),
+        "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
+        "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
+        "lt_choices": lt_choices(lt_choices_from),
+        "candidates": cands, "baselines": bases, "stream_read": stream,
+        "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
+    _seal(out, manifest, max_pack_bytes, "lower --limit-per-shape or the shape count", log)
+    log(f"plan: {len(shapes)} shapes ({len(first)} from the tuned table), {len(cands)} builds, "
+        f"{manifest['screenings']} (shape, build, options) screenings")
+    log(f"pack ready: {out} ({manifest['pack_bytes'] / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
+        f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
+    return manifest
+
+
+# -- a pack of given sources at given shapes: the RL reward's queue ------------------------------
+QUEUE_FIELDS = ("binary_key", "M", "N", "K", "count", "source_sha", "source_file")
+
+
+def read_queue(path) -> list[dict]:
+    """The rows of a queue file (rl/table.py's Queue: JSONL, or CSV with a header, fields
+    QUEUE_FIELDS, oldest first), each with its source's text ("source": source_file is relative to
+    the queue's folder)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"queue {path}: {exc.strerror}") from None
+    if path.suffix == ".csv":
+        raw = list(csv.DictReader(text.splitlines()))
+    else:
+        try:
+            raw = [json.loads(l) for l in text.splitlines() if l.strip()]
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"queue {path}: not JSONL ({exc})") from None
+    rows = []
+    for i, r in enumerate(raw, 1):
+        missing = [f for f in QUEUE_FIELDS if r.get(f) in (None, "")]
+        if missing:
+            raise ValueError(f"queue {path} row {i}: missing {', '.join(missing)}")
+        src = path.parent / r["source_file"]
+        if not src.is_file():
+            raise ValueError(f"queue {path} row {i}: source {src} missing")
+        rows.append(dict(r, M=int(r["M"]), N=int(r["N"]), K=int(r["K"]), count=int(r["count"]),
+                         age=i, source=src.read_text()))
+    return rows
+
+
+def queue_sources(rows: list[dict]) -> list[dict]:
+    """The queue's rows grouped by source identity, most wanted first: the most counted, and among
+    equals the most recently queued (so a carry limit drops the least counted, then the oldest).
+    Each: sha, source, file, shapes, count, rows."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        sha = source_sha(r["source"])
+        g = by.setdefault(sha, {"sha": sha, "source": r["source"], "file": r["source_file"],
+                                "shapes": [], "count": 0, "age": 0, "rows": 0})
+        if [r["M"], r["N"], r["K"]] not in g["shapes"]:
+            g["shapes"].append([r["M"], r["N"], r["K"]])
+        g["count"] += r["count"]
+        g["age"] = max(g["age"], r["age"])
+        g["rows"] += 1
+    return sorted(by.values(), key=lambda g: (-g["count"], -g["age"]))
+
+
+def _queue_candidate(g: dict, audit: dict) -> dict:
+    """A queued source's manifest entry: its own shapes, default options, the family its
+    instantiation banner or its meta names."""
+    cfg = config_of(g["source"])
+    meta = audit.get("meta") or {}
+    return {"sha": g["sha"], "dir": f"builds/{g['sha'][:16]}",
+            "family": cfg.family if cfg else meta.get("style") or "queued",
+            "label": f"queue:{Path(g['file']).name}",
+            "params": [[k, v] for k, v in cfg.params] if cfg else [],
+            "sweeps": [[s, [{}]] for s in g["shapes"]], "shapes": g["shapes"],
+            "layout": audit.get("layout") or meta.get("layout") or "RR", "count": g["count"], "meta": meta}
+
+
+def _pack_queued(groups: list[dict], builds: list, out: Path, room: int | None, probe: EvalRequest,
+                 log) -> tuple[list[dict], list[dict]]:
+    """Pack the queued sources that build and pass the audit, most wanted first, while they fit
+    in `room` bytes (None: no limit). Returns (manifest entries, groups left out for room)."""
+    cands, left_out = [], []
+    for g, b in zip(groups, builds):
+        why = b.status if not b.ok else "; ".join(check_dependencies(b))
+        audit = {} if why else audit_verdict(replace(probe, source=g["source"]), g["sha"], b)
+        why = why or ("" if audit["ok"] else f"{audit['status']}: {(audit['detail'] or '')[:200]}")
+        if why:
+            log(f"  left out {g['file']}: {why}")
+            continue
+        d = out / "builds" / g["sha"][:16]
+        fields = _pack_entry(b, d)
+        (d / "kernel.cu").write_text(g["source"])
+        if room is not None and _dir_bytes(d) > room:
+            shutil.rmtree(d)
+            left_out.append(g)
+            continue
+        room = None if room is None else room - _dir_bytes(d)
+        cands.append({**_queue_candidate(g, audit), **fields})
+    return cands, left_out
+
+
+def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: str = "f32",
+                  max_pack_bytes: int | None = None, lt_choices_from=(), progress: bool | None = None,
+                  log=print) -> dict:
+    """A pack of the queue's sources, each screened at its own queued shapes (`campaign run`
+    sends each shape's best to finals as for a planned pack): built and audited here (a source
+    that fails either stays here, logged), and within max_pack_bytes: the least counted, then the
+    oldest, sources are left out first, with a line saying how many. Returns the manifest."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
+    groups = queue_sources(read_queue(queue_file))
+    log(f"campaign prepare: queue {queue_file}: {sum(g['rows'] for g in groups)} rows, "
+        f"{len(groups)} sources, for {arch}, packing into {out}")
+    with Bar(len(groups), "building", enabled=progress, unit="build", log=log) as bar:
+        builds = build_many([BuildSpec(g["source"], arch=arch, name=f"queue-{g['sha'][:12]}") for g in groups],
+                            jobs=jobs, progress=lambda r: bar.update())
+    out.mkdir(parents=True, exist_ok=True)
+    bases, stream = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
+    room = None if max_pack_bytes is None else max_pack_bytes - _dir_bytes(out) - (64 << 10)
+    cands, left_out = _pack_queued(groups, builds, out, room, EvalRequest(source="", shape=Shape(1, 1, 1),
+                                                                          arch=arch, acc=acc), log)
+    if left_out:
+        log(f"  carry limit: {len(left_out)} of {len(groups)} queued sources "
+            f"({sum(g['rows'] for g in left_out)} rows) left out, the least counted and oldest first")
+    shapes = list(dict.fromkeys(tuple(s) for c in cands for s in c["shapes"]))
+    (out / "shapes.csv").write_text("M,N,K\n" + "".join(f"{M},{N},{K}\n" for M, N, K in shapes))
+    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": cands[0]["layout"] if cands else "RR",
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "git_commit": _git_commit(), "nvcc": _nvcc(), "shapes": [list(s) for s in shapes],
+                "tuned_shapes": [], "screenings": sum(len(c["shapes"]) for c in cands),
+                "lt_choices": lt_choices(lt_choices_from), "candidates": cands, "baselines": bases,
+                "stream_read": stream, "queue": {"file": str(queue_file), "sources": len(groups),
+                                                 "packed": len(cands), "left_out": len(left_out)}}
+    _seal(out, manifest, max_pack_bytes, "raise --max-pack-mib", log)
+    log(f"queue pack ready: {out} ({manifest['pack_bytes'] / 2**20:.1f} MiB, {len(cands)} sources, "
+        f"{manifest['screenings']} (source, shape) screenings)")
+    return manifest
+
+def _nvcc() -> str:
+    try:
+        return find_toolchain().version
+    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds succeeded
+        return f"unknown ({exc})"
+
+
+def _pack_baselines(out: Path, arch: str, *, jobs, progress, log) -> tuple[list, dict | None]:
+    """The baseline libraries and the streaming kernel, built and packed (every pack carries
+    them: the GPU machine compiles nothing)."""
     bases = []
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
@@ -218,32 +370,21 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         (out / d / "kernel.cu").write_text(src)
         bases.append({"name": lib, "sha": source_sha(src), "dir": d, "libraries": list(libs),
                       "exports": list(exports), **fields})
-    try:
-        nvcc = find_toolchain().version
-    except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the builds above succeeded
-        nvcc = f"unknown ({exc})"
-    manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
-        timespec="seconds"), "git_commit": _git_commit(), "nvcc": nvcc,
-        "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
-        "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
-        "lt_choices": lt_choices(lt_choices_from),
-        "candidates": cands, "baselines": bases, "stream_read": stream,
-        "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
+    return bases, stream
+
+
+def _seal(out: Path, manifest: dict, max_pack_bytes: int | None, advice: str, log) -> None:
+    """Write the manifest with the pack's size, refuse a pack over the limit, dry-run it."""
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size = _dir_bytes(out)
     manifest["pack_bytes"] = size
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if max_pack_bytes is not None and size > max_pack_bytes:
         raise RuntimeError(f"pack {out} is {size / 2**20:.1f} MiB > --max-pack-mib "
-                           f"{max_pack_bytes / 2**20:g}: lower --limit-per-shape or the shape count")
+                           f"{max_pack_bytes / 2**20:g}: {advice}")
     problems = dry_run(out, log=log)
     if problems:
         raise RuntimeError(f"dry run of {out} failed:\n  " + "\n  ".join(problems))
-    log(f"plan: {len(shapes)} shapes ({len(first)} from the tuned table), {len(cands)} builds, "
-        f"{manifest['screenings']} (shape, build, options) screenings")
-    log(f"pack ready: {out} ({size / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
-        f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
-    return manifest
 
 
 def _pack_stream_read(result, out: Path, log) -> dict | None:
@@ -1099,7 +1240,12 @@ def write_evaluations_csv(rows, path: Path) -> Path:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("prepare", help="CPU half: build every candidate + baselines, pack, dry run")
-    p.add_argument("--shapes", required=True, help="CSV with M,N,K (shapes/stratified_100.csv)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--shapes", help="CSV with M,N,K (shapes/stratified_100.csv)")
+    src.add_argument("--sources-queue", metavar="FILE",
+                     help="a queue file (JSONL or CSV: binary_key, M, N, K, count, source_sha, "
+                          "source_file; the RL reward's misses): pack those sources, each at its own "
+                          "shapes, instead of planning candidates for --shapes")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--out", required=True, help="pack folder to create (must be new or empty)")
     p.add_argument("--families", nargs="+", default=None)
@@ -1176,7 +1322,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        if args.action == "prepare":
+        if args.action == "prepare" and args.sources_queue:
+            prepare_queue(args.sources_queue, args.arch, args.out, jobs=args.jobs, acc=args.acc,
+                          max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
+                          lt_choices_from=args.lt_choices_from,
+                          progress=False if args.no_progress else None)
+        elif args.action == "prepare":
             prepare(args.shapes, args.arch, args.out, families=args.families,
                     limit_per_shape=args.limit_per_shape or None, jobs=args.jobs,
                     per_family=args.per_family or None,

@@ -4,12 +4,12 @@
 # the run's provenance, and remake the reports from the returned DBs here:
 #   verdict  -> reports/<gpu>/<date>-verdict/: provenance, session.log, tests/ (junit per group,
 #               family_inputs.json), campaign/ (reports, export decisions, the call's account),
-#               results.db, summary.json; `cudal2 export` of its winners into generated_kernels/
-#               (sources from the carried packs .gpu_campaign and .gpu_campaign_rc)
+#               the RL queue's run (campaign/queue/), results.db (both runs' rows), summary.json;
+#               `cudal2 export` of its winners into generated_kernels/ (sources from the carried
+#               packs .gpu_campaign, .gpu_campaign_rc and .gpu_queue)
 #   campaign -> `cudal2 export` of its winners into generated_kernels/ (the run wrote its reports)
 #               (sources from the carried pack .gpu_campaign; --no-export to skip)
 #   hostile  -> `cudal2 report` (verdicts are in its DB and report)
-#   rl       -> `cudal2 report` on the run's DB
 #
 #   tools/gpu_session/collect.sh FILES_DIR [--reports reports] [--kernels generated_kernels] [--no-export]
 #                                  [--tag TAG]   (folders <date>-<stage>-TAG, e.g. TAG=s3-call2)
@@ -79,9 +79,9 @@ if grep -q '^stages: verdict' "$SRC/provenance.txt"; then
   provenance "$dest"
   for f in results.db summary.json; do [ -f "$SRC/$f" ] && cp "$SRC/$f" "$dest/"; done
   for t in tests campaign; do [ -f "$SRC/$t.tar.gz" ] && tar xzf "$SRC/$t.tar.gz" -C "$dest"; done
-  run=$(dirname "$(find "$dest/campaign" -name summary.json -path '*-campaign/*' 2>/dev/null | head -1)")
+  run=$(dirname "$(find "$dest/campaign" -name summary.json -path '*-campaign/*' ! -path '*/campaign/queue/*' 2>/dev/null | head -1)")
   if [ $EXPORT = 1 ] && [ -f "$dest/results.db" ]; then
-    export_from "$dest/results.db" "${run:-$dest}" "$PACK" "${PACK}_rc"
+    export_from "$dest/results.db" "${run:-$dest}" "$PACK" "${PACK}_rc" "${GPU_SESSION_QUEUE:-.gpu_queue}"
     rm -rf "$dest/campaign/generated_kernels"    # the same export, redone into the repo's table
   fi
   shrink "$dest"
@@ -111,9 +111,6 @@ for tgz in "$SRC"/*.tar.gz; do
       ;;
     hostile)
       [ -f "$dest/results.db" ] && { $PY -m cudal2 report --db "$dest/results.db" --out "$dest/report-db" || true; }
-      ;;
-    rl)
-      [ -f "$dest/run/results.db" ] && { $PY -m cudal2 report --db "$dest/run/results.db" --out "$dest/report-db" || true; }
       ;;
   esac
   shrink "$dest"     # every tracked byte travels with each later GPU call

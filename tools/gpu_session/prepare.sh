@@ -10,12 +10,17 @@
 #                       carrying the committed DBs' cuBLASLt choices
 #     .gpu_campaign_rc/ the same for the RC decode rows
 #     .whl/             nvidia-cutlass, only when the CUTLASS tests are due (their headers)
-#   tools/gpu_session/prepare.sh --second [--shapes CSV] [--no-wheels] [--no-policy] [--no-campaign]
-#       [--no-prefill] [--no-experiment] [--families "mma ptx"] [--limit-per-shape N]
+#   tools/gpu_session/prepare.sh --queue PATH      the same, and the RL queue's stage:
+#     .gpu_queue/       `cudal2 campaign prepare --sources-queue PATH`: the queued sources (the RL
+#                       reward's misses, rl/table.py's Queue), each at its queued shapes, built and
+#                       audited here, within what the carry leaves (QUEUE_PACK_MIB, default 8: the
+#                       least counted, then the oldest, left out first). No --queue, no stage: the
+#                       queues RL runs left (runs/*/queue.jsonl) are listed, never picked silently.
+#   tools/gpu_session/prepare.sh --second [--shapes CSV] [--no-wheels] [--no-campaign] [--no-prefill]
+#       [--families "mma ptx"] [--limit-per-shape N] [--queue PATH]
 #                                         a second call's folders: every GPU test's kernels, the
 #                                         hostile corpus, a pack of CSV (default the stratified
-#                                         100), .gpu_experiment (a CPU RL run), .whl (trl, datasets,
-#                                         nvidia-cutlass)
+#                                         100), .whl (nvidia-cutlass)
 # Either way: build entries travel gzipped (*.carry.gz; run.sh restores them), and the carry (the
 # tree that travels + these folders) must stay under 56 MiB (the call's limit is 64; each GPU run
 # adds some): over it, prepare lists what is largest and fails.
@@ -23,42 +28,37 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 POLICY=1 CAMPAIGN=1 PREFILL=1 EXPERIMENT=1 FAMILIES="" LIMIT_PER_SHAPE=""
+WHEELS=1 CAMPAIGN=1 PREFILL=1 FAMILIES="" LIMIT_PER_SHAPE="" QUEUE=""
 VERDICT=1
 while [ $# -gt 0 ]; do
-  VERDICT=0
+  case $1 in --queue|--root) ;; *) VERDICT=0;; esac     # alone, they keep the verdict call
   case $1 in
     --second) shift;;
+    --queue) QUEUE=$(realpath "$2"); shift 2;;
     --shapes) SHAPES=$2; shift 2;;
     --arch) ARCH=$2; shift 2;;
     --root) ROOT=$2; shift 2;;
     --no-wheels) WHEELS=0; shift;;
-    --no-policy) POLICY=0; shift;;
     --no-campaign) CAMPAIGN=0; shift;;
     --no-prefill) PREFILL=0; shift;;
-    --no-experiment) EXPERIMENT=0; shift;;
     --families) FAMILIES=$2; shift 2;;
     --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0;;
     *) echo "prepare.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
 LIMIT=$((56 << 20))
 PY=${PYTHON:-python3}
-# Wheels pinned to the versions tested here (trl 1.16 needs datasets >= 4.7; the GPU image has
-# accelerate, transformers, pyarrow, pandas, xxhash, fsspec, huggingface-hub, peft already).
-PINS=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-      "nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
+# The one wheel a call may need: the CUTLASS headers of the CUTLASS tests, pinned to the version here.
+# (No policy, trl or training travels: with the reward table, RL's GPU work is the queue's stage.)
+PINS=("nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
 
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal2 from this checkout, installed or not
-# ... and cudal2_rl (pyproject maps it to rl/) from this checkout too, as run.sh does
-PKGS=$(mktemp -d) && ln -s "$REPO/rl" "$PKGS/cudal2_rl" && trap 'rm -rf "$PKGS"' EXIT
-export PYTHONPATH=$PYTHONPATH:$PKGS
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_campaign_rc/ /.gpu_experiment/ /.whl/; do
+for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_campaign_rc/ /.gpu_queue/ /.whl/; do
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
@@ -83,18 +83,14 @@ if [ $VERDICT = 1 ]; then
       $PY -m cudal2 campaign prepare --shapes "$prio/${p#*:}" --arch "$ARCH" --out "$ROOT/${p%%:*}" \
         --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-16}"
   done
-  rm -rf "$prio" "$ROOT/.gpu_experiment" "$ROOT/.whl"
-  PINS=("${PINS[@]: -1}"); WHEELS=0
+  rm -rf "$prio" "$ROOT/.whl"
+  WHEELS=0
   case " $due " in *" templates "*) WHEELS=1;; esac     # the CUTLASS tests need its headers
-  POLICY=0 CAMPAIGN=0 PREFILL=0 EXPERIMENT=0
+  CAMPAIGN=0 PREFILL=0
 fi
 if [ $PREFILL = 1 ]; then
   echo "== build cache $CUDAL2_CACHE (GPU tests' kernels, hostile corpus, baselines)"
   $PY tools/gpu_session/prefill.py --arch "$ARCH"
-fi
-if [ $POLICY = 1 ]; then
-  echo "== built-in RL policy into $CUDAL2_CACHE/rl"
-  $PY -m cudal2_rl.policy build
 fi
 if [ $CAMPAIGN = 1 ]; then
   echo "== campaign pack $ROOT/.gpu_campaign"
@@ -104,17 +100,6 @@ if [ $CAMPAIGN = 1 ]; then
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
       ${LIMIT_PER_SHAPE:+--limit-per-shape $LIMIT_PER_SHAPE} ${FAMILIES:+--families $FAMILIES} \
       --max-pack-mib "${MAX_PACK_MIB:-64}"   # what one lent-GPU call may carry
-fi
-if [ $EXPERIMENT = 1 ] && [ $POLICY = 0 ]; then
-  echo "== no RL policy for the experiment stage: it trains the built-in policy, which --no-policy skips"
-elif [ $EXPERIMENT = 1 ]; then
-  # 2 steps x 2 shapes x 4 completions = 16 training evaluations, which the experiment charges to
-  # the RL arm (2 per held-out shape over 8 shapes: best of 16 at --budget 18)
-  echo "== RL policy for the experiment stage into $ROOT/.gpu_experiment/rl"
-  rm -rf "$ROOT/.gpu_experiment"
-  $PY -m cudal2_rl.train --policy builtin --steps 2 --sample 2 --prompts-per-step 2 --num-generations 4 \
-    --out "$ROOT/.gpu_experiment/rl" --no-export
-  rm -rf "$ROOT/.gpu_experiment/rl/checkpoints"
 fi
 if [ $WHEELS = 1 ]; then
   echo "== wheels into $ROOT/.whl: ${PINS[*]}"
@@ -142,19 +127,47 @@ printf '%s\n%s\n' "$(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null |
 
 # Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
 # (a tracked file deleted in the working tree is not sent: du skips it, and xargs' 123 is not a failure)
+FOLDERS=(.gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_queue .whl)
 tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
-total=$tree carry=()
+carried() {  # carried: the bytes sent, the tree and every carried folder there is
+  local t=$tree d
+  for d in "${FOLDERS[@]}"; do [ -d "$ROOT/$d" ] && t=$((t + $(du -sb "$ROOT/$d" | cut -f1))); done
+  echo "$t"
+}
+
+# The RL queue's stage: its pack last, in what the rest of the carry leaves (a stale one never travels)
+rm -rf "${ROOT:?}/.gpu_queue"
+if [ -n "$QUEUE" ]; then
+  mib=$(awk "BEGIN{q=${QUEUE_PACK_MIB:-8}; r=($LIMIT - $(carried))/1048576; printf \"%.1f\", (r < q ? r : q)}")
+  if awk "BEGIN{exit !($mib < 1)}"; then
+    echo "== RL queue $QUEUE: no stage, the carry leaves $mib MiB (a queue pack needs its baselines: 1 MiB or more)"
+  else
+    echo "== RL queue pack $ROOT/.gpu_queue from $QUEUE (at most $mib MiB)"
+    CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+      $PY -m cudal2 campaign prepare --sources-queue "$QUEUE" --arch "$ARCH" --out "$ROOT/.gpu_queue" \
+        --lt-choices-from reports --max-pack-mib "$mib" --no-progress
+  fi
+else
+  queues=""
+  [ -d runs ] && queues=$(find runs -maxdepth 3 -name queue.jsonl | sort)
+  if [ -n "$queues" ]; then
+    echo "== RL queues RL runs left (none is screened unless named: prepare.sh --queue PATH):"
+    sed 's/^/   /' <<< "$queues"
+  fi
+fi
+
+total=$(carried) carry=()
 printf '%-18s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
-for d in .gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_experiment .whl; do
+for d in "${FOLDERS[@]}"; do
   [ -d "$ROOT/$d" ] || continue
-  n=$(du -sb "$ROOT/$d" | cut -f1); total=$((total + n)); carry+=("\"$d\"")
+  n=$(du -sb "$ROOT/$d" | cut -f1); carry+=("\"$d\"")
   printf '%-18s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
 done
 printf '%-18s %8.1f MiB (limit 56)\n' "total" "$(awk "BEGIN{print $total/1048576}")"
 if [ "$total" -gt "$LIMIT" ]; then
   echo "prepare.sh: $total bytes > 56 MiB: carry less. Largest:" >&2
   { git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -b 2>/dev/null
-    for d in .gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_experiment .whl; do
+    for d in "${FOLDERS[@]}"; do
       [ -d "$ROOT/$d" ] && du -b --max-depth=1 "$ROOT/$d" 2>/dev/null; done; } | sort -rn | head -15 >&2
   exit 1
 fi

@@ -7,18 +7,21 @@
 # runs the call again and kills it (SIGKILL, the whole process group) at a random point, and checks
 # that what it left is usable: results.db opens, summary.json parses, tests.tar.gz lists.
 #
-#   tools/gpu_session/rehearse.sh [--pack DIR] [--scale 0.2] [--no-kill] [--work DIR]
+#   tools/gpu_session/rehearse.sh [--pack DIR] [--queue FILE] [--scale 0.2] [--no-kill] [--work DIR]
 # --pack DIR: use this campaign pack (as .gpu_campaign) instead of running prepare.sh
+# --queue FILE: an RL queue (rl/table.py's Queue) as the call's queue stage (prepare.sh --queue);
+#   the complete call must land rows for its sources in results.db
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-PACK="" SCALE=0.2 KILL=1 WORK=""
+PACK="" QFILE="" SCALE=0.2 KILL=1 WORK=""
 while [ $# -gt 0 ]; do
   case $1 in
     --pack) PACK=$(cd "$2" && pwd); shift 2;;
+    --queue) QFILE=$(realpath "$2"); shift 2;;
     --scale) SCALE=$2; shift 2;;
     --no-kill) KILL=0; shift;;
     --work) WORK=$2; shift 2;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0;;
     *) echo "rehearse.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
@@ -27,17 +30,26 @@ WORK=${WORK:-$(mktemp -d /tmp/rehearse.XXXXXX)}
 mkdir -p "$WORK"
 cd "$REPO"
 t0=$(date +%s)
+QPACK=$WORK/no-queue
 if [ -z "$PACK" ]; then
-  bash tools/gpu_session/prepare.sh 2>&1 | tee "$WORK/prepare.log"
+  bash tools/gpu_session/prepare.sh ${QFILE:+--queue "$QFILE"} 2>&1 | tee "$WORK/prepare.log"
   PACK=$REPO/.gpu_campaign
+  [ -n "$QFILE" ] && QPACK=$REPO/.gpu_queue
+elif [ -n "$QFILE" ]; then      # the queue's pack alone, beside the given pack
+  bash tools/gpu_session/prepare.sh --second --root "$WORK/qroot" --no-prefill --no-campaign --no-wheels \
+    --queue "$QFILE" 2>&1 | tee "$WORK/prepare.log"
+  QPACK=$WORK/qroot/.gpu_queue
 fi
+[ -z "$QFILE" ] || [ -f "$QPACK/manifest.json" ] || { echo "rehearse: no queue pack at $QPACK (prepare.log)" >&2; exit 1; }
 echo "== rehearse: prepare/pack ready in $(( $(date +%s) - t0 )) s; pack $PACK"
 # the deadline scaled as the fake device's time, but never below what Python, worker starts and
 # pytest collection cost on a CPU (they do not scale)
 deadline=$($PY -c "print(max(120, int(570 * $SCALE)))")
 tests=$($PY -c "print(max(30, int(150 * $SCALE)))")
+# the queue's slice likewise: a campaign run's start on a CPU takes ~8 s whatever the scale
 export CUDAL2_FAKE_DEVICE=$SCALE GPU_SESSION_DEADLINE_S=$deadline BUDGET_TESTS=$tests GPU_SESSION_PACK=$PACK \
-  CAMPAIGN_MIN_S=$($PY -c "print(max(40, int(120 * $SCALE)))")
+  CAMPAIGN_MIN_S=$($PY -c "print(max(40, int(120 * $SCALE)))") GPU_SESSION_QUEUE=$QPACK \
+  BUDGET_QUEUE=$($PY -c "print(max(20, int(570 * ${QUEUE_PCT:-5} / 100 * $SCALE)))")
 
 call() {  # call OUT: one verdict call, as the device tool runs it (its own process group); CALL_PID
   mkdir -p "$1"
@@ -62,14 +74,21 @@ PYEOF
 }
 
 check_usable() {  # check_usable OUT COMPLETE: results.db opens, summary parses, tests.tar.gz lists
-  $PY - "$1" "$2" <<'PYEOF'
+  $PY - "$1" "$2" "$QPACK" <<'PYEOF'
 import json, sys, tarfile
 from pathlib import Path
 from cudal2.harness.db import ResultsDB
-out, complete = Path(sys.argv[1]), sys.argv[2] == "1"
+out, complete, qpack = Path(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
 if (out / "results.db").exists():
     with ResultsDB(out / "results.db", readonly=True) as db:
-        print(f"  results.db: {db.count()} rows")
+        rows = db.rows()
+    print(f"  results.db: {len(rows)} rows")
+    if (qpack / "manifest.json").exists():     # the queue's stage: its sources' rows in the call's DB
+        queued = {c["sha"] for c in json.loads((qpack / "manifest.json").read_text())["candidates"]}
+        mine = [ev for ev in rows if ev.source_sha in queued]
+        print(f"  results.db: {len(mine)} rows of the {len(queued)} queued sources "
+              f"({sum(ev.stage == 'screen' for ev in mine)} screenings, {sum(ev.stage == 'final' for ev in mine)} finals)")
+        assert mine or not complete, "the queue's stage landed no rows in results.db"
 for s in sorted(out.glob("summary*.json")):
     d = json.loads(s.read_text())
     print(f"  {s.name}: {d['shapes_done']} of {d['shapes_planned']} shapes, complete {d['complete']}, "

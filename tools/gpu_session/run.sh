@@ -8,11 +8,14 @@
 #           a canary (one GPU worker with the call guard screens a trivial kernel; on failure the
 #           call goes on with the guard off and says why), the GPU tests of every test group whose
 #           inputs changed since a committed run passed them (families.py due; one junit file per
-#           group; a family with a failing test is kept out of the timing), then `cudal2 campaign
-#           run` on the carried pack until the deadline (export by the export rule, reports, the
-#           by-phase account of the whole call). Writes into $OUT as it goes, so a call killed at
-#           any point leaves usable files: provenance.txt, session.log, tests.tar.gz (after each
-#           group), results.db + summary.json (after each shape), campaign.tar.gz (at the end).
+#           group; a family with a failing test is kept out of the timing), then the RL queue's
+#           stage when .gpu_queue is carried (`cudal2 campaign run` of the queue pack, kernel time
+#           only, in its own slice: QUEUE_PCT percent of the call, default 5, or BUDGET_QUEUE
+#           seconds), then `cudal2 campaign run` on the carried packs until the deadline (export by
+#           the export rule, reports, the by-phase account of the whole call); both write into one
+#           results.db. Writes into $OUT as it goes, so a call killed at any point leaves usable
+#           files: provenance.txt, session.log, tests.tar.gz (after each group), results.db +
+#           summary.json (after each shape), campaign.tar.gz (at the end).
 # Stages for a second call (each packed into $OUT/<stage>.tar.gz at its end):
 #   tests     python -m pytest -m gpu (junit XML + log); TESTS_ARGS: pytest arguments (default: tests)
 #   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)
@@ -20,14 +23,14 @@
 #   timer     benchmarks/timer_check.py: what each timer reads for torch.matmul
 #   trace     benchmarks/serving_trace.py: shapes/llm_trace.csv replayed as CUDA graphs
 #   campaign  cudal2 campaign run .gpu_campaign alone
-#   rl        python -m cudal2_rl.train --policy builtin: a measured GRPO run
-#   experiment python -m cudal2_rl.experiment (docs/experiment.md)
-# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign, .gpu_experiment, .whl.
+# No stage trains or samples a policy here: with the reward table, RL's GPU work is the queue's
+# screening (the verdict call's stage); the policy and its training stay on the CPU machine.
+# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign(_rc), .gpu_queue, .whl.
 # Env: GPU_SESSION_DEADLINE_S (the whole call, default 570), BUDGET_<STAGE> (seconds, never past
-# the deadline), BUDGET_TESTS (verdict: 150), CAMPAIGN_MIN_S (verdict: the tests leave the campaign at
-# least this, 120), CAMPAIGN_ARGS (appended to `campaign run`), RL_ARGS,
-# EXPERIMENT_ARGS, EXPERIMENT_RL, TIMER_ARGS, TRACE_ARGS, TRACE_ENV, GPU_SESSION_PACK (default
-# .gpu_campaign), GPU_SESSION_CACHE (default .gpu_cache).
+# the deadline), BUDGET_TESTS (verdict: 150), CAMPAIGN_MIN_S (verdict: the tests leave the queue and
+# the campaign at least this, 120, plus the queue's slice), QUEUE_PCT, BUDGET_QUEUE, CAMPAIGN_ARGS
+# (appended to `campaign run`), TIMER_ARGS, TRACE_ARGS, TRACE_ENV, GPU_SESSION_PACK (default
+# .gpu_campaign), GPU_SESSION_QUEUE (default .gpu_queue), GPU_SESSION_CACHE (default .gpu_cache).
 # --allow-no-gpu: run on a machine without a GPU (the plumbing; with CUDAL2_FAKE_DEVICE set the
 # fake device answers: rehearse.sh).
 set -uo pipefail
@@ -39,13 +42,14 @@ WORK=${GPU_SESSION_WORK:-$(mktemp -d /tmp/gpu_session.XXXXXX)}
 DEADLINE=$((T0 + ${GPU_SESSION_DEADLINE_S:-570}))
 PY=${PYTHON:-python3}
 PACK=${GPU_SESSION_PACK:-.gpu_campaign}
+QUEUE=${GPU_SESSION_QUEUE:-.gpu_queue}
 NO_GPU=""
 STAGES=()
 for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
-    verdict|tests|overhead|hostile|timer|trace|campaign|rl|experiment) STAGES+=("$a");;
-    -h|--help) sed -n '2,30p' "$0"; exit 0;;
+    verdict|tests|overhead|hostile|timer|trace|campaign) STAGES+=("$a");;
+    -h|--help) sed -n '2,33p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
@@ -62,13 +66,13 @@ CARRIED_CACHE=${GPU_SESSION_CACHE:-$REPO/.gpu_cache}
 # prepare.sh gzips the carried build entries to fit the carry limit: restore them first
 [ -d "$CARRIED_CACHE/builds" ] && find "$CARRIED_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 
-# Wheels the image lacks (trl, datasets, ..., nvidia-cutlass): into /tmp/site, after the repo.
+# Wheels the image lacks (nvidia-cutlass): into /tmp/site, after the repo.
 if compgen -G ".whl/*.whl" > /dev/null; then
   SITE=${GPU_SESSION_SITE:-/tmp/site}
   if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl; then
     export PYTHONPATH=$PYTHONPATH:$SITE
   else
-    echo "run.sh: installing .whl/*.whl failed; stages that need trl or CUTLASS headers will fail" >&2
+    echo "run.sh: installing .whl/*.whl failed; the CUTLASS tests will miss their headers" >&2
   fi
 fi
 
@@ -167,9 +171,25 @@ snapshot() {  # snapshot DIR NAME: $WORK/DIR -> $OUT/NAME.tar.gz, replaced whole
   tar czf "$OUT/$2.tar.gz.tmp" -C "$WORK" "$1" && mv "$OUT/$2.tar.gz.tmp" "$OUT/$2.tar.gz"
 }
 
+queue_stage() {  # queue_stage SECONDS DB EXCL: the RL queue's pack screened (and its bests in finals) into DB
+  local t=$(date +%s) n
+  n=$($PY -c 'import json,sys; m=json.load(open(sys.argv[1])); print(len(m["candidates"]), "sources,", m["screenings"], "(source, shape) screenings")' "$QUEUE/manifest.json" 2>/dev/null)
+  echo "== RL queue ($1 s): $n"
+  # kernel time only (the reward table's draws); each shape's best in finals, as the campaign does
+  # shellcheck disable=SC2086
+  timeout -k 10 -s INT $(( $1 + 15 )) $PY -m cudal2 campaign run "$QUEUE" --budget-s "$1" --modes offline \
+    --finals-per-shape 1 --db "$2" --out "$WORK/campaign/queue" --kernels-out "$WORK/campaign/generated_kernels" \
+    --live "$OUT" --no-progress ${3:+--exclude-families $3} ${NO_GPU:+--allow-no-gpu}
+  echo "== RL queue: rc $?"
+  account "RL queue" $(( $(date +%s) - t ))
+}
+
 verdict() {
-  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs
+  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs qs=0 keep
   account "call start (wheels, provenance)" $(( $(date +%s) - T0 ))
+  # the RL queue's slice of the call (kept out of the tests' time like the campaign's minimum)
+  [ -f "$QUEUE/manifest.json" ] && qs=${BUDGET_QUEUE:-$(( (DEADLINE - T0) * ${QUEUE_PCT:-5} / 100 ))}
+  keep=$(( ${CAMPAIGN_MIN_S:-120} + qs ))
   arch=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["arch"])' "$PACK/manifest.json" 2>/dev/null || echo sm_90a)
   t=$(date +%s)
   if timeout -k 5 90 $PY tools/gpu_session/canary.py --arch "$arch" 2>&1 | tee "$WORK/canary.txt" | grep -q '^canary: \(ok\|not_measured\)'; then
@@ -183,8 +203,8 @@ verdict() {
   for g in $($PY tools/gpu_session/families.py due); do
     test=$($PY tools/gpu_session/families.py test "$g")
     left=$(( tests_end - $(date +%s) ))
-    # the campaign keeps at least CAMPAIGN_MIN_S of the call
-    [ $(( DEADLINE - $(date +%s) - ${CAMPAIGN_MIN_S:-120} )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - ${CAMPAIGN_MIN_S:-120} ))
+    # the queue and the campaign keep at least their slice and CAMPAIGN_MIN_S of the call
+    [ $(( DEADLINE - $(date +%s) - keep )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - keep ))
     if [ "$left" -lt 15 ]; then echo "== tests $g: skipped, $left s left for tests" | tee -a "$tdir/skipped.txt"; continue; fi
     echo "== tests $g ($test, at most $left s)"
     timeout -k 10 -s INT "$left" env -u CUDAL2_FAKE_DEVICE $PY -m pytest -m gpu -q -p no:cacheprovider -o junit_family=xunit2 \
@@ -197,18 +217,24 @@ verdict() {
   excl=$($PY tools/gpu_session/families.py excluded "$tdir")
   [ -n "$excl" ] && echo "== kept out of timing (a GPU test failed): $excl"
   mkdir -p "$WORK/campaign"
+  # one results DB for the call: the queue's rows beside the campaign's ($OUT/results.db)
+  [ "$qs" -gt 0 ] && queue_stage "$(budget queue "$qs")" "$WORK/campaign/results.db" "$excl"
   # one run over the decode (RC) pack, then the RR pack, until the deadline
   packs=()
   for pk in "${PACK}_rc" "$PACK"; do [ -f "$pk/manifest.json" ] && packs+=("$pk"); done
-  if [ ${#packs[@]} = 0 ]; then echo "== campaign: no pack at $PACK or ${PACK}_rc (prepare.sh makes them)"; return; fi
-  # the campaign keeps its own reserve for export and reports; 10 s more for the tarball and exit
-  budget=$(( DEADLINE - $(date +%s) - 10 ))
-  # shellcheck disable=SC2086
-  timeout -k 10 -s INT $(( budget + 15 )) $PY -m cudal2 campaign run "${packs[@]}" --budget-s "$budget" \
-    --finals-per-shape 1 --out "$WORK/campaign" --kernels-out "$WORK/campaign/generated_kernels" \
-    --live "$OUT" --call-account "$WORK/call.json" ${excl:+--exclude-families $excl} \
-    ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
-  echo "== campaign: rc $?"
+  if [ ${#packs[@]} = 0 ]; then
+    echo "== campaign: no pack at $PACK or ${PACK}_rc (prepare.sh makes them)"
+    [ "$qs" -gt 0 ] || return
+  else
+    # the campaign keeps its own reserve for export and reports; 10 s more for the tarball and exit
+    budget=$(( DEADLINE - $(date +%s) - 10 ))
+    # shellcheck disable=SC2086
+    timeout -k 10 -s INT $(( budget + 15 )) $PY -m cudal2 campaign run "${packs[@]}" --budget-s "$budget" \
+      --finals-per-shape 1 --out "$WORK/campaign" --kernels-out "$WORK/campaign/generated_kernels" \
+      --db "$WORK/campaign/results.db" --live "$OUT" --call-account "$WORK/call.json" ${excl:+--exclude-families $excl} \
+      ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
+    echo "== campaign: rc $?"
+  fi
   cp "$WORK/canary.txt" "$WORK/call.json" "$WORK/campaign/" 2>/dev/null
   tar czf "$OUT/campaign.tar.gz" -C "$WORK" --exclude='results.db*' --exclude='ptx' campaign
 }
@@ -259,39 +285,6 @@ for s in "${STAGES[@]}"; do
       secs=$(budget campaign "${BUDGET_CAMPAIGN:-500}")
       stage campaign "$secs" $PY -m cudal2 campaign run "$PACK" --budget-s $((secs - 30)) \
         --out "$d/reports" --kernels-out "$d/generated_kernels" ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
-      ;;
-    rl)
-      # shellcheck disable=SC2086
-      stage rl "$(budget rl "${BUDGET_RL:-540}")" \
-        $PY -m cudal2_rl.train ${RL_ARGS:---policy builtin --steps 20 --sample 4} \
-          --out "$d/run" --kernels-dir "$d/generated_kernels"
-      # a run stopped at its budget wrote no curve: draw it from the steps it logged
-      if [ -f "$d/run/log.jsonl" ] && [ ! -f "$d/run/reward_curve.png" ]; then
-        $PY - "$d/run" <<'EOF' || true
-import json, sys
-from pathlib import Path
-from cudal2_rl.train import plot_curve
-out = Path(sys.argv[1])
-recs = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines() if l.strip()]
-steps = [r for r in recs if r.get("type") == "step"]
-est = any(a.get("estimated") for r in steps for a in r.get("attempts", []))
-if steps:
-    plot_curve(steps, out / "reward_curve.png", estimated=est, baseline="cublaslt_autotuned")
-    print(f"drew reward_curve.png from {len(steps)} logged steps (the run stopped at its budget)")
-EOF
-      fi
-      ;;
-    experiment)
-      rlp=${EXPERIMENT_RL:-}
-      [ -z "$rlp" ] && rlp=.gpu_experiment/rl/policy
-      rlarg=()
-      if [ -d "$rlp" ]; then rlarg=(--rl-policy "$rlp")
-      else echo "experiment: no RL policy at $rlp (prepare.sh makes one): the RL arm is left out"; fi
-      secs=$(budget experiment "${BUDGET_EXPERIMENT:-540}")
-      # shellcheck disable=SC2086
-      stage experiment "$secs" $PY -m cudal2_rl.experiment "${rlarg[@]}" \
-        ${EXPERIMENT_ARGS:---sft-policy builtin --heldout 8 --budget 18} \
-        --budget-s $((secs > 120 ? secs - 60 : secs / 2)) --out "$d/experiment"
       ;;
   esac
   pack "$s"
