@@ -13,9 +13,10 @@ class RLConfig:
                         "model directory, or a HF name already in the local cache"})
     shapes: str = field(default="", metadata={"help": "CSV of shapes (M,N,K header); '' = the shapes the "
                         "reward table measured"})
-    table: str = field(default="", metadata={"help": "the reward table: results DBs, comma-separated ('' = "
-                       "the committed reports/**/results.db.gz; 'none' = no table: without a GPU every "
-                       "kernel that passes then gets the flat reward)"})
+    table: str = field(default="", metadata={"help": "the reward table: results DBs (.db or .db.gz; here a "
+                       "comma-separated string, on the command line one or more paths; '' = the committed "
+                       "reports/**/results.db.gz; 'none' = no table: without a GPU every kernel that "
+                       "passes then gets the flat reward)", "nargs": "+"})
     table_gpu: str = field(default="", metadata={"help": "the table's GPU model ('' = the one it holds most "
                            "rows of)"})
     queue: str = field(default="", metadata={"help": "where kernels the table lacks are queued for the next "
@@ -87,8 +88,14 @@ def add_arguments(parser) -> None:
         else:
             typ = {"int": int, "float": float, "str": str}.get(f.type if isinstance(f.type, str) else f.type.__name__, str)
             parser.add_argument(flag, type=typ, default=f.default, choices=f.metadata.get("choices"),
+                                nargs=f.metadata.get("nargs"),
                                 help=f.metadata["help"] + f" (default: {f.default!r})")
 
 
 def from_args(args) -> RLConfig:
-    return RLConfig(**{f.name: getattr(args, f.name) for f in fields(RLConfig)})
+    """The config of parsed arguments; a field given several values (--table A B) joins them
+    with commas, as the dataclass holds them."""
+    def value(name):
+        v = getattr(args, name)
+        return ",".join(map(str, v)) if isinstance(v, list) else v
+    return RLConfig(**{f.name: value(f.name) for f in fields(RLConfig)})

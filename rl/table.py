@@ -3,7 +3,10 @@
 Every measured row (a screening with its interval, or a final) of a kernel with a binary key
 (cudal2.core.binarykey: identical binaries share it however their source is written) becomes one
 *draw* of (binary key, shape) on one GPU model, timed one way (timer + operands). Estimated and
-not-measured rows never enter: the table holds measurements only.
+not-measured rows never enter: the table holds measurements only. Only rows run with the binary's
+default runtime options count (a campaign also screens other split-K, swizzle or raster values:
+another configuration of the same binary, which neither the policy's file nor an arm's pick runs),
+and a row found in two DBs (a merged copy) is one draw.
 
 Draws of one binary at one shape are ordered by when they were recorded; with two or more, the
 odd positions give the kernel's reward time and the even ones its reference time, so one lucky
@@ -24,6 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cudal2.core.abi import AbiError, option_values
 from cudal2.core.store import atomic_write_bytes
 from cudal2.harness.db import ResultsDB
 
@@ -82,18 +86,34 @@ def default_paths() -> list[Path]:
 
 def _draw(ev, db: str) -> Draw | None:
     """The kernel-time draw of a measured row, or None."""
-    if ev.stage == "screen":
-        t = ((ev.timings or {}).get("screen") or {}).get("candidate") or {}
-        secs = (((ev.stats or {}).get("screen") or {}).get("session") or {}).get("seconds")
-    else:
-        t = ((ev.timings or {}).get("offline") or {}).get("candidate") or {}
-        secs = sum(v for v in ((ev.env or {}).get("phases_s") or {}).values()
-                   if isinstance(v, (int, float)))
+    mode = "screen" if ev.stage == "screen" else "offline"
+    t = ((ev.timings or {}).get(mode) or {}).get("candidate") or {}
     us = t.get("median_us")
     if not us or us <= 0:
         return None
     return Draw(float(us), t.get("lo_us"), t.get("hi_us"), ev.stage, int(ev.id), db,
-                float(secs or 0.0), ev.created)
+                _session_seconds(ev), ev.created)
+
+
+def _session_seconds(ev) -> float:
+    """The GPU seconds the row's timed sessions took (recorded in stats), this candidate's share
+    of a session it shared with others (session.group); 0 where none is recorded."""
+    total = 0.0
+    for rec in (ev.stats or {}).values():
+        sess = (rec or {}).get("session") if isinstance(rec, dict) else None
+        if isinstance(sess, dict) and isinstance(sess.get("seconds"), (int, float)):
+            total += float(sess["seconds"]) / max(1, int(sess.get("group") or 1))
+    return total
+
+
+def _default_options(ev) -> bool:
+    """Was the row run with the binary's default runtime options (none chosen, or the defaults)?"""
+    if not ev.options:
+        return True
+    try:
+        return option_values(ev.meta, ev.options) == option_values(ev.meta, {})
+    except AbiError:
+        return False
 
 
 def _baselines(ev) -> dict[str, float]:
@@ -199,7 +219,8 @@ def _keep(ev, timer: str, operands: str, layout: str | None, acc: str) -> bool:
     rec = (ev.env or {}).get("settings") or {}
     return bool(ev.binary_key and _gpu(ev) and rec.get("timer", timer) == timer
                 and rec.get("operands", operands) == operands
-                and (layout is None or ev.layout == layout) and (not acc or ev.acc in ("", acc)))
+                and (layout is None or ev.layout == layout) and (not acc or ev.acc in ("", acc))
+                and _default_options(ev))
 
 
 def _collect(rows):
@@ -220,9 +241,21 @@ def _collect(rows):
     entries = []
     for (bkey, shape), ds in draws.items():
         ev, source = first[(bkey, shape)]
-        ds.sort(key=lambda d: (d.created, d.db, d.row_id))
+        ds = _distinct(sorted(ds, key=lambda d: (d.created, d.db, d.row_id)))
         entries.append(Entry(bkey, shape, ev.layout, ev.acc, ev.source_sha, source, tuple(ds)))
     return entries, baselines
+
+
+def _distinct(draws: list) -> list:
+    """One draw per measurement: a row copied into another DB (a merge) has the same time,
+    stage, interval and timestamp."""
+    seen, out = set(), []
+    for d in draws:
+        sig = (d.created, d.stage, d.us, d.lo_us, d.hi_us)
+        if sig not in seen:
+            seen.add(sig)
+            out.append(d)
+    return out
 
 
 class Queue:
@@ -269,8 +302,19 @@ def main(argv=None) -> int:
     q = sub.add_parser("queue", help="what a queue file holds")
     q.add_argument("path")
     args = ap.parse_args(argv)
+    try:
+        return _show(args)
+    except (OSError, ValueError) as e:      # a missing DB, a bad queue row: one line
+        print(f"cudal2_rl.table: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _show(args) -> int:
     if args.verb == "queue":
-        for r in sorted(Queue(args.path).rows(), key=lambda r: -r["count"]):
+        rows = Queue(args.path).rows()
+        if not rows:
+            print(f"{args.path}: no queued kernel")
+        for r in sorted(rows, key=lambda r: -r["count"]):
             print(f"{r['M']}x{r['N']}x{r['K']}  count {r['count']}  {r['binary_key'][:12]}  {r['source_file']}")
         return 0
     table = RewardTable.open(args.paths or None, gpu=args.gpu, arch=args.arch)

@@ -131,9 +131,10 @@ def open_table(cfg: RLConfig, log: "RunLog"):
         return None
     paths = [Path(p) for p in cfg.table.split(",") if p] if cfg.table else default_paths()
     if not paths:
-        raise ValueError(f"reward table: no results DB under {REPORTS} (the committed table); "
-                         "name DBs with --table, or --table none")
-    table = RewardTable.open(paths, gpu=cfg.table_gpu or None, arch=cfg.arch)
+        where = "holds no results.db.gz" if REPORTS.is_dir() else "is absent (no committed DBs here)"
+        raise ValueError(f"reward table: {REPORTS} {where}; name results DBs with --table, or "
+                         "--table none")
+    table = RewardTable.open(paths, gpu=cfg.table_gpu or None, arch=cfg.arch, acc=cfg.acc)
     if not len(table):
         raise ValueError(f"{table.describe()}: nothing measured for {cfg.arch}"
                          + (f" on {cfg.table_gpu}" if cfg.table_gpu else "")
@@ -273,7 +274,8 @@ def table_note(summ: dict, reward) -> str:
     """What the reward table answered this step; with no hit, what is missing and where the
     kernels wait for a GPU."""
     hits, misses = summ.get("table_hits", 0), summ.get("table_misses", 0)
-    line = f"table: {hits} hit(s), {misses} miss(es)"
+    line = (f"table: {hits} hit(s), {misses} miss(es) queued ({len(reward.queue.rows())} "
+            "kernel x shape in the queue)")
     if not hits:
         line += (f" (no speed term this step: the table ({reward.table.describe()}) lacks the "
                  f"kernels the policy wrote; they wait in {reward.queue.path} for the next GPU call)")

@@ -512,3 +512,49 @@ def test_attempt_round_trips_through_the_log():
     b = Attempt.from_dict(json.loads(json.dumps(a.to_dict())), source="// src")
     assert b == a
     assert Attempt.from_dict(a.to_dict(), cached=True).cached and b.shape == (64, 128, 256)
+
+
+# ---- the reward table without a GPU (rl.table), against real builds --------------------------
+
+@pytest.mark.compile
+def test_the_table_rewards_the_binary_it_measured_not_a_text_or_another_shape(tmp_path):
+    """A table that measured one WMMA binary at 256^3 (reward draw 10.1 us, reference draws 10.0
+    us; a faster binary sets the shape's reference at 8.0 us). Tried as a policy would game it:
+    comments added: the same binary, the same measured reward; the meta string respaced (the
+    same meaning, another binary): a miss, flat and queued, since the table vouches only for what
+    it timed; the measured binary asked at a shape the table lacks: a miss, queued."""
+    from cudal2.core.build import BuildSpec, build
+    from cudal2.harness.db import ResultsDB
+    from cudal2_rl.corpus import variants
+    from cudal2_rl.executor import LocalExecutor
+    from cudal2_rl.table import Draw, Entry, Queue, RewardTable
+    src = next(v for v in variants("wmma") if v.meta()["tile"][:2] == [128, 32]).source()
+    key = build(BuildSpec(src, arch="sm_90a")).binary_key
+    assert key
+    S = (256, 256, 256)
+
+    def draws(*us):
+        return tuple(Draw(u, None, None, "screen", i, "t.db", 0.01) for i, u in enumerate(us))
+
+    table = RewardTable.from_entries(
+        [Entry(key, S, "RR", "f32", "sha", src, draws(10.0, 10.1, 10.0)),
+         Entry("faster", S, "RR", "f32", "sha2", "", draws(8.0))], gpu="TEST GPU", arch="sm_90a")
+    commented = "// tuned for 256 x 256\n" + src.replace("{\n", "{  // the body\n", 1)
+    meta = '\\"acc\\": \\"f32\\"'
+    assert src.count(meta) == 1
+    respaced = src.replace(meta, '\\"acc\\":\\"f32\\"')
+    queue = Queue(tmp_path / "queue.jsonl")
+    rf = R.KernelReward(LocalExecutor(2), ResultsDB(tmp_path / "r.db"), table=table, queue=queue,
+                        reuse_gpu="")
+    fence = "```cuda\n{}```"
+    texts = [fence.format(s) for s in (src, commented, respaced, src)]
+    got = rf.score_attempts(texts, [S, S, S, (512, 256, 256)])
+    if not rf.estimated:
+        pytest.skip("a GPU is visible: rewards come from the harness, not the table")
+    hit = R.correct_reward(math.log(8.0 / 10.1))
+    assert [a.table for a in got] == ["hit", "hit", "miss", "miss"], [(a.verdict, a.detail) for a in got]
+    assert got[0].reward == got[1].reward == pytest.approx(hit)
+    assert got[2].reward == got[3].reward == R.FLAT_ESTIMATE < hit
+    assert got[0].table_rows == [["t.db", 0], ["t.db", 1], ["t.db", 2]]
+    queued = {(r["binary_key"] == key, (r["M"], r["N"], r["K"])) for r in queue.rows()}
+    assert queued == {(False, S), (True, (512, 256, 256))}

@@ -140,3 +140,78 @@ def test_a_kernel_refusing_the_shape_is_refused_on_the_cpu():
     assert ok.status in ("not_measured", "ok"), ok.detail
     assert refused.status == "refused" and "64x128x128" in refused.detail
     assert reward_for(refused) == PENALTIES["refused"]
+    # the audit verdict screening and campaigns cache per source is shape-free: a refusal at the
+    # shape it happened to be asked with must not refuse the kernel at every other shape
+    verdict = pipeline.audit_verdict(EvalRequest(source=v.source(), shape=Shape(1, 1, 1),
+                                                 arch="sm_90a"), "sha", None)
+    assert verdict["ok"], verdict["detail"]
+
+
+def _wmma128():
+    from cudal2_rl.corpus import variants
+    return next(v for v in variants("wmma") if v.meta()["tile"][0] == 128).source()
+
+
+_GUARD = "  if (M % BM ||"
+
+
+@pytest.mark.compile
+def test_a_guard_that_refuses_a_shape_its_meta_claims_is_refused_on_the_cpu():
+    """The meta says 384 rows are served (tile 128) but the guard refuses M = 384: the audit's
+    probes (the claimed tile, the control shape) pass, so only the guard, called at the
+    requested shape in a worker without a device, catches it."""
+    from cudal2.harness import pipeline
+    from cudal2.harness.types import EvalRequest
+    src = _wmma128()
+    assert src.count(_GUARD) == 1
+    sly = src.replace(_GUARD, "  if (M == 384 || M % BM ||")
+    got = pipeline.evaluate(EvalRequest(source=sly, shape=Shape(384, 128, 128), arch="sm_90a"), gpu=False)
+    assert got.status == "refused" and "guard refuses 384x128x128" in got.detail, got.detail
+    served = pipeline.evaluate(EvalRequest(source=sly, shape=Shape(512, 128, 128), arch="sm_90a"), gpu=False)
+    assert served.status == "not_measured", served.detail
+
+
+@pytest.mark.compile
+def test_a_guard_that_refuses_every_call_without_a_device_is_not_refused():
+    """cudaErrorInvalidValue at every shape without a device (as CUTLASS's initialize answers):
+    the audit leaves the tile unverified, and no shape is called refused on that answer."""
+    from cudal2.harness import pipeline
+    from cudal2.harness.types import EvalRequest
+    src = _wmma128()
+    blind = src.replace(_GUARD, "  { int d; if (cudaGetDevice(&d) != cudaSuccess) return cudaErrorInvalidValue; }\n" + _GUARD)
+    got = pipeline.evaluate(EvalRequest(source=blind, shape=Shape(256, 128, 128), arch="sm_90a"), gpu=False)
+    assert got.status == "not_measured", got.detail
+    assert "tile" not in got.audit["meta_verified"]
+
+
+def test_a_gpu_launch_the_guard_refuses_is_refused_not_crashed():
+    """On a GPU the guard's cudaErrorInvalidValue comes back from the launch: finals and
+    screening word it differently; both are `refused`, another error code is a crash."""
+    from cudal2.harness import pipeline
+    for detail, want in [("kernel returned cudaError 1", "refused"),
+                         ("kernel returned cudaError 1 (smoke, ones)", "refused"),
+                         ("kernel returned cudaError 13", "crashed"),
+                         ("kernel returned cudaError 700 (smoke, ones)", "crashed")]:
+        ev = Evaluation(status="error", source_sha="s", shape=Shape(*S), arch="sm_90a")
+        assert pipeline._apply(ev, {"status": "launch_error", "detail": detail}, "G").status == want
+
+
+def test_only_the_default_options_count_and_a_merged_copy_is_one_draw(tmp_path):
+    """A campaign screens other runtime options of the same binary (another configuration, which
+    a policy's file does not run): left out. The same row in two DBs is one draw."""
+    from cudal2_rl.table import RewardTable
+    meta = {"abi": 2, "options": [{"name": "splits", "values": [1, 2], "default": 1}]}
+
+    def opt(ev, options):
+        ev.meta, ev.options = meta, options
+        return ev
+
+    a1, src = _row("a", S, 10.0)
+    rows = [(opt(a1, {}), src), (opt(_row("a", S, 11.0)[0], {"splits": 1}), src),
+            (opt(_row("a", S, 2.0)[0], {"splits": 2}), src)]
+    p = _db(tmp_path / "r.db", rows)
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(p.read_bytes())
+    t = RewardTable.open([p, copy], gpu=GPU)
+    a = t.lookup("a", S)
+    assert sorted(d.us for d in a.draws) == [10.0, 11.0]

@@ -23,6 +23,10 @@ among cudal2.core.store.META_FIELDS) is exported with the kernel as index.csv's 
   or a hang: unverified. A tile coarser than the code's only narrows where dispatch serves the
   kernel: not a lie this can see, nor one that serves a wrong shape; a kernel with no guard at
   all passes.
+- the requested shape (guard_refuses, asked by the pipeline when nothing will run): the same
+  guard at the shape an evaluation asks for, for a kernel whose guard took its claimed shape
+  (tile verified above); cudaErrorInvalidValue there is the kernel refusing the request, which
+  the harness records as `refused`, as its launch would on a GPU.
 - workspace: left to the GPU tier (a too-small workspace is only refused, or not, by a kernel
   that gets past its guard to a launch, which needs a device); recorded as unverified when a
   kernel declares one.
@@ -136,12 +140,7 @@ def check_tile(meta: dict, so_path, *, pool=None, timeout_s: float = 30) -> Meta
         return res
     M, N, K = shape
     control = tuple(math.lcm(x, c) for x, c in zip(shape, CONTROL))
-    if pool is not None and not _gpu_here():
-        out = pool.run(probe_guard, str(so_path), [shape, control], timeout_s=timeout_s)
-    else:
-        from cudal2.harness.worker import WorkerPool
-        with WorkerPool(max_tasks=1, device="") as fresh:     # sees no GPU: nothing can launch
-            out = fresh.run(probe_guard, str(so_path), [shape, control], timeout_s=timeout_s)
+    out = _probe(so_path, [shape, control], pool, timeout_s)
     claim = "any_shape" if meta.get("any_shape") else f"tile {meta['tile']}"
     at = f"{M}x{N}x{K}"
     if out.status != "ok":
@@ -159,6 +158,25 @@ def check_tile(meta: dict, so_path, *, pool=None, timeout_s: float = 30) -> Meta
         res.notes.append(f"meta tile unverified: without a device cudal2_hgemm returned {claimed} "
                          f"at {at} and {ctl} at {'x'.join(map(str, control))}")
     return res
+
+
+def _probe(so_path, shapes, pool, timeout_s: float):
+    """probe_guard in `pool` when this machine has no GPU, else in a fresh worker that sees none
+    (generated code never runs in this process)."""
+    if pool is not None and not _gpu_here():
+        return pool.run(probe_guard, str(so_path), shapes, timeout_s=timeout_s)
+    from cudal2.harness.worker import WorkerPool
+    with WorkerPool(max_tasks=1, device="") as fresh:     # sees no GPU: nothing can launch
+        return fresh.run(probe_guard, str(so_path), shapes, timeout_s=timeout_s)
+
+
+def guard_refuses(so_path, shape, *, pool=None, timeout_s: float = 30) -> bool:
+    """Does the kernel's own guard refuse `shape` (M, N, K): cudaErrorInvalidValue without a
+    device? Ask it only of a kernel whose guard took its claimed shape (meta_verified 'tile'):
+    one that answers cudaErrorInvalidValue to every call without a device refuses nothing in
+    particular. A crash or a hang is no answer (False)."""
+    out = _probe(so_path, [tuple(int(x) for x in shape)], pool, timeout_s)
+    return out.status == "ok" and list(out.value) == [INVALID_VALUE]
 
 
 def check_meta_binary(meta: dict, build_result, pool=None) -> MetaCheck:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
@@ -32,6 +33,7 @@ from cudal2.harness import measure as M, provenance, types as T
 from cudal2.harness.audit import audit_build, check_includes
 from cudal2.harness.baselines import BaselineError, build_baselines
 from cudal2.harness.measure import mode_keys
+from cudal2.harness.metacheck import guard_refuses
 from cudal2.harness.types import EvalRequest, Evaluation
 from cudal2.harness.worker import WorkerPool, mark_poisoned
 
@@ -41,7 +43,8 @@ log = logging.getLogger("cudal2.harness")
 _MEASURE_STATUS = {"ok": T.OK, "wrong": T.WRONG, "too_fast": T.TOO_FAST,
                    "launch_error": T.CRASHED, "not_measured": T.NOT_MEASURED, "error": T.ERROR,
                    "audit_rejected": T.AUDIT_REJECTED}     # the call guard refused a call
-_GUARD_REFUSAL = "kernel returned cudaError 1"    # measure's words for cudaErrorInvalidValue
+# measure's words for cudaErrorInvalidValue, the ABI's refusal (finals; screening adds "(smoke, ...)")
+_GUARD_REFUSAL = re.compile(r"kernel returned cudaError 1(?!\d)")
 _LOAD_VERDICT = {"load_crashed": T.CRASHED, "load_timeout": T.TIMEOUT, "load_oom": T.OOM}
 
 
@@ -190,13 +193,14 @@ def audit_verdict(request: EvalRequest, sha: str, build_result, *, env: dict | N
     shape or the options)."""
     probe = _base(replace(request, options=()), sha, env or {})
     ok = _build_and_audit(replace(request, options=()), probe, build_result=build_result,
+                          check_shape=False,      # shape-free: the verdict is cached per source
                           probe_pool=probe_pool) is not None
     return {"ok": ok, "status": probe.status, "detail": probe.detail, "build": probe.build,
             "audit": probe.audit, "meta": probe.meta, "acc": probe.acc, "layout": probe.layout}
 
 
 def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None, probe_pool=None,
-                     probe_timeout_s: float = 30, audits: dict | None = None):
+                     probe_timeout_s: float = 30, audits: dict | None = None, check_shape: bool = True):
     """Fill ev's build and audit parts. Returns the BuildResult when the kernel may run, else
     None with ev's status and detail set. `audits` (sha -> audit_verdict) answers a source
     audited before in this run (a campaign audits each build once)."""
@@ -208,7 +212,7 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
         if not hit["ok"]:
             ev.status, ev.detail = hit["status"], hit["detail"]
             return None
-        return _check_request(request, ev, build_result)
+        return _check_request(request, ev, build_result, check_shape)
     # before nvcc sees it: size, #include escapes; a quoted header that is merely not found is
     # left to the compile (a build error, as a misspelt header is), the audit checks the rest
     pre = check_includes(request.source, missing=False)
@@ -235,10 +239,10 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
         ev.status = _LOAD_VERDICT.get(audit.verdict, T.AUDIT_REJECTED)
         ev.detail = "; ".join(audit.reasons)[:1000]
         return None
-    return _check_request(request, ev, br)
+    return _check_request(request, ev, br, check_shape)
 
 
-def _check_request(request: EvalRequest, ev: Evaluation, br):
+def _check_request(request: EvalRequest, ev: Evaluation, br, check_shape: bool = True):
     """What an audited kernel must still satisfy for this request: its options, its accumulator,
     the shape (a kernel whose meta, checked against its own guard by the audit, refuses the shape
     is `refused`: caught here, on any machine, before anything runs)."""
@@ -252,17 +256,29 @@ def _check_request(request: EvalRequest, ev: Evaluation, br):
         ev.status, ev.detail = T.WRONG, "kernel declares an f16 accumulator; the request needs f32"
         return None
     M, N, K = request.shape.M, request.shape.N, request.shape.K
-    if ev.meta and not meta_accepts(ev.meta, M, N, K):
+    if check_shape and ev.meta and not meta_accepts(ev.meta, M, N, K):
         ev.status, ev.detail = T.REFUSED, f"the kernel does not serve {M}x{N}x{K} (its meta)"
         return None
     return br
+
+
+def _not_run(request: EvalRequest, ev: Evaluation, br, probe_pool, timeout_s: float) -> None:
+    """No GPU: built and audited, not run; or `refused` when the kernel's own guard, called at the
+    requested shape in a worker that sees no device, refuses it (what its launch would return)."""
+    s = request.shape
+    if ("tile" in ((ev.audit or {}).get("meta_verified") or ()) and br.so_path
+            and guard_refuses(br.so_path, (s.M, s.N, s.K), pool=probe_pool, timeout_s=timeout_s)):
+        ev.status = T.REFUSED
+        ev.detail = f"the kernel's own guard refuses {s.M}x{s.N}x{s.K} (cudaErrorInvalidValue)"
+    else:
+        ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not run"
 
 
 def _apply(ev: Evaluation, m: dict, gpu_model: str | None) -> Evaluation:
     """Fill an Evaluation from measure's result dict."""
     ev.status = _MEASURE_STATUS.get(m.get("status"), T.ERROR)
     ev.detail = str(m.get("detail") or "")
-    if m.get("status") == "launch_error" and ev.detail.split(":")[0].strip() == _GUARD_REFUSAL:
+    if m.get("status") == "launch_error" and _GUARD_REFUSAL.match(ev.detail):
         ev.status = T.REFUSED       # its own guard said no (cudaErrorInvalidValue), nothing ran
     ev.correctness = m.get("correctness") or ev.correctness or {}
     if m.get("call_guard"):                 # the dynamic layer of the audit: what it saw
@@ -394,7 +410,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
         if br is None:
             out[i] = record(db, ev, r.source, estimator=estimator)
         elif not use_gpu:
-            ev.status, ev.detail = T.NOT_MEASURED, "no GPU: built and audited, not run"
+            _not_run(r, ev, br, probe_pool, probe_timeout_s)
             out[i] = record(db, ev, r.source, estimator=estimator)
         else:
             runnable.append((i, ev, br))
