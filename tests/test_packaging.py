@@ -74,6 +74,16 @@ def test_wheel_in_a_fresh_venv_ships_and_serves_the_kernel_table(tmp_path):
     assert "abi.md" in got["rl_data"]
 
 
+def _package_dir(pkg: str, dirs: dict) -> str:
+    """Where setuptools finds `pkg`: its longest parent named in package-dir, then the rest."""
+    parts = pkg.split(".")
+    for i in range(len(parts), 0, -1):
+        head = ".".join(parts[:i])
+        if head in dirs:
+            return "/".join([dirs[head], *parts[i:]])
+    return pkg.replace(".", "/")
+
+
 def test_package_data_names_real_files():
     """Every package-data pattern in pyproject.toml matches at least one file of its folder."""
     import tomllib
@@ -84,4 +94,4 @@ def test_package_data_names_real_files():
         for pat in patterns:
             assert list(root.glob(pat)), f"{pkg}: package-data {pat!r} matches no file under {root}"
     for pkg in cfg["packages"]:
-        assert (REPO / dirs.get(pkg, pkg.replace(".", "/"))).is_dir(), pkg
+        assert (REPO / _package_dir(pkg, dirs)).is_dir(), pkg
