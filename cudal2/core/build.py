@@ -28,6 +28,7 @@ from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.binarykey import KEY_VERSION, binary_key
+from cudal2.core.store import atomic_write_bytes
 from cudal2.core.toolchain import (
     ToolchainError,
     cutlass_include_dirs,
@@ -270,16 +271,10 @@ def _add_binary_key(meta: dict, so: Path, meta_path: Path) -> dict:
     if key is None:
         return meta
     meta = {**meta, "binary_key": key, "binary_key_version": KEY_VERSION}
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix="build.json.", dir=meta_path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(meta))
-        os.replace(tmp, meta_path)
-    except OSError as exc:
+        atomic_write_bytes(meta_path, json.dumps(meta).encode())
+    except OSError as exc:      # a read-only cache: the key is used, not stored
         log.debug("binary key of %s not stored: %s", so, exc)
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
     return meta
 
 
