@@ -16,7 +16,7 @@ from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import Evaluation, Shape
 
 DATA = Path(__file__).parent / "data" / "binkey"
-KERNELS = ("base", "cosmetic", "dead_branch", "dead_mma", "skip_k", "half_launch", "other_meta")
+KERNELS = ("base", "cosmetic", "internal", "internal_cosmetic", "dead_branch", "dead_mma", "skip_k", "half_launch", "other_meta")
 
 
 def _toolchain_reason():
@@ -61,6 +61,10 @@ def test_cosmetic_rewrite_keeps_the_key(built):
     # comments, every kernel/function/variable renamed, unused constexpr and static const
     assert built["cosmetic"].key != built["base"].key            # another source...
     assert built["cosmetic"].binary_key == built["base"].binary_key   # ...the same binary
+    # an internal-linkage device variable is registered by a name that hashes the whole file
+    assert built["internal_cosmetic"].key != built["internal"].key
+    assert built["internal_cosmetic"].binary_key == built["internal"].binary_key
+    assert built["internal"].binary_key != built["base"].binary_key
 
 
 @needs_tools
@@ -148,7 +152,7 @@ def _ev(sha="a" * 64, nvcc="13.0.88", key=None, build_key="k"):
 
 def test_rows_carry_the_key_from_the_column_else_binary_keys(tmp_path):
     with ResultsDB(tmp_path / "r.db") as db:
-        assert db.schema_version == 3
+        assert db.schema_version == 4
         db.add(_ev(key="f" * 64), source="x")
         db.add(_ev(), source="x")                          # recorded before keys
         db.add(_ev(nvcc="12.8.0"), source="x")             # another toolchain
@@ -175,9 +179,41 @@ def test_a_schema_2_db_migrates_and_reads_without_keys(tmp_path):
     with ResultsDB(path, readonly=True) as db:             # as committed: read as it is
         assert db.rows() == [] and db.binary_keys() == {}
     with ResultsDB(path) as db:
-        assert db.schema_version == 3
+        assert db.schema_version == 4
         db.add(_ev(), source="x")
         assert db.rows()[0].binary_key is None
+
+
+def test_a_key_of_another_version_reads_as_none_and_the_backfill_replaces_it(tmp_path, monkeypatch):
+    """A key normalised by another KEY_VERSION names no binary today: rows read without it (so a
+    reward table never matches it) until today's key is recorded over it."""
+    import cudal2.harness.db as D
+    with ResultsDB(tmp_path / "r.db") as db:
+        db.add(_ev(key="f" * 64), source="x")            # recorded with the row
+        db.add(_ev(sha="b" * 64), source="y")            # recorded before keys
+        assert db.add_binary_key("b" * 64, "sm_90a", "13.0.88", "e" * 64, "test")
+        monkeypatch.setattr(D, "KEY_VERSION", D.KEY_VERSION + 1)
+        assert [e.binary_key for e in db.rows()] == [None, None] and db.binary_keys() == {}
+        assert db.add_binary_key("b" * 64, "sm_90a", "13.0.88", "d" * 64, "today")      # replaces
+        assert not db.add_binary_key("b" * 64, "sm_90a", "13.0.88", "c" * 64, "today")  # first stands
+        assert [e.binary_key for e in db.rows()] == [None, "d" * 64]
+        assert db.binary_keys() == {("b" * 64, "sm_90a", "13.0.88"): "d" * 64}
+
+
+def test_a_schema_3_db_read_as_committed_has_only_version_1_keys(tmp_path):
+    import cudal2.harness.db as D
+    path = tmp_path / "v3.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, applied TEXT NOT NULL)")
+    for v, script in enumerate(D.MIGRATIONS[:3]):
+        for stmt in D._statements(script):
+            con.execute(stmt)
+        con.execute("INSERT INTO schema_version VALUES (?, 'then')", (v + 1,))
+    con.execute("INSERT INTO binary_keys VALUES (?, 'sm_90a', '13.0.88', ?, 'then', 'then')", ("b" * 64, "e" * 64))
+    con.commit()
+    con.close()
+    with ResultsDB(path, readonly=True) as db:
+        assert db.binary_keys() == ({("b" * 64, "sm_90a", "13.0.88"): "e" * 64} if D.KEY_VERSION == 1 else {})
 
 
 # --- the backfill ---------------------------------------------------------------------------------

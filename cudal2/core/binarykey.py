@@ -23,7 +23,9 @@ from pathlib import Path
 
 from cudal2.core.toolchain import find_cuobjdump, normalise_arch
 
-KEY_VERSION = 1          # part of the key: a change of the normalisation below bumps it
+KEY_VERSION = 2          # part of the key: a change of the normalisation below bumps it
+# 2: the host strings that register device variables by name are dropped as names (an
+#    internal-linkage variable's name carries a hash of the whole translation unit)
 SYM = "SYM"              # what every symbol name becomes
 
 
@@ -57,12 +59,12 @@ def binary_parts(so_path, *, arch: str, nvcc: str) -> dict:
                                  f"{stderr.strip().splitlines()[-1:] or p.returncode}")
         out[what] = stdout
     elf = ElfFile(so.read_bytes())
-    host_names = elf.symbol_names()
+    names = elf.symbol_names() | _device_names(out["sass"], out["elf"])
     functions, data = device_parts(out["sass"], out["elf"])
     return {"version": KEY_VERSION, "arch": normalise_arch(arch), "nvcc": nvcc,
             "device_functions": functions, "device_data": data,
             "host_functions": host_functions(out["host"], elf.defined_names()),
-            "rodata": rodata_strings(elf, host_names)}
+            "rodata": rodata_strings(elf, names)}
 
 
 # --- device -------------------------------------------------------------------------------
@@ -214,7 +216,8 @@ def _target(sym: str, here: str, defined: set[str]) -> str:
 
 def rodata_strings(elf: "ElfFile", names: set[str]) -> list[str]:
     """The host's read-only data as its NUL-separated pieces, in order, less the pieces equal
-    to a symbol name (the kernel names the launcher registers) and the empty ones (padding)."""
+    to a symbol name (the kernel and device-variable names the launcher registers, host or
+    device symbols) and the empty ones (padding)."""
     raw = b"".join(elf.section(n) for n in elf.sections if n.startswith(".rodata"))
     keep = (p for p in raw.split(b"\0") if p and p.decode("latin-1") not in names)
     return [p.decode("latin-1") for p in keep]

@@ -20,9 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
+from cudal2.core.binarykey import KEY_VERSION
 from cudal2.harness.types import Evaluation, Shape, normalise_options
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a shipped entry.
 MIGRATIONS: tuple[str, ...] = (
@@ -116,6 +117,13 @@ MIGRATIONS: tuple[str, ...] = (
         created    TEXT NOT NULL,
         PRIMARY KEY (source_sha, arch, nvcc)
     );
+    """,
+    # 4: the version of each binary key (cudal2.core.binarykey.KEY_VERSION). A key of another
+    # version was normalised differently and names no binary today: it reads as no key, and the
+    # backfill records today's in its place.
+    """
+    ALTER TABLE evaluations ADD COLUMN binary_key_version INTEGER;
+    ALTER TABLE binary_keys ADD COLUMN key_version INTEGER NOT NULL DEFAULT 1;
     """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -333,6 +341,7 @@ class ResultsDB:
             "hostname": env.get("hostname"), "created": ev.created,
             "stage": ev.stage, "timer": str((env.get("settings") or {}).get("timer") or ""),
             "speedup_lo": min(los) if los else None, "binary_key": ev.binary_key,
+            "binary_key_version": KEY_VERSION if ev.binary_key else None,
         }
         for col in _JSON_COLS:
             row[col] = json.dumps(getattr(ev, col) or {}, sort_keys=True, default=str)
@@ -362,6 +371,8 @@ class ResultsDB:
         cols = r.keys()                 # a read-only DB of an older schema lacks newer columns
         d = {k: json.loads(r[k]) for k in _JSON_COLS if k in cols}
         key = r["binary_key"] if "binary_key" in cols else None        # recorded with the row
+        version = r["binary_key_version"] if "binary_key_version" in cols else 1
+        key = key if version == KEY_VERSION else None                   # another version's: none
         key = key or (r["backfilled_key"] if "backfilled_key" in cols else None)
         return Evaluation(status=r["status"], source_sha=r["source_sha"],
                           shape=Shape(r["M"], r["N"], r["K"]), arch=r["arch"], acc=r["acc"],
@@ -369,28 +380,38 @@ class ResultsDB:
                           origin=r["origin"], detail=r["detail"], id=r["id"],
                           stage=r["stage"] if "stage" in cols else "final", binary_key=key, **d)
 
+    def _key_version_sql(self, alias: str = "binary_keys") -> str:
+        """The binary_keys key-version expression: its column, or 1 in a DB of schema 3."""
+        cols = {r[1] for r in self._conn.execute("PRAGMA table_info(binary_keys)")}
+        return f"{alias}.key_version" if "key_version" in cols else "1"
+
     def _has_table(self, name: str) -> bool:
         return bool(self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
                                        "AND name = ?", (name,)).fetchone())
 
     def add_binary_key(self, source_sha: str, arch: str, nvcc: str, binary_key: str,
                        how: str) -> bool:
-        """Record the binary key of a stored source built for (arch, nvcc), for the rows
-        recorded before keys (the first record stands). True if it was new."""
+        """Record the binary key (this KEY_VERSION) of a stored source built for (arch, nvcc),
+        for the rows recorded before keys: the first record of a version stands, a key of
+        another version is replaced. True if it was new."""
         t0 = time.perf_counter()
         with self._lock, self._timed_write(t0):
             cur = self._conn.execute(
-                "INSERT OR IGNORE INTO binary_keys VALUES (?, ?, ?, ?, ?, datetime('now'))",
-                (source_sha, arch, nvcc, binary_key, how))
+                "INSERT INTO binary_keys (source_sha, arch, nvcc, binary_key, how, created, key_version) "
+                "VALUES (?, ?, ?, ?, ?, datetime('now'), ?) ON CONFLICT (source_sha, arch, nvcc) DO UPDATE "
+                "SET binary_key = excluded.binary_key, how = excluded.how, created = excluded.created, "
+                "key_version = excluded.key_version WHERE binary_keys.key_version != excluded.key_version",
+                (source_sha, arch, nvcc, binary_key, how, KEY_VERSION))
         return cur.rowcount == 1
 
     def binary_keys(self) -> dict[tuple[str, str, str], str]:
-        """{(source_sha, arch, nvcc): binary key} as backfilled (empty before schema 3)."""
+        """{(source_sha, arch, nvcc): binary key} as backfilled, this KEY_VERSION's only (empty
+        before schema 3)."""
         with self._lock:
             if not self._has_table("binary_keys"):
                 return {}
-            rows = self._conn.execute("SELECT source_sha, arch, nvcc, binary_key "
-                                      "FROM binary_keys").fetchall()
+            rows = self._conn.execute("SELECT source_sha, arch, nvcc, binary_key FROM binary_keys "
+                                      f"WHERE {self._key_version_sql()} = ?", (KEY_VERSION,)).fetchall()
         return {(r[0], r[1], r[2]): r[3] for r in rows}
 
     def add_baseline_choice(self, key: str, entry: dict) -> None:
@@ -446,7 +467,8 @@ class ResultsDB:
             if self._has_table("binary_keys"):      # rows recorded before keys: the backfill's
                 sql = ("SELECT e.*, k.binary_key AS backfilled_key FROM evaluations e "
                        "LEFT JOIN binary_keys k ON k.source_sha = e.source_sha "
-                       "AND k.arch = e.arch AND k.nvcc = e.nvcc")
+                       f"AND k.arch = e.arch AND k.nvcc = e.nvcc AND {self._key_version_sql('k')} = "
+                       f"{int(KEY_VERSION)}")
             sql += (" WHERE " + " AND ".join(where) if where else "")
             sql += " ORDER BY e.id" + (f" LIMIT {int(limit)}" if limit else "")
             return [self._to_eval(r) for r in self._conn.execute(sql, args).fetchall()]
