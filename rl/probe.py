@@ -2,10 +2,10 @@
 teacher-forced (nothing is sampled, nothing is built).
 
 Per shape, the candidates are the kernel files the policy could write there:
-- the table's entries at the shape whose source names a config (its `// config:` banner) that
-  today's family accepts, written as that config's family file (cudal2_rl.corpus.family_file:
-  what a policy writes to get the family's binary; the template may have changed since the
-  measurement, so it is the family config that was measured, not always the same binary);
+- the table's entries at the shape that a policy can write today: the source names a config
+  (its `// config:` banner) and today's instantiation of it is the measured text, so that
+  config's family file (cudal2_rl.corpus.family_file) builds the binary the table measured
+  (`reachable_config`; entries of templates changed since their measurement are left out);
 - `candidates` family configs drawn once (seeded) from the spaces of the arch's families,
   round-robin over families, the same set at every shape, so differences between shapes are the
   policy's, and drawn without regard to the shape, so a tile the family's guard refuses there
@@ -16,8 +16,8 @@ Per shape, the candidates are the kernel files the policy could write there:
 A candidate's score is the sum of the log-probabilities of its tokens and the end token given
 the prompt (the policy's chat template and prompt style, as rl/train.py builds prompts; the
 prompt is run once per shape and its cache reused); the softmax over the candidates gives the
-policy's choice among them. Reported per shape: p and rank of the table's measured best (when its
-source names a family config), the expected tile (probability-weighted BM, BN), the probability
+policy's choice among them. Reported per shape: p and rank of the measured best among the
+entries a policy can write (and whether it is the table's fastest binary there), the expected tile (probability-weighted BM, BN), the probability
 of a candidate whose family's guard refuses the shape (`Family.serves`: accepts() and, for a
 tile-only family, tile multiples), and the policy's top candidate.
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 from .corpus import FAMILY_PREFIX, SMALL_TEMPLATES, Variant, family_file, family_kinds, variants
 
 _BANNER_RE = re.compile(r"^// config: ([a-z0-9_]+):([A-Za-z0-9_=,.\-]*)$", re.M)
-CSV_FIELDS = ("M", "N", "K", "candidates", "table_configs", "best", "p_best", "rank_best",
+CSV_FIELDS = ("M", "N", "K", "candidates", "table_configs", "best", "best_is_fastest", "p_best", "rank_best",
               "exp_BM", "exp_BN", "p_refused", "p_corpus", "top", "p_top")
 
 
@@ -70,6 +70,16 @@ def banner_config(source: str, arch: str):
     return cfg if FAMILIES[cfg.family].valid(cfg, arch) else None
 
 
+def reachable_config(source: str, arch: str):
+    """The config a measured source names when its family file builds that same source today
+    (today's instantiation is the measured text, canonically): the binary the table measured,
+    which a policy can write. None when the template changed since, or no config is named."""
+    from cudal2.core.identity import canonical
+    from cudal2.templates import instantiate
+    cfg = banner_config(source, arch)
+    return cfg if cfg is not None and canonical(instantiate(cfg)) == canonical(source) else None
+
+
 def _family_variant(cfg, arch: str) -> Variant:
     return Variant(FAMILY_PREFIX + cfg.family, cfg.params, str(cfg.get("ACC", "f32")),
                    str(cfg.get("LAYOUT", "RR")), arch)
@@ -90,17 +100,21 @@ def fixed_candidates(arch: str, acc: str, *, n: int = 32, corpus: int = 0, seed:
 
 
 def table_candidates(table, shape, arch: str) -> tuple[list[Candidate], Candidate | None]:
-    """(the family files of the table's entries at `shape` that name a config today's family
-    takes, fastest first; the measured best's, or None when the best names no such config)."""
-    out, best = [], None
-    for i, e in enumerate(table.entries(shape)):
-        cfg = banner_config(e.source, arch)
-        if cfg is None:
-            continue
-        c = Candidate(_family_variant(cfg, arch), family_file(cfg), "table")
-        best = c if i == 0 else best
-        out.append(c)
-    return out, best
+    """(the family files of the table's entries at `shape` a policy can write today
+    (reachable_config), fastest first; the first of them, the shape's measured best among what a
+    policy can write, or None when there is none)."""
+    out = []
+    for e in table.entries(shape):
+        cfg = reachable_config(e.source, arch)
+        if cfg is not None:
+            out.append(Candidate(_family_variant(cfg, arch), family_file(cfg), "table"))
+    return out, (out[0] if out else None)
+
+
+def best_is_fastest(table, shape, arch: str) -> bool:
+    """Whether the table's fastest binary at `shape` is one a policy can write today."""
+    entries = table.entries(shape)
+    return bool(entries) and reachable_config(entries[0].source, arch) is not None
 
 
 def _dedup(cands: list[Candidate]) -> list[Candidate]:
@@ -179,6 +193,7 @@ def probe_shape(model, tok, shape, table, fixed: list[Candidate], *, arch: str, 
     M, N, K = shape
     return {"M": M, "N": N, "K": K, "candidates": len(cands), "table_configs": len(listed),
             "best": best.variant.config().label() if best else "",
+            "best_is_fastest": best_is_fastest(table, shape, arch),
             "p_best": probs[b] if b is not None else None,
             "rank_best": order.index(b) + 1 if b is not None else None,
             "exp_BM": sum(p * c.tile()[0] for p, c in zip(probs, cands)),
@@ -207,7 +222,7 @@ def probe_policy(model, tokenizer, shapes, table, *, arch: str, style: str, cand
 
 def line(r: dict) -> str:
     best = (f"p(best) {r['p_best']:.3f} rank {r['rank_best']}/{r['candidates']}" if r["p_best"] is not None
-            else f"best names no family config (of {r['candidates']})")
+            else f"no table entry a policy can write (of {r['candidates']})")
     return (f"{r['M']}x{r['N']}x{r['K']}: {best}; expected tile {r['exp_BM']:.0f}x{r['exp_BN']:.0f}; "
             f"p(refused) {r['p_refused']:.2f}; p(corpus) {r['p_corpus']:.2f}; "
             f"top {r['top']} ({r['p_top']:.2f}); table configs {r['table_configs']}")
@@ -237,8 +252,8 @@ def spread_shapes(shapes, n: int) -> list[tuple]:
 
 
 def sample_shapes(table, n: int, arch: str) -> list[tuple]:
-    """n table shapes spread over M and N, among those whose measured best names a family
-    config when there are enough of them."""
+    """n table shapes spread over M and N, among those with an entry a policy can write when
+    there are enough of them."""
     named = [s for s in table.shapes() if table_candidates(table, s, arch)[1] is not None]
     return spread_shapes(named if len(named) >= n else table.shapes(), n)
 

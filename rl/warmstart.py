@@ -48,12 +48,13 @@ def corpus_pairs(n_shapes: int, per_shape: int, seed: int, arch: str = "sm_90a")
 
 # -- pairs from the measured reward table (issue 33: a warm start that depends on the shape) --
 def measured_configs(table, shape, arch: str, per_shape: int) -> list:
-    """The family configs of the table's fastest entries at `shape` that today's family takes
-    (their `// config:` banner), fastest first, at most `per_shape`, each once."""
-    from .probe import banner_config
+    """The family configs of the table's fastest entries at `shape` that a policy can write
+    today (cudal2_rl.probe.reachable_config: the family file builds the measured source), fastest
+    first, at most `per_shape`, each once."""
+    from .probe import reachable_config
     out = []
     for e in table.entries(shape):
-        cfg = banner_config(e.source, arch)
+        cfg = reachable_config(e.source, arch)
         if cfg is not None and cfg not in out:
             out.append(cfg)
         if len(out) == per_shape:

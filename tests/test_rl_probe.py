@@ -65,6 +65,10 @@ def test_banner_configs_and_shape_spread():
     assert PR.banner_config(instantiate(cfg), "sm_90a") == cfg
     assert PR.banner_config("// config: mma:BM=7\n", "sm_90a") is None
     assert PR.banner_config("__global__ void k() {}", "sm_90a") is None
+    # reachable: today's family file builds the measured source; a template edited since is not
+    assert PR.reachable_config(instantiate(cfg), "sm_90a") == cfg
+    edited = instantiate(cfg).replace("__syncthreads();", "__syncthreads(); __syncthreads();", 1)
+    assert edited != instantiate(cfg) and PR.reachable_config(edited, "sm_90a") is None
     shapes = [(m, n, 64) for m in (64, 256, 1024, 4096) for n in (64, 256, 1024, 4096)]
     picked = PR.spread_shapes(shapes, 4)
     assert len(picked) == 4 and {(64, 64, 64), (4096, 4096, 64)} <= set(picked)
