@@ -379,15 +379,16 @@ def launch_bound(shapes, *, db=None, gpu: str = "", baseline: str = DEFAULT_BASE
 
 def note_bests(attempts, best: dict, best_estimated: dict) -> None:
     """Fold a batch of attempts into the best per shape: verified (re-measured) bests are
-    references; estimates only rank, for outputs."""
+    references; estimates and, without a GPU, reward-table hits only rank, for outputs, and a
+    hit (a GPU measured it) ranks above every estimate."""
     for a in attempts:
         if a is None or a.reward is None or a.speedup is None or a.verdict not in ("ok", "not_measured"):
             continue
-        bests = best if a.verified else best_estimated if a.estimated else None
+        bests = best if a.verified else best_estimated if a.estimated or a.table == "hit" else None
         if bests is None:
             continue
         cur = bests.get(a.shape)
-        if cur is None or a.speedup > cur.speedup:
+        if cur is None or (a.table == "hit", a.speedup) > (cur.table == "hit", cur.speedup):
             bests[a.shape] = a
 
 

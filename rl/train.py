@@ -208,6 +208,12 @@ def step_line(step: int, steps: int, summ: dict, trl: dict, reward, cfg: RLConfi
     return line
 
 
+def _best_how(a) -> str:
+    """How a shape's best so far was timed, for the step line."""
+    return (" (measured: reward table)" if a.table == "hit" else " (estimated)" if a.estimated
+            else " (re-measured)")
+
+
 def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state: dict, executor=None):
     from transformers import TrainerCallback
 
@@ -227,7 +233,7 @@ def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state:
                         if s not in state["best"] or a.speedup > state["best"][s]]
             state["best"] = {s: a.speedup for s, a in best_now.items()}
             best_txt = ", ".join(f"{_fmt_shape(s)} {best_now[s].speedup:.2f}x"
-                                 + (" (estimated)" if best_now[s].estimated else " (re-measured)") if s in best_now
+                                 + _best_how(best_now[s]) if s in best_now
                                  else f"{_fmt_shape(s)} -" for s in shapes[:8])
             if len(shapes) > 8:
                 best_txt += f", ... ({len(best_now)}/{len(shapes)} shapes with a verified kernel)"
@@ -322,8 +328,9 @@ def _quiet_libraries():
 def _export(reward, cfg: RLConfig, improved, log: RunLog, out: Path, step: int):
     """New best kernels -> generated_kernels/ through cudal2.runs.export (measured winners only)."""
     if reward.estimated:
-        log(f"  export: {len(improved)} shape(s) improved on estimates only (flagged estimated); nothing exported "
-            f"(export admits measured winners, and there is no GPU)", type="export", step=step, exported=0)
+        log(f"  export: {len(improved)} shape(s) improved without a GPU (estimates, or reward-table hits of "
+            f"binaries a GPU already timed); nothing exported (export admits winners measured in this run, "
+            f"and there is no GPU)", type="export", step=step, exported=0)
         return
     # verified rows only: a new best counts (and exports) after its fresh re-measurement
     evs = [ev for (sha, shape), ev in reward.evaluations.items()
@@ -423,6 +430,7 @@ def write_outputs(reward, shapes, steps: list[dict], out: Path, cfg: RLConfig) -
                      "best_speedup": f"{best.speedup:.4f}" if best else "",
                      "baseline": cfg.baseline, "mode": cfg.mode,
                      "estimated": int(best.estimated) if best else "",
+                     "table_hit": int(best.table == "hit") if best else "",
                      "best_verdict": best.verdict if best else "",
                      "best_reward": f"{best.reward:.4f}" if best and best.reward is not None else "",
                      "sha256": best.sha if best else "", "file": fname,

@@ -558,3 +558,18 @@ def test_the_table_rewards_the_binary_it_measured_not_a_text_or_another_shape(tm
     assert got[0].table_rows == [["t.db", 0], ["t.db", 1], ["t.db", 2]]
     queued = {(r["binary_key"] == key, (r["M"], r["N"], r["K"])) for r in queue.rows()}
     assert queued == {(False, S), (True, (512, 256, 256))}
+
+
+def test_without_a_gpu_a_table_hit_ranks_above_every_estimate_for_outputs():
+    """The run's best per shape (kernels/, best_kernels.csv, the step line) is a kernel a GPU
+    timed (a reward-table hit) before any estimate, however flattering; hits compare by speedup."""
+    from cudal2_rl.reward import Attempt, note_bests
+    s = (4096, 4096, 4096)
+    guess = Attempt(s, "not_measured", -0.55, 3.0, estimated=True, sha="guess")
+    hit = Attempt(s, "not_measured", 0.0, 0.9, sha="hit", table="hit")
+    better = Attempt(s, "not_measured", 0.1, 1.1, sha="better", table="hit")
+    best, ranked = {}, {}
+    note_bests([guess, hit], best, ranked)
+    assert best == {} and ranked[s].sha == "hit"
+    note_bests([Attempt(s, "not_measured", -0.55, 9.0, estimated=True, sha="g2"), better], best, ranked)
+    assert ranked[s].sha == "better"
