@@ -311,6 +311,8 @@ class Attempt:
     table_rows: list = field(default_factory=list)   # the table's (db, row id) behind a hit
     binary_key: str = ""         # a hit's binary, and the GPU-seconds the table spent on it
     gpu_seconds: float = 0.0
+    versus: str = ""             # what `speedup` is against: "" the run's baseline; "table best"
+                                 # for a hit at a shape whose table rows hold no baseline time
 
     @property
     def compiled(self) -> bool:
@@ -608,6 +610,7 @@ class KernelReward:
         a.table, a.estimated, a.time_us = "hit", False, entry.reward_us
         a.reward = float(correct_reward(math.log(ref_us / entry.reward_us)))
         a.speedup = base / entry.reward_us if base else ref_us / entry.reward_us
+        a.versus = "" if base else "table best"
         a.reference = (base / ref_us) if base else 1.0
         a.resolution = table_resolution(entry)
         a.table_rows = [[d.db, d.row_id] for d in entry.draws]

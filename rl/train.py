@@ -210,8 +210,10 @@ def step_line(step: int, steps: int, summ: dict, trl: dict, reward, cfg: RLConfi
 
 def _best_how(a) -> str:
     """How a shape's best so far was timed, for the step line."""
-    return (" (measured: reward table)" if a.table == "hit" else " (estimated)" if a.estimated
-            else " (re-measured)")
+    if a.table == "hit":
+        return " (measured: reward table" + (", vs its fastest binary there: no baseline time in it)"
+                                             if a.versus else ")")
+    return " (estimated)" if a.estimated else " (re-measured)"
 
 
 def _make_callback(reward, cfg: RLConfig, shapes, log: RunLog, out: Path, state: dict, executor=None):

@@ -556,6 +556,8 @@ def test_the_table_rewards_the_binary_it_measured_not_a_text_or_another_shape(tm
     assert got[0].reward == got[1].reward == pytest.approx(hit)
     assert got[2].reward == got[3].reward == R.FLAT_ESTIMATE < hit
     assert got[0].table_rows == [["t.db", 0], ["t.db", 1], ["t.db", 2]]
+    # no baseline time in this table: the speedup is against its fastest binary, and says so
+    assert got[0].versus == "table best" and got[0].speedup == pytest.approx(8.0 / 10.1)
     queued = {(r["binary_key"] == key, (r["M"], r["N"], r["K"])) for r in queue.rows()}
     assert queued == {(False, S), (True, (512, 256, 256))}
 
@@ -573,3 +575,7 @@ def test_without_a_gpu_a_table_hit_ranks_above_every_estimate_for_outputs():
     assert best == {} and ranked[s].sha == "hit"
     note_bests([Attempt(s, "not_measured", -0.55, 9.0, estimated=True, sha="g2"), better], best, ranked)
     assert ranked[s].sha == "better"
+    from cudal2_rl.train import _best_how
+    assert _best_how(better) == " (measured: reward table)" and _best_how(guess) == " (estimated)"
+    better.versus = "table best"
+    assert "no baseline time" in _best_how(better)
