@@ -118,8 +118,7 @@ def test_the_main_job_shows_what_the_policy_wrote(tmp_path, capsys):
 
 def test_checkpoints_only_when_asked():
     """A demo keeps its outputs and the final policy, not the optimizer state: trl saves
-    checkpoints only with --save-checkpoints or --resume (the end-to-end run with the defaults in
-    tests/test_rl_experiment.py checks the folder is absent)."""
+    checkpoints only with --save-checkpoints or --resume (the settings trl is given)."""
     import argparse
     from cudal2_rl.config import RLConfig, add_arguments, from_args
     from cudal2_rl.train import checkpoint_args
