@@ -72,3 +72,63 @@ def test_prepare_queue_packs_each_source_at_its_shapes_within_the_limit(tmp_path
     assert [c["sha"] for c in m2["candidates"]] == [source_sha(good[1])]
     assert m2["queue"]["left_out"] == 1
     assert any("carry limit: 1 of 3 queued sources (2 rows) left out" in l for l in lines)
+
+
+def _confirm(tmp_path, sources: list[str], shape) -> object:
+    """An experiment's confirm.jsonl (rl/experiment/report.confirm): one shape, each source an
+    arm's winner, sources/<sha>.cu beside it."""
+    (tmp_path / "sources").mkdir(parents=True, exist_ok=True)
+    entrants = []
+    for i, src in enumerate(sources):
+        sha = source_sha(src)
+        (tmp_path / "sources" / f"{sha}.cu").write_text(src)
+        entrants.append({"binary_key": f"k{i}", "source_sha": sha, "table_us": 10.0 + i,
+                         "source_file": f"sources/{sha}.cu", "chosen_by": [["arm", i]]})
+    f = tmp_path / "confirm.jsonl"
+    f.write_text(json.dumps({"M": shape[0], "N": shape[1], "K": shape[2], "arch": "sm_90a", "gpu": "T",
+                             "baseline": "cublaslt_autotuned", "entrants": entrants}) + "\n")
+    return f
+
+
+def test_a_confirm_file_missing_a_source_is_named(tmp_path):
+    f = _confirm(tmp_path, ["int a;\n"], (64, 64, 64))
+    for p in (tmp_path / "sources").iterdir():
+        p.unlink()
+    with pytest.raises(ValueError, match="line 1: source .* missing"):
+        campaign.read_confirm(f)
+
+
+@pytest.mark.compile
+def test_a_confirm_pack_sends_every_arms_winner_to_one_finals_session(tmp_path, monkeypatch):
+    """`campaign prepare --sources-confirm`: four arms' winners at one held-out shape; the run (on
+    the fake device) screens them and sends all four to the shape's finals, where the usual rule
+    sends at most 3 (FinalistPolicy.cap); a confirm pack refuses to run beside another pack."""
+    from cudal2.harness import provenance
+    from cudal2.harness.db import ResultsDB
+    cs = [c for c in enumerate_space(FAMILIES["mma"], arch="sm_90a") if dict(c.params)["SPLITK"] == 1]
+    srcs = [instantiate(cs[i * len(cs) // 4]) for i in range(4)]      # more than the usual cap (3)
+    shape = (128, 128, 128)
+    m = campaign.prepare_queue(_confirm(tmp_path / "c", srcs, shape), "sm_90a", tmp_path / "pack",
+                               jobs=2, confirm=True, log=lambda *a: None)
+    assert m["finalists"] == campaign.EVERY_ENTRANT and len(m["candidates"]) == 4
+    assert all(c["group"] == c["sha"] and c["shapes"] == [list(shape)] for c in m["candidates"])
+    monkeypatch.setenv("CUDAL2_FAKE_DEVICE", "0.02")
+    provenance.gpu_visible.cache_clear()
+    provenance.gpu_name.cache_clear()
+    try:
+        s = campaign.run(tmp_path / "pack", tmp_path / "rep", budget_s=300, finals_per_shape=1,
+                         modes=("offline",), kernels_root=tmp_path / "gk", db_path=tmp_path / "c.db",
+                         log=lambda *a: None)
+    finally:
+        monkeypatch.delenv("CUDAL2_FAKE_DEVICE")
+        provenance.gpu_visible.cache_clear()
+        provenance.gpu_name.cache_clear()
+    assert s["complete"] and s["shapes_done"] == 1
+    with ResultsDB(tmp_path / "c.db", readonly=True) as db:
+        finals = {ev.source_sha for ev in db.rows(stage="final")}
+    assert finals == {c["sha"] for c in m["candidates"]}
+    q = _queue(tmp_path / "q", srcs[:1], [shape], counts=[1])
+    campaign.prepare_queue(q, "sm_90a", tmp_path / "plain", jobs=2, log=lambda *a: None)
+    with pytest.raises(ValueError, match="a confirm pack .* runs alone"):
+        campaign.run([tmp_path / "pack", tmp_path / "plain"], tmp_path / "rep2", allow_no_gpu=True,
+                     log=lambda *a: None)

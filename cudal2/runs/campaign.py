@@ -222,6 +222,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
 
 # -- a pack of given sources at given shapes: the RL reward's queue ------------------------------
 QUEUE_FIELDS = ("binary_key", "M", "N", "K", "count", "source_sha", "source_file")
+EVERY_ENTRANT = "every entrant"     # a confirm pack's finalist rule (prepare_queue(confirm=True))
 
 
 def read_queue(path) -> list[dict]:
@@ -250,6 +251,28 @@ def read_queue(path) -> list[dict]:
             raise ValueError(f"queue {path} row {i}: source {src} missing")
         rows.append(dict(r, M=int(r["M"]), N=int(r["N"]), K=int(r["K"]), count=int(r["count"]),
                          age=i, source=src.read_text()))
+    return rows
+
+
+def read_confirm(path) -> list[dict]:
+    """An experiment's confirm.jsonl (rl/experiment/report.confirm: per held-out shape, every arm's
+    winner, its source under sources/ beside the file) as queue rows (read_queue's), one per
+    (entrant, shape), counted by how many arms and seeds chose it."""
+    path = Path(path)
+    try:
+        lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"confirm file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    rows = []
+    for i, line in enumerate(lines, 1):
+        for e in line.get("entrants") or []:
+            src = path.parent / str(e.get("source_file", ""))
+            if not e.get("source_file") or not src.is_file():
+                raise ValueError(f"confirm file {path} line {i}: source {src} missing")
+            rows.append({"binary_key": e.get("binary_key", ""), "M": int(line["M"]), "N": int(line["N"]),
+                         "K": int(line["K"]), "count": len(e.get("chosen_by") or [1]),
+                         "source_sha": e.get("source_sha", ""), "source_file": e["source_file"],
+                         "age": i, "source": src.read_text()})
     return rows
 
 
@@ -309,16 +332,20 @@ def _pack_queued(groups: list[dict], builds: list, out: Path, room: int | None, 
 
 def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: str = "f32",
                   max_pack_bytes: int | None = None, lt_choices_from=(), progress: bool | None = None,
-                  log=print) -> dict:
+                  confirm: bool = False, log=print) -> dict:
     """A pack of the queue's sources, each screened at its own queued shapes (`campaign run`
     sends each shape's best to finals as for a planned pack): built and audited here (a source
     that fails either stays here, logged), and within max_pack_bytes: the least counted, then the
-    oldest, sources are left out first, with a line saying how many. Returns the manifest."""
+    oldest, sources are left out first, with a line saying how many. Returns the manifest.
+    confirm: `queue_file` is an experiment's confirm.jsonl (read_confirm), and every entrant that
+    passes screening goes to its shape's one finals session (manifest "finalists": "every
+    entrant"; each candidate its own group), so each arm's winner meets the others there."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} exists and is not empty; pick a fresh folder")
-    groups = queue_sources(read_queue(queue_file))
-    log(f"campaign prepare: queue {queue_file}: {sum(g['rows'] for g in groups)} rows, "
+    groups = queue_sources(read_confirm(queue_file) if confirm else read_queue(queue_file))
+    what = "confirm" if confirm else "queue"
+    log(f"campaign prepare: {what} {queue_file}: {sum(g['rows'] for g in groups)} rows, "
         f"{len(groups)} sources, for {arch}, packing into {out}")
     with Bar(len(groups), "building", enabled=progress, unit="build", log=log) as bar:
         builds = build_many([BuildSpec(g["source"], arch=arch, name=f"queue-{g['sha'][:12]}") for g in groups],
@@ -328,6 +355,8 @@ def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: s
     room = None if max_pack_bytes is None else max_pack_bytes - _dir_bytes(out) - (64 << 10)
     cands, left_out = _pack_queued(groups, builds, out, room, EvalRequest(source="", shape=Shape(1, 1, 1),
                                                                           arch=arch, acc=acc), log)
+    if confirm:
+        cands = [dict(c, group=c["sha"]) for c in cands]
     if left_out:
         log(f"  carry limit: {len(left_out)} of {len(groups)} queued sources "
             f"({sum(g['rows'] for g in left_out)} rows) left out, the least counted and oldest first")
@@ -339,9 +368,10 @@ def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: s
                 "tuned_shapes": [], "screenings": sum(len(c["shapes"]) for c in cands),
                 "lt_choices": lt_choices(lt_choices_from), "candidates": cands, "baselines": bases,
                 "stream_read": stream, "queue": {"file": str(queue_file), "sources": len(groups),
-                                                 "packed": len(cands), "left_out": len(left_out)}}
+                                                 "packed": len(cands), "left_out": len(left_out)},
+                **({"finalists": EVERY_ENTRANT} if confirm else {})}
     _seal(out, manifest, max_pack_bytes, "raise --max-pack-mib", log)
-    log(f"queue pack ready: {out} ({manifest['pack_bytes'] / 2**20:.1f} MiB, {len(cands)} sources, "
+    log(f"{what} pack ready: {out} ({manifest['pack_bytes'] / 2**20:.1f} MiB, {len(cands)} sources, "
         f"{manifest['screenings']} (source, shape) screenings)")
     return manifest
 
@@ -813,7 +843,7 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     r.bar = Bar(len(r.plan), "shapes", enabled=progress, unit="shape", log=log)
     r.log = r.bar.log                      # the per-shape lines print above the bar
     try:
-        _drive(r, tournament.FinalistPolicy(top=finals_per_shape), request)
+        _drive(r, _finalist_policy(r.m, finals_per_shape), request)
     finally:
         r.bar.close()
         r.log = log
@@ -826,6 +856,16 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     log(f"campaign done in {time.monotonic() - start:.0f} s: {r.done_shapes} shapes {r.statuses}, "
         f"{r.summary['exported']} exported, {r.summary['removed']} removed; DB, CSV and reports in {r.run_dir}")
     return r.summary
+
+
+def _finalist_policy(m: dict, finals_per_shape: int):
+    """The run's finalist rule: the fastest few per shape, or for a confirm pack every entrant
+    (each candidate is its own group). A confirm pack runs alone."""
+    confirm = [part.get("finalists") == EVERY_ENTRANT for part in m["parts"]]
+    if any(confirm) and not all(confirm):
+        raise ValueError("campaign run: a confirm pack (every entrant in finals) runs alone, not beside other packs")
+    return tournament.FinalistPolicy(per_group=True) if confirm and all(confirm) \
+        else tournament.FinalistPolicy(top=finals_per_shape)
 
 
 def _merge_packs(packs: list[Path]) -> dict:
@@ -1013,7 +1053,7 @@ def _entrants(r: _Run, S: Shape, pairs: list, request: dict) -> list:
     # not the kernel's timeout)
     return [Entrant(EvalRequest(source=sources[c["sha"]], shape=S, options=o, timeout_s=120.0,
                                 **request),
-                    r.builds[c["sha"]], layout=c["layout"],
+                    r.builds[c["sha"]], group=c.get("group", ""), layout=c["layout"],
                     screened=prior.get((c["sha"], tuple(sorted(o.items())))))
             for c, o in pairs]
 
@@ -1246,6 +1286,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                      help="a queue file (JSONL or CSV: binary_key, M, N, K, count, source_sha, "
                           "source_file; the RL reward's misses): pack those sources, each at its own "
                           "shapes, instead of planning candidates for --shapes")
+    src.add_argument("--sources-confirm", metavar="FILE",
+                     help="an experiment's confirm.jsonl (rl/experiment): every arm's winner at each "
+                          "held-out shape, all sent to that shape's one finals session by `campaign run`")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--out", required=True, help="pack folder to create (must be new or empty)")
     p.add_argument("--families", nargs="+", default=None)
@@ -1322,8 +1365,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        if args.action == "prepare" and args.sources_queue:
-            prepare_queue(args.sources_queue, args.arch, args.out, jobs=args.jobs, acc=args.acc,
+        if args.action == "prepare" and (args.sources_queue or args.sources_confirm):
+            prepare_queue(args.sources_queue or args.sources_confirm, args.arch, args.out, jobs=args.jobs,
+                          acc=args.acc, confirm=bool(args.sources_confirm),
                           max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
                           lt_choices_from=args.lt_choices_from,
                           progress=False if args.no_progress else None)

@@ -16,6 +16,11 @@
 #                       audited here, within what the carry leaves (QUEUE_PACK_MIB, default 8: the
 #                       least counted, then the oldest, left out first). No --queue, no stage: the
 #                       queues RL runs left (runs/*/queue.jsonl) are listed, never picked silently.
+#   tools/gpu_session/prepare.sh --confirm PATH --no-campaign --no-prefill --no-wheels
+#     .gpu_confirm/     `cudal2 campaign prepare --sources-confirm PATH`: an experiment's confirm.jsonl
+#                       (every arm's held-out winner per shape), each screened at its shape and all
+#                       sent to that shape's one finals session; run it with
+#                       GPU_SESSION_PACK=.gpu_confirm run.sh campaign (README.md here)
 #   tools/gpu_session/prepare.sh --second [--shapes CSV] [--no-wheels] [--no-campaign] [--no-prefill]
 #       [--families "mma ptx"] [--limit-per-shape N] [--queue PATH]
 #                                         a second call's folders: every GPU test's kernels, the
@@ -28,13 +33,14 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=$REPO SHAPES=shapes/stratified_100.csv ARCH=sm_90a
-WHEELS=1 CAMPAIGN=1 PREFILL=1 FAMILIES="" LIMIT_PER_SHAPE="" QUEUE=""
+WHEELS=1 CAMPAIGN=1 PREFILL=1 FAMILIES="" LIMIT_PER_SHAPE="" QUEUE="" CONFIRM=""
 VERDICT=1
 while [ $# -gt 0 ]; do
   case $1 in --queue|--root) ;; *) VERDICT=0;; esac     # alone, they keep the verdict call
   case $1 in
     --second) shift;;
     --queue) QUEUE=$(realpath "$2"); shift 2;;
+    --confirm) CONFIRM=$(realpath "$2"); shift 2;;
     --shapes) SHAPES=$2; shift 2;;
     --arch) ARCH=$2; shift 2;;
     --root) ROOT=$2; shift 2;;
@@ -58,7 +64,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import cudal
 mkdir -p "$ROOT"
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_campaign_rc/ /.gpu_queue/ /.whl/; do
+for d in /.gpu_cache/ /.gpu_campaign/ /.gpu_campaign_rc/ /.gpu_queue/ /.gpu_confirm/ /.whl/; do
   grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 export CUDAL2_CACHE=$ROOT/.gpu_cache
@@ -127,7 +133,7 @@ printf '%s\n%s\n' "$(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null |
 
 # Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
 # (a tracked file deleted in the working tree is not sent: du skips it, and xargs' 123 is not a failure)
-FOLDERS=(.gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_queue .whl)
+FOLDERS=(.gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_queue .gpu_confirm .whl)
 tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
 carried() {  # carried: the bytes sent, the tree and every carried folder there is
   local t=$tree d
@@ -154,6 +160,16 @@ else
     echo "== RL queues RL runs left (none is screened unless named: prepare.sh --queue PATH):"
     sed 's/^/   /' <<< "$queues"
   fi
+fi
+
+# An experiment's confirmation: its pack in what the rest of the carry leaves (a stale one never travels)
+rm -rf "${ROOT:?}/.gpu_confirm"
+if [ -n "$CONFIRM" ]; then
+  mib=$(awk "BEGIN{printf \"%.1f\", ($LIMIT - $(carried))/1048576}")
+  echo "== confirm pack $ROOT/.gpu_confirm from $CONFIRM (at most $mib MiB)"
+  CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+    $PY -m cudal2 campaign prepare --sources-confirm "$CONFIRM" --arch "$ARCH" --out "$ROOT/.gpu_confirm" \
+      --lt-choices-from reports --max-pack-mib "$mib" --no-progress
 fi
 
 total=$(carried) carry=()
