@@ -208,6 +208,16 @@ def step_line(step: int, steps: int, summ: dict, trl: dict, reward, cfg: RLConfi
     return line
 
 
+def _bests_line(reward, shapes) -> str:
+    """How many shapes got a kernel: correct and re-measured on a GPU; without one, built and
+    audited, and how many of those a binary the reward table measured."""
+    if not reward.estimated:
+        return f"{len(reward.best)}/{len(shapes)} shapes with a correct kernel"
+    ranked = reward.best_estimated.values()
+    return (f"{len(ranked)}/{len(shapes)} shapes with a built kernel, "
+            f"{sum(a.table == 'hit' for a in ranked)} of them measured (reward table)")
+
+
 def _best_how(a) -> str:
     """How a shape's best so far was timed, for the step line."""
     if a.table == "hit":
@@ -615,10 +625,8 @@ def run(cfg: RLConfig) -> dict:
             pass
     write_outputs(reward, shapes, state["steps"], out, cfg)
     secs = time.time() - t0
-    n_best = len(reward.best)
     log(f"done in {secs:.0f}s: {reward.n_evaluated} harness evaluations, {reward.n_cached} cache hits, "
-        f"{reward.n_remeasured} new bests re-measured; {executor.throughput()}; "
-        f"{n_best}/{len(shapes)} shapes with a {'built (estimated)' if reward.estimated else 'correct'} kernel"
+        f"{reward.n_remeasured} new bests re-measured; {executor.throughput()}; {_bests_line(reward, shapes)}"
         + (f"  {reward.estimate_note()}" if reward.estimated else ""),
         type="done", seconds=round(secs, 1), evaluations=reward.n_evaluated, cached=reward.n_cached,
         table_reads=len(reward.table_reads), table_gpu_seconds=round(sum(reward.table_reads.values()), 3),

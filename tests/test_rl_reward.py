@@ -575,7 +575,10 @@ def test_without_a_gpu_a_table_hit_ranks_above_every_estimate_for_outputs():
     assert best == {} and ranked[s].sha == "hit"
     note_bests([Attempt(s, "not_measured", -0.55, 9.0, estimated=True, sha="g2"), better], best, ranked)
     assert ranked[s].sha == "better"
-    from cudal2_rl.train import _best_how
+    from types import SimpleNamespace
+    from cudal2_rl.train import _best_how, _bests_line
+    run = SimpleNamespace(estimated=True, best={}, best_estimated=ranked)
+    assert _bests_line(run, [s, (64, 64, 64)]) == "1/2 shapes with a built kernel, 1 of them measured (reward table)"
     assert _best_how(better) == " (measured: reward table)" and _best_how(guess) == " (estimated)"
     better.versus = "table best"
     assert "no baseline time" in _best_how(better)
