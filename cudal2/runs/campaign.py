@@ -843,7 +843,7 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     r.bar = Bar(len(r.plan), "shapes", enabled=progress, unit="shape", log=log)
     r.log = r.bar.log                      # the per-shape lines print above the bar
     try:
-        _drive(r, _finalist_policy(r.m, finals_per_shape), request)
+        _drive(r, _tournament_policy(r.m, finals_per_shape), request)
     finally:
         r.bar.close()
         r.log = log
@@ -858,9 +858,10 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
     return r.summary
 
 
-def _finalist_policy(m: dict, finals_per_shape: int):
-    """The run's finalist rule: the fastest few per shape, or for a confirm pack every entrant
-    (each candidate is its own group). A confirm pack runs alone."""
+def _tournament_policy(m: dict, finals_per_shape: int):
+    """The tournament policy the packs ask for (tournament.py picks the finalists): the fastest
+    few per shape, or for a confirm pack every entrant (each candidate is its own group). A
+    confirm pack runs alone."""
     confirm = [part.get("finalists") == EVERY_ENTRANT for part in m["parts"]]
     if any(confirm) and not all(confirm):
         raise ValueError("campaign run: a confirm pack (every entrant in finals) runs alone, not beside other packs")
