@@ -27,7 +27,6 @@ import argparse
 import csv
 import math
 import random
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -35,7 +34,6 @@ from pathlib import Path
 
 from .corpus import FAMILY_PREFIX, SMALL_TEMPLATES, Variant, family_file, family_kinds, variants
 
-_BANNER_RE = re.compile(r"^// config: ([a-z0-9_]+):([A-Za-z0-9_=,.\-]*)$", re.M)
 CSV_FIELDS = ("M", "N", "K", "candidates", "table_configs", "best", "best_is_fastest", "p_best", "rank_best",
               "exp_BM", "exp_BN", "p_refused", "p_corpus", "top", "p_top")
 
@@ -55,29 +53,14 @@ class Candidate:
 
 
 # -- candidates -----------------------------------------------------------------------------
-def banner_config(source: str, arch: str):
-    """The KernelConfig a measured source's `// config:` banner names, when today's family
-    takes it on `arch`; None otherwise."""
-    from cudal2.templates import FAMILIES, KernelConfig
-    m = _BANNER_RE.search(source or "")
-    if m is None or m.group(1) not in FAMILIES:
-        return None
-    try:
-        pairs = [p.split("=", 1) for p in filter(None, m.group(2).split(","))]
-        cfg = KernelConfig(m.group(1), tuple((k, int(v) if v.lstrip("-").isdigit() else v) for k, v in pairs))
-    except ValueError:
-        return None
-    return cfg if FAMILIES[cfg.family].valid(cfg, arch) else None
-
-
 def reachable_config(source: str, arch: str):
-    """The config a measured source names when its family file builds that same source today
-    (today's instantiation is the measured text, canonically): the binary the table measured,
-    which a policy can write. None when the template changed since, or no config is named."""
-    from cudal2.core.identity import canonical
-    from cudal2.templates import instantiate
-    cfg = banner_config(source, arch)
-    return cfg if cfg is not None and canonical(instantiate(cfg)) == canonical(source) else None
+    """The config whose instantiation a measured source is, byte for byte, today
+    (cudal2.templates.config_of), when its family takes it on `arch`: its family file builds the
+    binary the table measured, so a policy can write it. None when the template changed since,
+    or the source is not an instantiation."""
+    from cudal2.templates import FAMILIES, config_of
+    cfg = config_of(source)
+    return cfg if cfg is not None and FAMILIES[cfg.family].valid(cfg, arch) else None
 
 
 def _family_variant(cfg, arch: str) -> Variant:
@@ -258,11 +241,6 @@ def sample_shapes(table, n: int, arch: str) -> list[tuple]:
     return spread_shapes(named if len(named) >= n else table.shapes(), n)
 
 
-def read_shapes(path: str) -> list[tuple]:
-    with open(path, newline="") as f:
-        return [(int(r["M"]), int(r["N"]), int(r["K"])) for r in csv.DictReader(f)]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cudal2_rl.probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="smollm2", help="smollm2 | builtin | a local model folder")
@@ -293,7 +271,9 @@ def run(args) -> int:
     table = RewardTable.open(args.table, gpu=args.gpu, arch=args.arch, layout="RR", acc=args.acc)
     if not table.shapes():
         raise SystemExit(f"probe: the reward table ({', '.join(map(str, table.paths))}) holds no {args.arch} shape")
-    shapes = read_shapes(args.shapes) if args.shapes else sample_shapes(table, args.sample, args.arch)
+    from cudal2.search.tune import read_shapes
+    shapes = ([(s.M, s.N, s.K) for s in read_shapes(args.shapes)] if args.shapes
+              else sample_shapes(table, args.sample, args.arch))
     missing = [s for s in shapes if s not in table.shapes()]
     if missing:
         raise SystemExit(f"probe: shapes not in the table: {missing[:4]}")

@@ -240,14 +240,15 @@ def test_family_kinds_list_every_family_of_the_arch():
         variants("family:cutlass_sm90", "sm_80")
 
 
-def _saved_completions():
-    """(name, kernel file) of every saved completion of the default policy that built."""
+def _saved_completions(*checks: str):
+    """(name, kernel file) of every saved completion of the default policy that built, in the
+    `policy check --out` folders `checks` (under reports/cpu)."""
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent / "reports/cpu/2026-11-25-smollm2-printed-meta"
+    reports = Path(__file__).resolve().parent.parent / "reports/cpu"
     out = []
-    for sub in ("new-adapter", "new-adapter-heldout"):
-        rows = json.loads((root / sub / "check.json").read_text())["rows"]
-        files = sorted((root / sub).glob("[0-9][0-9]_*.txt"))
+    for sub in checks:
+        rows = json.loads((reports / sub / "check.json").read_text())["rows"]
+        files = sorted((reports / sub).glob("[0-9][0-9]_*.txt"))
         assert len(files) == len(rows)
         out += [(f.name, extract(f.read_text()).source) for f, r in zip(files, rows) if r.get("built")]
     return out
@@ -255,12 +256,16 @@ def _saved_completions():
 
 def test_every_saved_completion_that_builds_is_a_corpus_variant():
     from cudal2_rl.corpus import parse_corpus_file
-    saved = _saved_completions()
+    saved = _saved_completions("2026-11-25-smollm2-printed-meta/new-adapter",
+                               "2026-11-25-smollm2-printed-meta/new-adapter-heldout")
     assert len(saved) == 28
     parsed = {name: parse_corpus_file(src) for name, src in saved}
     assert all(parsed.values()), [n for n, v in parsed.items() if v is None]
     one_warp = [v for v in parsed.values() if v.p["WARPS_M"] * v.p["WARPS_N"] == 1]
     assert len(one_warp) == 9
+    # the table-trained adapter's check: family files, each a variant of its family's space
+    family = {name: parse_corpus_file(src) for name, src in _saved_completions("2026-11-28-table-warmstart/check")}
+    assert len(family) == 16 and all(v is not None and v.family for v in family.values()), family
 
 
 def test_every_variant_parses_back_to_itself():

@@ -60,11 +60,10 @@ def test_scores_are_the_log_probs_of_a_plain_forward():
         assert math.isclose(g, float(sum(lp[len(p) - 1 + i, t] for i, t in enumerate(c))), rel_tol=1e-4)
 
 
-def test_banner_configs_and_shape_spread():
+def test_reachable_configs_and_shape_spread():
     cfg = FAMILIES["mma"].default()
-    assert PR.banner_config(instantiate(cfg), "sm_90a") == cfg
-    assert PR.banner_config("// config: mma:BM=7\n", "sm_90a") is None
-    assert PR.banner_config("__global__ void k() {}", "sm_90a") is None
+    assert PR.reachable_config("// config: mma:BM=7\n", "sm_90a") is None
+    assert PR.reachable_config("__global__ void k() {}", "sm_90a") is None
     # reachable: today's family file builds the measured source; a template edited since is not
     assert PR.reachable_config(instantiate(cfg), "sm_90a") == cfg
     edited = instantiate(cfg).replace("__syncthreads();", "__syncthreads(); __syncthreads();", 1)

@@ -2,50 +2,25 @@
 held-out shape's entries by the time it predicts from each entry's config. An entry's config is
 read from its source: a template instantiation's banner (`// config: family:K=V,...`, checked
 byte for byte by cudal2.templates.config_of) or a short family file (`#define` lines and
-`#include "<family header>"`, checked against the family's own short_source). Entries with no
+`#include "<family header>"`, read by cudal2_rl.corpus.parse_family_file). Entries with no
 config (a raw kernel file) are invisible to the model: they rank after every config, in a seeded
 order."""
 from __future__ import annotations
 
 import random
-import re
 from functools import lru_cache
 
 from cudal2.search.costmodel import CostModel, Sample
 from cudal2.search.tune import config_meta
-from cudal2.templates import _ENUM_MACROS, FAMILIES, KernelConfig, config_of
+from cudal2.templates import KernelConfig, config_of
 
-_DEFINE_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Z][A-Z0-9_]*)[ \t]+(-?[0-9]+)[ \t]*$", re.M)
-_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
-
-
-_ENUM_BY_MACRO = {macro: (param, {v: k for k, v in values.items()})
-                  for param, (macro, values) in _ENUM_MACROS.items()}
-
-
-def _family_file_config(source: str) -> KernelConfig | None:
-    """The config a short family file sets, or None when it is not exactly one."""
-    inc = _INCLUDE_RE.findall(source)
-    if len(inc) != 1:
-        return None
-    params = {}
-    for macro, v in _DEFINE_RE.findall(source):
-        param, names = _ENUM_BY_MACRO.get(macro, (macro, None))
-        params[param] = names.get(int(v)) if names else int(v)
-    for fam in (f for f in FAMILIES.values() if f.header == inc[0]):
-        try:
-            cfg = KernelConfig(fam.name, tuple(params.items()))
-            if fam.short_source(cfg).split() == source.split():
-                return cfg
-        except (ValueError, TypeError):
-            continue
-    return None
+from ..corpus import parse_family_file
 
 
 @lru_cache(maxsize=4096)
 def entry_config(source: str) -> KernelConfig | None:
     """The config an entry's source instantiates, or None (module docstring)."""
-    return config_of(source) or _family_file_config(source)
+    return config_of(source) or parse_family_file(source)
 
 
 def fit(table, training_shapes) -> CostModel:
