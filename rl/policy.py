@@ -196,7 +196,8 @@ def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int
     """(prompt, completion, shape) pairs: per shape, the cost model's top configs."""
     from cudal2.search.costmodel import CostModel
     from cudal2.templates import FAMILIES, with_acc
-    from .prompts import compact_prompt, template_file
+    from .corpus import family_file
+    from .prompts import compact_prompt
     rng = random.Random(recipe.seed)
     model = CostModel.default(arch=recipe.arch)
     fams = [FAMILIES[f] for f in recipe.families if f in FAMILIES]
@@ -219,7 +220,7 @@ def sft_pairs(recipe: BuiltinRecipe) -> list[tuple[str, str, tuple[int, int, int
             ranked.sort(key=lambda t: (t[0], t[1]))
             prompt = compact_prompt(shape, recipe.arch, acc)
             for _t, _l, cfg in ranked[:recipe.configs_per_shape]:
-                pairs.append((prompt, template_file(cfg), shape))
+                pairs.append((prompt, family_file(cfg), shape))
     return pairs
 
 

@@ -86,11 +86,6 @@ def family_example(arch: str, acc: str = "f32") -> str:
     return ""
 
 
-def template_file(config) -> str:
-    """The short kernel file for a template config (cudal2_rl.corpus.family_file)."""
-    return family_file(config)
-
-
 def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit: int = 2) -> list[tuple[str, str]]:
     """(title, kernel file) for each template family on `arch` whose default config (with the
     accumulator set) accepts the shape; the cost model's favourite first."""
@@ -107,7 +102,7 @@ def template_references(shape, arch: str = "sm_90a", acc: str = "f32", *, limit:
             continue
         t = model.predict_us(cfg, None, (M, N, K))
         refs.append((t, f"template family `{fam.name}` ({fam.header}), config {cfg.label()}",
-                     template_file(cfg)))
+                     family_file(cfg)))
     refs.sort(key=lambda r: r[0])
     return [(title, text) for _t, title, text in refs[:limit]]
 

@@ -141,7 +141,7 @@ def _table_data(args):
     prior = rng.sample(lacking, min(args.prior_shapes, len(lacking)))
     data = table_pairs(table, brief_prompt, max(1, args.per_shape), prior_shapes=prior, seed=args.seed)
     if not data:
-        raise SystemExit(f"--table: {table.describe().splitlines()[0]}: no entry names a family config")
+        raise SystemExit(f"--table: {table.describe().splitlines()[0]}: no entry a policy can write (an instantiation today's template reproduces)")
     counts = origin_counts(data)
     rng.shuffle(data)
     return data, (f"{counts['measured']} measured family files from {table.describe().splitlines()[0]}, "
