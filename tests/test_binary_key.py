@@ -266,3 +266,24 @@ def test_backfill_takes_a_recorded_build_key_for_a_family_file(tmp_path, cache, 
                    build_key=cache_key(BuildSpec(src), nvcc)), source=src)
     r = backfill([tmp_path / "r.db"], jobs=2, log=lambda *a: None)[str(tmp_path / "r.db")]
     assert r["rows_keyed"] == 1 and r["skipped"] == {}
+
+
+@needs_tools
+def test_a_call_never_waits_for_a_key(tmp_path, monkeypatch):
+    """An entry keyed under another KEY_VERSION loads for dispatch (lookup, the loader's build)
+    without running cuobjdump and without its stale key; the harness's build keys it."""
+    import cudal2.core.build as B
+    spec = BuildSpec((DATA / "base.cu").read_text())
+    first = build(spec, cache=tmp_path)
+    meta_path = first.so_path.parent / "build.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "binary_key": "stale", "binary_key_version": 0}))
+
+    def no_cuobjdump(*a, **k):
+        raise AssertionError("a dispatch load ran the binary key")
+    monkeypatch.setattr(B, "binary_key", no_cuobjdump)
+    assert B.lookup(spec, cache=tmp_path).binary_key is None
+    assert build(spec, cache=tmp_path, key_on_load=False).binary_key is None
+    assert json.loads(meta_path.read_text())["binary_key"] == "stale"      # left for the harness
+    monkeypatch.undo()
+    assert build(spec, cache=tmp_path).binary_key == first.binary_key

@@ -235,8 +235,10 @@ def _entry_dir(cache: Path, key: str) -> Path:
     return cache / "builds" / key[:2] / key
 
 
-def _load_entry(entry: Path, name: str) -> BuildResult | None:
-    """A finished cache entry, or None if absent; a corrupt one is deleted."""
+def _load_entry(entry: Path, name: str, key_on_load: bool = True) -> BuildResult | None:
+    """A finished cache entry, or None if absent; a corrupt one is deleted. An entry keyed
+    before this KEY_VERSION (or never) is keyed now when `key_on_load`, else it loads without a
+    key: taking one runs cuobjdump, which a user's call (dispatch) must not wait for."""
     meta_path = entry / "build.json"
     if not meta_path.exists():
         return None
@@ -247,7 +249,8 @@ def _load_entry(entry: Path, name: str) -> BuildResult | None:
         if so is not None and not so.exists():
             raise ValueError("kernel.so missing")
         if so is not None and meta.get("binary_key_version") != KEY_VERSION:
-            meta = _add_binary_key(meta, so, meta_path)     # built before keys, or this key
+            meta = (_add_binary_key(meta, so, meta_path) if key_on_load     # built before keys, or this key
+                    else {k: v for k, v in meta.items() if k != "binary_key"})
         return result_from_json(meta, so_path=so, ptx_path=ptx if ptx.exists() else None,
                                 name=name)
     except (ValueError, KeyError, TypeError, json.JSONDecodeError):
@@ -360,8 +363,10 @@ def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildRes
     return replace(result, cached=False)
 
 
-def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None) -> BuildResult:
-    """Build (or fetch from the cache) one kernel. Never raises on bad source."""
+def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None,
+          key_on_load: bool = True) -> BuildResult:
+    """Build (or fetch from the cache) one kernel. Never raises on bad source. key_on_load=False:
+    a cache hit keyed under another KEY_VERSION comes back without a key (_load_entry)."""
     from filelock import FileLock
 
     try:
@@ -371,12 +376,12 @@ def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None) -
         return BuildResult(TOOLCHAIN_ERROR, "", None, None, str(exc), name=spec.name)
     cache = Path(cache) if cache else knobs.cache_dir()
     entry = _entry_dir(cache, key)
-    hit = _load_entry(entry, spec.name)
+    hit = _load_entry(entry, spec.name, key_on_load)
     if hit is not None:
         return hit
     entry.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(entry) + ".lock"):
-        hit = _load_entry(entry, spec.name)  # another builder may have finished meanwhile
+        hit = _load_entry(entry, spec.name, key_on_load)  # another builder may have finished meanwhile
         if hit is not None:
             return hit
         try:
@@ -390,7 +395,8 @@ def lookup(spec: BuildSpec, *, cache: Path | None = None) -> BuildResult | None:
     (dispatch asks this before a build it would otherwise run inside a user's call). Raises
     ToolchainError without nvcc: the key holds its version."""
     key = cache_key(spec, find_toolchain().version)
-    return _load_entry(_entry_dir(Path(cache) if cache else knobs.cache_dir(), key), spec.name)
+    return _load_entry(_entry_dir(Path(cache) if cache else knobs.cache_dir(), key), spec.name,
+                       key_on_load=False)
 
 
 def build_many(specs: list[BuildSpec], *, jobs: int | None = None, timeout: float = 900,
