@@ -1,5 +1,7 @@
 """The correctness suite on CPU: tolerance formula, exact 0/1 inputs, guard bands, and planted
 bugs as Python "kernels" that write through the same Operands a .so launch gets."""
+import re
+
 import pytest
 import torch
 
@@ -136,6 +138,7 @@ def test_correct_kernel_passes_every_check():
         for name in ("ones_exact", "random_tol", "guards", "inputs", "determinism", "reuse",
                      "padded_ld", "edge_shapes", "fresh_buffers"):
             assert rep.checks[name]["ok"] and rep.checks[name]["n"] >= 1, name
+        assert rep.checks["determinism"]["n"] >= 2
         assert 0 < rep.max_abs_err < 0.1
 
 
@@ -239,6 +242,96 @@ def test_nondeterminism_is_caught():
         return 0
     rep = run_suite(jitter)
     assert not rep.checks["determinism"]["ok"]
+
+
+def _scaled(ops, scale):
+    """C = fp16(scale * fp32(A @ B)): 2^-14 relative moves some elements by one fp16 ulp but
+    keeps integers <= 2048 exact (half an ulp is >= 2^-12 relative), so within every tolerance."""
+    ops.c.copy_((ops.a.float() @ ops.b.float() * scale).half())
+    return 0
+
+
+EPS = 2.0 ** -14
+
+
+def test_counter_dependent_rounding_fails_only_determinism_and_names_the_element():
+    calls = [0]
+
+    def drift(ops):                           # models a reduction order that varies per call
+        calls[0] += 1
+        return _scaled(ops, 1 + EPS * (calls[0] % 2))
+    rep = run_suite(drift)
+    assert rep.checks["ones_exact"]["ok"] and rep.checks["random_tol"]["ok"]
+    det = rep.checks["determinism"]
+    assert not det["ok"] and rep.first_failure.startswith("determinism")
+    m = re.match(r"bits differ from the first call at \((\d+), (\d+)\): 0x([0-9a-f]{4}) \(\S+\) "
+                 r"then 0x([0-9a-f]{4}) \(\S+\); (\d+) of 3072 elements differ \(repeat after",
+                 det["detail"])
+    assert m, det["detail"]
+    # the same element, patterns and count as the two roundings of seed 0's random product
+    a, b, ref, *_ = check.ShapeInputs(64, 48, 256).get("random0")
+    plain, bumped = ref.half().view(torch.int16), (ref * (1 + EPS)).half().view(torch.int16)
+    diff = plain != bumped
+    i, j = check._first(diff)
+    assert (int(m[1]), int(m[2])) == (i, j) and int(m[5]) == int(diff.sum())
+    assert {int(m[3], 16), int(m[4], 16)} == {int(plain[i, j]) & 0xFFFF, int(bumped[i, j]) & 0xFFFF}
+
+
+LEFTOVER = {"smem": "own"}
+
+
+def _leftover_reader(ops):
+    """Reads 'shared memory' it never wrote: its own leftovers give the right bits, anyone
+    else's a slightly different rounding. It leaves its own values behind."""
+    _scaled(ops, 1.0 if LEFTOVER["smem"] == "own" else 1 + EPS)
+    LEFTOVER["smem"] = "own"
+    return 0
+
+
+def test_leftover_state_is_caught_only_by_the_repeat_after_other_work():
+    def other_kernel():
+        LEFTOVER["smem"] = "cublas"
+    LEFTOVER["smem"] = "own"
+    rep = run_suite(_leftover_reader, between=other_kernel)
+    det = rep.checks["determinism"]
+    assert not det["ok"] and "(repeat after other work" in det["detail"], det
+    assert rep.checks["random_tol"]["ok"] and rep.checks["ones_exact"]["ok"]
+    # with nothing in between, every repeat sees its own leftovers: that repeat is the catch
+    rep = run_suite(_leftover_reader, between=lambda: None)
+    assert rep.ok and rep.checks["determinism"]["n"] == 2, rep.first_failure
+
+
+def test_honest_kernel_passes_after_the_default_other_work(monkeypatch):
+    ran = []
+    real = check.other_work
+    monkeypatch.setattr(check, "other_work", lambda *a, **kw: (ran.append(a), real(*a, **kw)))
+    rep = run_suite(good)
+    assert rep.ok, rep.first_failure
+    assert rep.checks["determinism"]["n"] >= 2 and len(ran) == 1
+
+
+def test_split_k_with_a_fixed_reduction_order_is_deterministic():
+    def split_k(ops, splits=4):               # fp32 partials of K chunks, summed in split order
+        step = -(-ops.K // splits)
+        parts = [ops.a[:, k:k + step].float() @ ops.b[k:k + step].float()
+                 for k in range(0, ops.K, step)]
+        acc = torch.zeros_like(parts[0])
+        for p in parts:
+            acc += p
+        ops.c.copy_(acc.half())
+        return 0
+    rep = run_suite(split_k, any_shape=True)
+    assert rep.ok, rep.first_failure
+    assert rep.checks["determinism"]["n"] == 2
+
+
+def test_bits_differ_names_the_first_element_row_major():
+    x = torch.ones(4, 5, dtype=torch.float16)
+    assert check.bits_differ(x, x.clone()) == ""
+    y = x.clone()
+    y[2, 1], y[3, 0] = 1.0009765625, 2.0
+    assert check.bits_differ(x, y) == ("bits differ from the first call at (2, 1): 0x3c00 (1) "
+                                       "then 0x3c01 (1.00098); 2 of 20 elements differ")
 
 
 def test_tile_aligned_only_fails_edge_shapes():
@@ -444,7 +537,7 @@ def test_a_group_computes_the_main_references_once_and_every_kernel_sees_the_sam
         assert rep.ok, rep.first_failure
     assert shared.references_computed == len(check.ShapeInputs.names(2)) == 6
     assert shared.to_dict()["kept"] == sorted(check.ShapeInputs.names(2))
-    assert len(seen["k0"]) == len(seen["k1"]) == 7      # 2 seeds x 2 kinds, repeat, reuse, padded
+    assert len(seen["k0"]) == len(seen["k1"]) == 8      # 2 seeds x 2 kinds, padded, 2 repeats, reuse
     for (a0, b0), (a1, b1) in zip(seen["k0"], seen["k1"]):
         assert torch.equal(a0, a1) and torch.equal(b0, b1)
     # a suite of its own draws the same entries (same seed): the same inputs as the group's

@@ -9,7 +9,9 @@
     inputs          A and B bit-identical to copies taken before the call
     reuse           same pointers, new values: a kernel that memoises by pointer returns stale C
     fresh_buffers   new allocations for every seed
-    determinism     the same inputs twice give bit-identical C
+    determinism     the same inputs at least twice, after calls on other operands and after
+                    other work (`other_work`), give bit-identical C; the first differing
+                    element is named
     padded_ld       lda/ldb/ldc larger than the row length (the ABI passes them; kernels honour them)
     edge_shapes     for `any_shape` kernels, odd shapes near the target (M-1, N+1, K-3; M+1, N-1, K+5)
 
@@ -37,6 +39,10 @@ LAMBDA = 6.0                 # standard deviations of the accumulation-error mod
 ABS_FLOOR = 2.0 ** -24       # fp16's smallest subnormal
 ONES_MAX_DOT = 2048          # integers up to 2048 are exact in fp16
 SENTINEL_BAND_MIN = 4096     # elements in each guard band at least
+# `other_work`'s GEMM: on a GPU enough tiles to occupy every SM (cuBLAS overwrites each one's
+# shared memory) and 32 MiB of C through L2; 512^3 would touch only a few dozen SMs.
+OTHER_WORK_GPU = (4096, 4096, 512)
+OTHER_WORK_CPU = (512, 512, 512)     # no leftover state to clobber on CPU: just cheap
 
 
 def tolerance(K: int, acc: str, rms_a: float = 1.0, rms_b: float = 1.0) -> tuple[float, float]:
@@ -155,6 +161,38 @@ def compare(c, ref, *, exact: bool = False, K: int = 1, acc: str = "f32",
 def _first(mask) -> tuple[int, ...]:
     idx = mask.nonzero()[0]
     return tuple(int(v) for v in idx)
+
+
+def bits_differ(first, again) -> str:
+    """'' when `again` is bit-identical to `first` (fp16), else the first differing element
+    in row-major order with both values and bit patterns, and how many elements differ."""
+    import torch
+
+    x, y = first.view(torch.int16), again.view(torch.int16)
+    diff = x != y
+    n = int(diff.sum())
+    if not n:
+        return ""
+    i = _first(diff)
+    return (f"bits differ from the first call at {i}: {_f16(x[i], first[i])} then "
+            f"{_f16(y[i], again[i])}; {n} of {diff.numel()} elements differ")
+
+
+def _f16(bits, value) -> str:
+    return f"0x{int(bits) & 0xFFFF:04x} ({value.item():.6g})"
+
+
+def other_work(device, gen, shape: tuple[int, int, int] | None = None) -> None:
+    """Unrelated work between two calls on the same inputs: a torch fp16 GEMM on fresh random
+    data, its result discarded. A kernel that reads shared memory it never wrote, or whose
+    reduction order follows timing (atomics), then gives other bits than before."""
+    import torch
+
+    dev = torch.device(device)
+    m, n, k = shape or (OTHER_WORK_GPU if dev.type == "cuda" else OTHER_WORK_CPU)
+    a = torch.randn(m, k, generator=gen, device=dev).to(torch.float16)
+    b = torch.randn(k, n, generator=gen, device=dev).to(torch.float16)
+    torch.matmul(a, b)
 
 
 # ---- guarded operands -------------------------------------------------------------------------
@@ -379,7 +417,8 @@ class Suite:
 
     def __init__(self, launch: Launch, *, acc: str, layout: str, ws_bytes: int = 0,
                  device="cpu", seed: int = 0, workspace: Callable[[int, int, int], int] | None = None,
-                 ws_zero_init: bool = False, inputs: "ShapeInputs | None" = None):
+                 ws_zero_init: bool = False, inputs: "ShapeInputs | None" = None,
+                 between: Callable[[], None] | None = None):
         import torch
 
         self.launch_fn, self.acc, self.layout, self.ws_bytes = launch, acc, layout, ws_bytes
@@ -395,6 +434,8 @@ class Suite:
         self._calls = 0
         # the main shape's inputs and references (shared by a finals group; else this suite's)
         self.inputs = inputs
+        # work between two determinism repeats (default: a torch GEMM, `other_work`)
+        self.between = between or (lambda: other_work(self.device, self.gen))
 
     # one guarded call: garbage in C, copies of everything, launch, then the guard checks
     def call(self, ops: Operands, where: str):
@@ -458,6 +499,16 @@ class Suite:
         set_inputs(ops, a, b)
         return ops, a, b, (ref, ra, rb)
 
+    def _repeats(self, ops: Operands, c_first, target: str) -> None:
+        """determinism: seed 0's random inputs again on the same pointers (fresh garbage in C),
+        after calls on other operands, then after `between`; each bit-identical to the first."""
+        for when in ("after calls on other operands", "after other work"):
+            if when == "after other work":
+                self.between()
+            c = self.call(ops, f"{target} repeat {when}")
+            diff = bits_differ(c_first, c)
+            self.report.record("determinism", not diff, f"{diff} (repeat {when}, {target})")
+
     def run(self, M: int, N: int, K: int, *, seeds: int = 3, any_shape: bool = False,
             tile: tuple[int, int, int] | None = None,
             divisible: tuple[int, int, int] = (1, 1, 1), max_m: int | None = None,
@@ -493,21 +544,17 @@ class Suite:
             if s == 0:
                 kept = (ops, c)
         ops, c_first = kept
-        # determinism: same inputs (and pointers) again, different garbage in C
-        c_again = self.call(ops, f"{target} repeat")
-        import torch
-
-        same = torch.equal(c_first.view(torch.int16), c_again.view(torch.int16))
-        self.report.record("determinism", same, f"two calls on the same inputs differ ({target})")
+        # padded leading dimensions (16 bytes, so TMA alignment still holds); before the
+        # repeats, so even with one seed a call on other operands precedes them
+        pops, a, b, ref = self.fresh_main("padded", pad=8)
+        c = self.call(pops, f"{target} padded ld")
+        self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K, ref)
+        self._repeats(ops, c_first, target)
         # same pointers, new values: memoisation keyed on pointers returns the old answer
         a, b, *ref = self.inputs.get("reuse")
         set_inputs(ops, a, b)
         c = self.call(ops, f"{target} reused buffers")
         self._score("reuse", c, a, b, False, f"{target}, same pointers, new values", K, tuple(ref))
-        # padded leading dimensions (16 bytes, so TMA alignment still holds)
-        ops, a, b, ref = self.fresh_main("padded", pad=8)
-        c = self.call(ops, f"{target} padded ld")
-        self._score("padded_ld", c, a, b, False, f"{target}, ld + 8", K, ref)
         if any_shape:
             for (m, n, k) in edge_shapes(M, N, K, divisible, max_m, max_n):
                 where = f"{m}x{n}x{k}"
@@ -546,14 +593,17 @@ def check_kernel(launch: Launch, M: int, N: int, K: int, *, acc: str, layout: st
                  seed: int = 0, divisible: tuple[int, int, int] = (1, 1, 1),
                  workspace: Callable[[int, int, int], int] | None = None,
                  ws_zero_init: bool = False, max_m: int | None = None,
-                 max_n: int | None = None, inputs: ShapeInputs | None = None) -> CheckReport:
+                 max_n: int | None = None, inputs: ShapeInputs | None = None,
+                 between: Callable[[], None] | None = None) -> CheckReport:
     """The whole correctness suite for one kernel and shape. divisible: the meta's (M, N, K)
     divisors, which the edge shapes keep; workspace(M, N, K): bytes for shapes other than the
     target (default: ws_bytes for every shape). inputs: the main shape's ShapeInputs, shared by
     every candidate of a finals group (default: the suite's own); the edge shapes, which
-    depend on the kernel's meta, stay per kernel."""
+    depend on the kernel's meta, stay per kernel. between(): work run before the last
+    determinism repeat (default: `other_work` on the suite's device)."""
     suite = Suite(launch, acc=acc, layout=layout, ws_bytes=ws_bytes, device=device, seed=seed,
-                  workspace=workspace, ws_zero_init=ws_zero_init, inputs=inputs)
+                  workspace=workspace, ws_zero_init=ws_zero_init, inputs=inputs,
+                  between=between)
     return suite.run(M, N, K, seeds=seeds, any_shape=any_shape, tile=tile, divisible=divisible,
                      max_m=max_m, max_n=max_n)
 
