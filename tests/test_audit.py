@@ -76,6 +76,28 @@ def test_include_rules():
     assert "bytes" in A.check_includes(big)[0]
 
 
+@pytest.mark.parametrize("code, named", [
+    ("k<<<g, b, 0, cudaStreamPerThread>>>(x);", "cudaStreamPerThread"),
+    ("k<<<g, b, 0, cudaStreamLegacy>>>(x);", "cudaStreamLegacy"),
+    ("cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, CU_STREAM_PER_THREAD, a, 0);", "CU_STREAM_PER_THREAD"),
+    ("#define CUDA_API_PER_THREAD_DEFAULT_STREAM 1", "CUDA_API_PER_THREAD_DEFAULT_STREAM"),
+    ("#define __CUDART_API_PER_THREAD_DEFAULT_STREAM", "__CUDART_API_PER_THREAD_DEFAULT_STREAM"),
+    ("cudaGetDriverEntryPoint(n, &f, cudaEnablePerThreadDefaultStream, &q);",
+     "cudaEnablePerThreadDefaultStream"),
+    ("cudaLaunchKernel_ptsz(f, g, b, a, 0, 0);", "cudaLaunchKernel_ptsz"),
+    ("v.accessPolicyWindow.hitRatio = 1;", "accessPolicyWindow"),
+    ("cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 1 << 20);", "cudaLimitPersistingL2CacheSize"),
+])
+def test_stream_and_l2_names_in_code_are_rejected(code, named):
+    """A kernel launches on the stream it is given: code naming a default stream, a per-thread
+    spelling or an L2 persistence control is rejected before it is built; the same words in a
+    comment or a string literal are not code."""
+    (why,) = A.check_source(f"int f() {{\n  {code}\n}}\n")
+    assert named in why, why
+    assert A.check_source(f"// never {named}\nconst char* s = \"{named}\";\n/* {named} */\n") == []
+    assert A.check_source("k<<<g, b, 0, (cudaStream_t)stream>>>(x);  // the caller's stream\n") == []
+
+
 MMA_F32 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 MMA_F16 = "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"
 WG_F32 = "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"
@@ -156,6 +178,9 @@ REJECTED = {
     "meta_garbage.cu": "not JSON",
     "meta_not_utf8.cu": "not UTF-8",
     "exports_runtime_name.cu": "cudaEventElapsedTime",
+    "per_thread_stream.cu": "names a default stream",
+    "legacy_stream.cu": "names a default stream",
+    "l2_persist_stream.cu": "names an L2 persistence control",
 }
 LOAD_VERDICTS = {
     "ctor_segv.cu": ("load_crashed", "SIGSEGV"),
@@ -329,3 +354,23 @@ def test_cli_says_first_that_a_file_is_missing_or_unreadable(tmp_path, capsys):
         assert out[2].endswith("Permission denied")
     res = A.audit_file(missing)
     assert res.verdict == "missing" and not res.ok and str(missing) in res.reasons[0]
+
+
+def test_audited_version_counts_only_rules_the_call_guard_applied():
+    """A recorded audit stands for its rules' version only as far as the call guard watched the
+    library's calls under them (a dry call, or the GPU run's guard record): a static audit alone,
+    a guard that was off, one of older rules, or a rejection stands for less."""
+    from cudal2.core.vocab import AUDIT_VERSION as V
+    on = {"status": "on", "rules": V}
+    assert A.audited_version({"ok": True, "audit_version": V, "call_guard": on}) == V
+    assert A.audited_version({"ok": True, "audit_version": V,
+                              "dry_call": {"status": "ok", "rules": V}}) == V
+    assert A.audited_version({"ok": True, "audit_version": V}) == 0              # never watched
+    assert A.audited_version({"ok": True, "audit_version": V,
+                              "call_guard": {"status": "off: no compiler"}}) == 0
+    assert A.audited_version({"ok": True, "audit_version": V,
+                              "call_guard": {"status": "on"}}) == 1                # a v1 guard
+    assert A.audited_version({"ok": True, "call_guard": on}) == 1                  # v1 rules
+    assert A.audited_version({"ok": False, "audit_version": V, "call_guard": on}) == 0
+    assert A.audited_version(None) == 0
+    assert A.AuditResult(name="k", ok=True, verdict="ok").audit_version == V

@@ -67,7 +67,7 @@ def call(name):
 out = {"disarmed": call("cuMemAlloc_v2"), "disarmed_calls": guard.calls()}
 counts = lambda: [cudart.fake_counts(i) for i in range(4)]
 out["counts_disarmed"] = counts()
-with guard.armed():
+with guard.armed(stream=0):                    # a call on the legacy default stream (handle 0)
     out["forbidden_door"] = call("cuMemAlloc_v2")
     out["allowed_door"] = call("cuTensorMapEncodeTiled")
 out["counts_armed"] = counts()
@@ -75,7 +75,7 @@ out["calls"] = guard.calls()
 out["refused"] = guard.refused()
 out["record"] = call_record(guard)
 guard.reset()                                  # a flood of calls past the log's capacity
-with guard.armed():
+with guard.armed(stream=0):
     for _ in range(1100):
         call("cuTensorMapEncodeTiled")
 out["flood"] = {"refused": [len(guard.refused()), guard.refused()[-1]], "dropped": guard.dropped(), "named": len(guard.calls())}
@@ -144,6 +144,237 @@ def test_one_rule_the_guard_refuses_what_the_audit_rejects():
     assert '"cuTensorMapEncodeTiled"' in callguard.header()
 
 
+# ---- stream discipline: every launch and memset on the call's stream -------------------------
+STREAM_CUDART = r"""
+#include <string.h>
+typedef struct { unsigned x, y, z; } dim3;
+struct attr { int id; char pad[4]; char value[64]; };
+struct config { dim3 grid, block; unsigned long smem; void* stream; struct attr* attrs; unsigned n; };
+int reached;                                   /* calls that got past the guard */
+int cudaLaunchKernel(const void* f, dim3 g, dim3 b, void** a, unsigned long smem, void* s) { return ++reached, 0; }
+int cudaLaunchKernel_ptsz(const void* f, dim3 g, dim3 b, void** a, unsigned long smem, void* s) { return ++reached, 0; }
+int __cudaLaunchKernel(const void* f, dim3 g, dim3 b, void** a, unsigned long smem, void* s) { return ++reached, 0; }
+int cudaMemsetAsync(void* p, int v, unsigned long n, void* s) { return ++reached, 0; }
+int cudaLaunchKernelExC(const struct config* c, const void* f, void** a) { return ++reached, 0; }
+static int drv_launch(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                      unsigned bz, unsigned smem, void* s, void** p, void** e) { return ++reached, 0; }
+int cudaGetDriverEntryPoint(const char* sym, void** fn, unsigned long long flags, int* status) {
+  *fn = strcmp(sym, "cuLaunchKernel") == 0 ? (void*)drv_launch : (void*)0x1234;
+  if (status) *status = 0;
+  return 0;
+}
+int fake_reached(void) { return reached; }
+"""
+
+STREAM_KERNEL = r"""
+typedef struct { unsigned x, y, z; } dim3;
+struct attr { int id; char pad[4]; char value[64]; };
+struct config { dim3 grid, block; unsigned long smem; void* stream; struct attr* attrs; unsigned n; };
+int cudaLaunchKernel(const void*, dim3, dim3, void**, unsigned long, void*);
+int cudaLaunchKernel_ptsz(const void*, dim3, dim3, void**, unsigned long, void*);
+int __cudaLaunchKernel(const void*, dim3, dim3, void**, unsigned long, void*);
+int cudaMemsetAsync(void*, int, unsigned long, void*);
+int cudaLaunchKernelExC(const struct config*, const void*, void**);
+int cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*);
+typedef int (*drv_fn)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      void*, void**, void**);
+/* one launch through `how` on `stream`: 0 cudaLaunchKernel, 1 its _ptsz, 2 __cudaLaunchKernel
+ * (<<<>>>), 3 cudaMemsetAsync, 4 cudaLaunchKernelExC, 5 the same with an L2 access-policy
+ * window, 6 the driver's cuLaunchKernel from the door (legacy), 7 the same asked per-thread */
+int launch(int how, void* stream) {
+  dim3 one = {1, 1, 1};
+  struct attr window = {1};                    /* cudaLaunchAttributeAccessPolicyWindow */
+  struct config c = {one, one, 0, stream, how == 5 ? &window : 0, how == 5};
+  void* fn = 0;
+  switch (how) {
+    case 0: return cudaLaunchKernel(0, one, one, 0, 0, stream);
+    case 1: return cudaLaunchKernel_ptsz(0, one, one, 0, 0, stream);
+    case 2: return __cudaLaunchKernel(0, one, one, 0, 0, stream);
+    case 3: return cudaMemsetAsync(0, 0, 16, stream);
+    case 4: case 5: return cudaLaunchKernelExC(&c, 0, 0);
+    default:
+      cudaGetDriverEntryPoint("cuLaunchKernel", &fn, how == 7 ? 2 : 0, 0);
+      return ((drv_fn)fn)(0, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0);
+  }
+}
+"""
+
+STREAM_PROBE = r"""
+import ctypes, json, sys
+from cudal2.harness.callguard import Guard
+cudart = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
+kernel = ctypes.CDLL(sys.argv[1])
+kernel.launch.argtypes = [ctypes.c_int, ctypes.c_void_p]
+guard = Guard.active()
+CALL = 0x5EED0000
+out = {}
+for expect in (CALL, 0, None):                 # a call on its own stream, on the legacy one, none
+    for how in range(8):
+        for stream in (CALL, 0, 1, 2, 0x777):
+            guard.reset()
+            before = cudart.fake_reached()
+            with guard.armed(stream=expect):
+                rc = kernel.launch(how, stream)
+            out[f"{expect} {how} {stream}"] = [rc, cudart.fake_reached() - before, guard.refused()]
+out["disarmed"] = [kernel.launch(how, 2) for how in range(8)]
+print(json.dumps(out))
+"""
+
+
+def test_the_guard_lets_launches_onto_the_calls_stream_only(tmp_path):
+    """Every launch path a kernel library can reach (the runtime's launches, <<<>>>'s
+    __cudaLaunchKernel, the per-thread spelling, the memset, cudaLaunchKernelExC, the driver's
+    cuLaunchKernel handed out by the door, asked legacy or per-thread) reaches the runtime only
+    on the stream of the call being made; the per-thread and legacy default streams and any
+    other handle are refused and named, as is an L2 access-policy window and any launch outside
+    a call. Disarmed, all of them pass."""
+    cc = _cc()
+    shim = callguard.build(cache=tmp_path / "cache")
+    (tmp_path / "cudart.c").write_text(STREAM_CUDART)
+    (tmp_path / "kernel.c").write_text(STREAM_KERNEL)
+    cudart, kernel = tmp_path / "libfakecudart.so", tmp_path / "kernel.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(cudart), str(tmp_path / "cudart.c")], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(kernel), str(tmp_path / "kernel.c"),
+                    f"-L{tmp_path}", "-lfakecudart", f"-Wl,-rpath,{tmp_path}"], check=True)
+    r = subprocess.run([sys.executable, "-c", STREAM_PROBE, str(kernel), str(cudart)],
+                       env={**os.environ, "LD_PRELOAD": str(shim)}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    call, names = 0x5EED0000, ["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "__cudaLaunchKernel",
+                               "cudaMemsetAsync", "cudaLaunchKernelExC", "cudaLaunchKernelExC",
+                               "cuLaunchKernel", "cuLaunchKernel"]
+    per_thread_api = {1, 7}
+    for how, name in enumerate(names):
+        for stream, named in ((call, None), (0, "0"), (1, "cudaStreamLegacy"),
+                              (2, "cudaStreamPerThread"), (0x777, "another")):
+            # on the call's own stream: reaches the runtime, unless it sets an L2 window
+            rc, reached, refused = got[f"{call} {how} {stream}"]
+            if stream == call and how != 5:
+                assert (rc, reached, refused) == (0, 1, []), (name, stream, got)
+                continue
+            why = ("L2 access-policy window" if how == 5 else
+                   "on cudaStreamPerThread" if stream == 2 or (stream == 0 and how in per_thread_api)
+                   else "on cudaStreamLegacy" if stream in (0, 1)
+                   else "on another stream than the call's")
+            assert (rc, reached, refused) == (800, 0, [f"{name}:{why}"]), (name, stream, got)
+        # a call made on the legacy stream (handle 0): 0 and cudaStreamLegacy are that stream,
+        # except through a per-thread API, where 0 is the per-thread stream
+        for stream in (0, 1):
+            rc, reached, refused = got[f"0 {how} {stream}"]
+            ok = how != 5 and not (stream == 0 and how in per_thread_api)
+            assert (rc == 0 and reached == 1) == ok, (name, stream, got[f"0 {how} {stream}"])
+        # outside a call, nothing launches
+        rc, reached, refused = got[f"None {how} {call}"]
+        assert rc == 800 and reached == 0 and refused[0].startswith(f"{name}:"), refused
+        if how != 5:
+            assert refused == [f"{name}:outside cudal2_hgemm"]
+    assert got["disarmed"] == [0] * 8
+
+
+FAMILY_DRIVE = r"""
+import ctypes, json, sys
+from cudal2.core.abi import KernelLibrary, meta_accepts
+from cudal2.harness.callguard import Guard
+fake = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)   # before the kernels' libcudart
+guard = Guard.active()
+CALL, OTHER, P = 0x5EED0000, 0x0DD0000, 1 << 20
+out = []
+for so in json.loads(sys.argv[2]):
+    lib = KernelLibrary(so)
+    meta = lib.meta
+    choices = [{}] + [{o["name"]: v} for o in meta.get("options") or [] for v in o.get("values", [])]
+    for M, N, K in ((16, 4096, 4096), (4096, 16, 4096), (128, 128, 16384), (256, 256, 512)):
+        if not meta_accepts(meta, M, N, K):
+            continue
+        for chosen in choices:
+            opts = lib.options(chosen)
+            ws = lib.workspace_bytes(M, N, K, opts)
+            row = []
+            for expect in (CALL, OTHER):             # the call's own stream, then a wrong guess
+                guard.reset()
+                fake.fake_reset()
+                with guard.armed(stream=expect):
+                    rc = lib.launch(P, P, P, M, N, K, K, K if meta["layout"] == "RC" else N, N,
+                                    P if ws else 0, ws, CALL, opts)
+                row.append([rc, fake.fake_launches() + fake.fake_memsets(), guard.refused()])
+            out.append([so, [M, N, K], chosen, row])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.compile
+def test_our_families_launch_on_the_calls_stream_only(tmp_path, fake_runtime):
+    """Every family's launcher, with each runtime option it declares, compiled by nvcc against
+    the real runtime prototypes, run under the guard against a fake runtime (launches counted,
+    nothing runs): the guard reads the stream the launcher passes (cudaLaunchKernel,
+    cudaLaunchKernelExC with clusters and pdl, the memset, <<<>>>) as the call's own, refuses
+    nothing, and each call launches; told another stream was the call's, it refuses the same
+    launches. So the guard neither passes work elsewhere nor refuses our own kernels on a GPU."""
+    from cudal2.core.build import build_many
+    from cudal2.templates import FAMILIES
+    _cc()
+    specs = [FAMILIES[f].build_spec(cfg, "sm_90a") for f in
+             ("mma", "ptx", "wgmma", "lowlat", "lowlat_mma", "skinny", "skinny_n")
+             for cfg in FAMILIES[f].defaults()[:2]]
+    built = build_many(specs)
+    assert all(b.ok for b in built), [b.log[-1500:] for b in built if not b.ok]
+    env = {**os.environ, "LD_PRELOAD": str(callguard.build(cache=tmp_path / "cache")),
+           "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", FAMILY_DRIVE, str(fake_runtime("splitk_fake_cudart")),
+                        json.dumps([str(b.so_path) for b in built])], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len({so for so, *_ in got}) == len(built), "a family served none of the shapes"
+    launched = 0
+    for so, shape, chosen, ((rc, n, refused), (rc_wrong, n_wrong, refused_wrong)) in got:
+        where = (so.rsplit("/", 1)[-1], shape, chosen)
+        assert refused == [], (where, refused)
+        if rc == 0:
+            launched += 1
+            assert n >= 1, where
+            assert rc_wrong != 0 and refused_wrong and all(
+                x.endswith(":on another stream than the call's") for x in refused_wrong), (where, refused_wrong)
+    assert launched >= len(got) // 2, got
+
+
+@pytest.mark.compile
+def test_the_guards_view_of_a_launch_config_matches_the_cuda_headers(tmp_path):
+    """callguard.c reads a launch's stream and attributes from cudaLaunchConfig_t and
+    CUlaunchConfig by offset (it is built without CUDA headers): the offsets it assumes are the
+    headers' (stream at 32, attributes at 40, their count at 48, an attribute 72 bytes with its
+    value at 8)."""
+    from cudal2.core.toolchain import ToolchainError, find_toolchain
+    try:
+        nvcc = find_toolchain().nvcc
+    except ToolchainError as exc:
+        pytest.skip(f"no CUDA toolchain: {exc}")
+    src = tmp_path / "offsets.cu"
+    src.write_text(r"""
+#include <cstddef>
+#include <cstdio>
+#include <cuda.h>
+#include <cuda_runtime.h>
+int main() {
+  std::printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n",
+              offsetof(cudaLaunchConfig_t, stream), offsetof(cudaLaunchConfig_t, attrs),
+              offsetof(cudaLaunchConfig_t, numAttrs), sizeof(cudaLaunchAttribute),
+              offsetof(cudaLaunchAttribute, val), offsetof(CUlaunchConfig, hStream),
+              offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),
+              sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value));
+  std::printf("%d %d\n", (int)cudaLaunchAttributeAccessPolicyWindow,
+              (int)CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW);
+}
+""")
+    exe = tmp_path / "offsets"
+    subprocess.run([str(nvcc), "-o", str(exe), str(src)], check=True, capture_output=True,
+                   timeout=300)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines[0].split() == ["32", "40", "48", "72", "8", "32", "40", "48", "72", "8"]
+    assert lines[1].split() == ["1", "1"]
+
+
 def test_a_worker_with_the_guard_preloaded_boots_torch_and_sees_it(tmp_path):
     """gpu_pool's environment: the guard is preloaded into the worker and the measuring code
     finds it (torch under the guard: the probe of the first test)."""
@@ -174,7 +405,7 @@ f = lib.cudal2_hgemm
 f.restype = ctypes.c_int
 args = [None, None, None, 64, 64, 64, 64, 64, 64, None, ctypes.c_size_t(0), None]
 disarmed = f(*args)
-with guard.armed():
+with guard.armed(stream=0):                    # args' stream: None, the legacy default stream
     armed = f(*args)
 print(json.dumps({"disarmed": disarmed, "armed": armed, "calls": guard.calls(),
                   "refused": guard.refused()}))
@@ -218,7 +449,25 @@ DRY_CALL = {
            "a forbidden driver function by a name assembled at run time: the static audit passes it"),
     "allocates.cu": ({"rejected"}, "cudaMalloc", "allocates inside the call"),
     "synchronises.cu": ({"rejected"}, "cudaDeviceSynchronize", "synchronises after its launch"),
-    "private_stream.cu": ({"rejected"}, "cudaStreamCreateWithFlags", "creates a stream"),
+    "private_stream.cu": ({"rejected"}, "cudaStreamCreateWithFlags, __cudaLaunchKernel:on "
+                          "cudaStreamLegacy", "creates a stream (refused, so it launches on 0)"),
+    "per_thread_stream.cu": ({"rejected"}, "__cudaLaunchKernel:on cudaStreamPerThread",
+                             "launches on the per-thread default stream (named: the static "
+                             "audit rejects it too)"),
+    "per_thread_handle.cu": ({"rejected"}, "__cudaLaunchKernel:on cudaStreamPerThread",
+                             "the per-thread stream by its handle's value: the static audit "
+                             "passes it"),
+    "legacy_stream.cu": ({"rejected"}, "__cudaLaunchKernel:on cudaStreamLegacy",
+                         "launches on the legacy stream (named: the static audit rejects it too)"),
+    "default_stream.cu": ({"rejected"}, "__cudaLaunchKernel:on cudaStreamLegacy",
+                          "launches with <<<grid, block>>>, stream 0: the static audit passes it"),
+    "l2_persist_stream.cu": ({"rejected"}, "cudaDeviceSetLimit, cudaStreamSetAttribute",
+                             "an L2 persistence window left on the caller's stream"),
+    "l2_launch_window.cu": ({"rejected"}, "cudaLaunchKernelExC:L2 access-policy window",
+                            "an access-policy launch attribute spelled by number: the static "
+                            "audit passes it"),
+    "deferred_work.cu": ({"passes"}, "", "needs a device (the repeat finds garbage in C)"),
+    "smem_unwritten.cu": ({"passes"}, "", "needs a device (bit repeatability)"),
     "graph_capture.cu": ({"rejected"}, "cudaStreamBeginCapture, cudaStreamEndCapture, "
                          "cudaGraphInstantiate, cudaGraphLaunch", "captures and replays a graph"),
     "control_ok.cu": ({"passes"}, "", "honest"),
@@ -231,7 +480,6 @@ DRY_CALL = {
     "keeps_previous_output.cu": ({"passes"}, "", "needs a device (fresh C before each call)"),
     "pointer_keyed_cache.cu": ({"passes"}, "", "needs a device (fresh inputs)"),
     "ones_only.cu": ({"passes"}, "", "needs a device (random inputs)"),
-    "per_thread_stream.cu": ({"passes"}, "", "needs a device (no call names the other stream)"),
     "thread_launch.cu": ({"passes"}, "", "launches from a thread the guard does not arm (it arms "
                          "the calling thread); the static audit rejects std::thread"),
     "reads_file.cu": ({"passes"}, "", "fopen is no CUDA call: the static audit's"),

@@ -133,52 +133,6 @@ def test_gpu_hostile_kernels_and_recovery(tmp_path):
         assert pool.restarts >= 2
 
 
-# The GPU hostile corpus: kernels that pass the static audit by design (launches on nothing but
-# the caller's stream, no forbidden import) and cheat at run time, as the field's exploits did
-# (CUDA-L1's stream and caching exploits, KernelBench's timer games, Sakana's memory reuse).
-# file -> the verdicts that count as caught (the file's header says why).
-GPU_HOSTILE = {
-    "timer_globaltimer.cu": {"wrong"},          # skips the work between back-to-back calls
-    "timer_clock64.cu": {"wrong"},
-    "timer_call_count.cu": {"wrong"},           # computes the first 64 calls, then 1 in 8
-    "keeps_previous_output.cu": {"wrong"},      # same pointers as last call: does nothing
-    "pointer_keyed_cache.cu": {"wrong"},        # replays the answer kept for (A, B)
-    "ones_only.cu": {"wrong"},                  # right for 0/1 and constant inputs only
-    "per_thread_stream.cu": {"wrong", "too_fast"},   # works on another stream, returns at once
-    # a forbidden driver function by a name assembled at run time: the call guard's door
-    # (`cudal2 audit`'s dry call rejects it on the CPU; evaluate's audit is static only)
-    "door_assembled_name.cu": {"audit_rejected"},
-}
-
-
-@pytest.mark.compile
-def test_gpu_hostile_corpus_passes_the_static_audit(tmp_path):
-    """Each builds and passes the audit (only a GPU run can catch them): the CPU half of the
-    corpus, so a file that stops building or starts failing the audit is seen without a GPU."""
-    db = ResultsDB(tmp_path / "r.db")
-    names = sorted(GPU_HOSTILE)
-    for name, ev in zip(names, evaluate_many([_req(n) for n in names], db=db, gpu=False)):
-        assert ev.status == "not_measured" and ev.audit["ok"], (name, ev.status, ev.detail)
-
-
-@pytest.mark.gpu
-@pytest.mark.compile
-def test_gpu_hostile_corpus_verdicts(tmp_path):
-    """On a GPU every one gets its verdict, and the harness stays alive throughout: the control
-    kernel measured last is still accepted."""
-    from cudal2.harness.pipeline import gpu_pool
-    db = ResultsDB(tmp_path / "r.db")
-    got = {}
-    with gpu_pool(max_tasks=1) as pool:
-        for name in sorted(GPU_HOSTILE):
-            ev = evaluate(_req(name, shape=Shape(256, 256, 512), baselines=("torch",),
-                               timeout_s=300), db=db, pool=pool)
-            got[name] = (ev.status, ev.detail[:200])
-        good = evaluate(_req("control_ok.cu", baselines=(), timeout_s=300), db=db, pool=pool)
-    assert {n: s for n, (s, _) in got.items() if s not in GPU_HOSTILE[n]} == {}, got
-    assert good.status in ("ok", "too_fast"), good.detail
-
-
 def _timed_row(db, req, gpu, *, stage="final", **over):
     """A stored OK row as the harness writes it after measuring `req` on `gpu`."""
     from cudal2.core.identity import source_sha

@@ -34,6 +34,12 @@ def canonical(text: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def code_only(text: str) -> str:
+    """The source with comments and string and character literals blanked: the identifiers
+    the code itself spells (what a rule about names reads)."""
+    return _TOKENS.sub(" ", text)
+
+
 def _squeeze(code: str) -> str:
     return re.sub(r"[ \t\r\f\v]+", " ", code)
 

@@ -15,6 +15,12 @@ INSTRUCTIONS = ("mma.sync", "wgmma")
 # A kernel serves a shape only when the lower end of its speedup interval against every
 # baseline clears 1 + WIN_MARGIN (export, and the runtime's first-call race).
 WIN_MARGIN = 0.02
+# The version of the audit's rules (cudal2.harness.audit: by name, and by behaviour through the
+# call guard). 1: before stream discipline; 2: launches and memsets only on the call's stream
+# (per-thread and legacy handles named in the source rejected, every launch's stream checked by
+# the guard), no L2 access-policy window. A table row audited under an older version does not
+# serve until `cudal2 reaudit` audits its kernel again (cudal2.core.tables).
+AUDIT_VERSION = 2
 
 
 # A runtime option's name (docs/abi.md: lower-case words): what the meta may declare and what

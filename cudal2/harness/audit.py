@@ -6,7 +6,9 @@ be checked without running it, on the built artefacts rather than by guessing fr
 1. includes: `#include` lines may not name absolute or `..` paths, and quoted includes may only
    name our template headers (cudal2/templates); then `nvcc -M` lists every file the
    preprocessor actually reads, and each must lie under a toolkit / CUTLASS / system / template
-   include root (catches macro-built include paths).
+   include root (catches macro-built include paths). The code (comments and literals out) may
+   not name the per-thread or legacy default stream, a per-thread (_ptsz) spelling or an L2
+   persistence control (check_stream_names): it launches on the stream it is given.
 2. imports: the .so's undefined dynamic symbols (`nm -D`) must be on ALLOWED_SYMBOLS, and its
    DT_NEEDED libraries (`readelf -d`) on ALLOWED_LIBRARIES. Shared cudart makes every runtime
    call visible here. cuBLAS/cuBLASLt/cuDNN, threads, processes, streams/events/graphs,
@@ -25,10 +27,12 @@ be checked without running it, on the built artefacts rather than by guessing fr
 7. meta vs binary (cudal2.harness.metacheck): threads vs launch bounds, the claimed shapes vs the
    host entry's own guard; AuditResult.meta_verified lists what the binary confirmed.
 8. the dry call (`cudal2 audit`; audit_build with a dry_pool): one call of the ABI (load,
-   cudal2_meta, cudal2_workspace, cudal2_hgemm at a tiny shape with dummy pointers) under the
-   call guard (callguard.py) in a worker that sees no device; every runtime call or driver
-   entry-point request the guard refuses rejects the library, whatever name the code assembled
-   at run time.
+   cudal2_meta, cudal2_workspace, cudal2_hgemm at a tiny shape with dummy pointers, on a stream
+   that is none of the default ones) under the call guard (callguard.py) in a worker that sees
+   no device; every runtime call, launch off the call's stream or driver entry-point request
+   the guard refuses rejects the library, whatever name the code assembled at run time.
+The rules' version is AUDIT_VERSION (cudal2.core.vocab); audited_version() says which version a
+recorded audit stands for, and a table row serves only at the current one.
 
 Limits (said plainly): the audit stops lazy and accidental cheats, not determined ones; host code
 can still compute function addresses, and a library can behave differently without a device (the
@@ -50,7 +54,9 @@ from typing import Any
 
 from cudal2.core.abi import meta_problems
 from cudal2.core.build import TEMPLATE_DIR, BuildSpec, build, build_many, include_roots
+from cudal2.core.identity import code_only
 from cudal2.core.toolchain import ToolchainError, detect_arch
+from cudal2.core.vocab import AUDIT_VERSION
 from cudal2.harness import callguard
 from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
 from cudal2.harness.metacheck import audit_meta
@@ -162,6 +168,7 @@ class AuditResult:
     load: dict[str, Any] = field(default_factory=dict)  # worker outcome of the meta probe
     meta_verified: list[str] = field(default_factory=list)   # meta fields the binary confirmed (metacheck)
     dry_call: dict[str, Any] = field(default_factory=dict)   # the dry call's record (check_dry_call); {} = not made
+    audit_version: int = AUDIT_VERSION                        # the rules it was audited under
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +223,41 @@ def check_includes(source: str, *, missing: bool = True) -> list[str]:
                            f"({', '.join(sorted(templates)) or 'none'}) nor a toolkit/CUTLASS/"
                            "system header")
     return reasons
+
+
+# Names a kernel needs only to work outside the stream it is given, or to leave the L2 cache in a
+# state that outlives the call: the per-thread and legacy default streams (handles, the macros
+# and flags that make a file or a driver lookup per-thread, any _ptsz/_ptds spelling) and the
+# L2 persistence controls. The call guard checks the same by behaviour (callguard.c).
+_STREAM_NAMES_RE = re.compile(
+    r"\b(cudaStreamPerThread|cudaStreamLegacy|CU_STREAM_PER_THREAD|CU_STREAM_LEGACY"
+    r"|(__CUDART_API|CUDA_API)_PER_THREAD_DEFAULT_STREAM|cudaEnablePerThreadDefaultStream"
+    r"|CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM|\w+_pt(sz|ds))\b")
+_L2_PERSIST_RE = re.compile(
+    r"\b(accessPolicyWindow|cuda(Launch|Stream|KernelNode)AttributeAccessPolicyWindow"
+    r"|CU_(LAUNCH|STREAM|KERNEL_NODE)_ATTRIBUTE_ACCESS_POLICY_WINDOW|cudaAccessPropertyPersisting"
+    r"|CU_ACCESS_PROPERTY_PERSISTING|cudaLimitPersistingL2CacheSize"
+    r"|CU_LIMIT_PERSISTING_L2_CACHE_SIZE)\b")
+
+
+def check_stream_names(source: str) -> list[str]:
+    """Reasons the code (comments and literals out) names a default stream other than the one
+    it is given, or an L2 persistence control (empty = fine)."""
+    code = code_only(source)
+    reasons = []
+    for pattern, why in ((_STREAM_NAMES_RE, "names a default stream (a kernel launches on the "
+                          "stream it is given, nothing else)"),
+                         (_L2_PERSIST_RE, "names an L2 persistence control (state that outlives "
+                          "the call)")):
+        found = sorted({m.group(0) for m in pattern.finditer(code)})
+        if found:
+            reasons.append(f"{why}: {', '.join(found[:6])}")
+    return reasons
+
+
+def check_source(source: str, *, missing: bool = True) -> list[str]:
+    """Every rule read from the source text: check_includes, then check_stream_names."""
+    return check_includes(source, missing=missing) or check_stream_names(source)
 
 
 def _under_roots(path: str) -> bool:
@@ -466,6 +508,19 @@ def check_dry_call(so_path: str | Path, pool, *, timeout_s: float = 30,
                 f"{len(v['calls'])} runtime call(s) recorded, none refused"], record
 
 
+def audited_version(audit: dict | None) -> int:
+    """The audit version a recorded audit (AuditResult.to_dict(), or an Evaluation's audit)
+    stands for: the version of its rules (1 when it predates versions) as far as the call guard
+    also watched the library's calls under them (a dry call, or the GPU run's guard: its
+    `rules`), else 0 (its calls never watched). A table row serves only at AUDIT_VERSION."""
+    audit = audit or {}
+    if not audit.get("ok", True):
+        return 0
+    watched = [rec.get("rules", 1) for rec in (audit.get("dry_call") or {}, audit.get("call_guard") or {})
+               if rec.get("status") in ("ok", "on")]
+    return min(int(audit.get("audit_version") or 1), max(watched, default=0))
+
+
 def _open_dry_pool():
     """(dry_call_pool(), None), or (None, why) when the call guard cannot be built."""
     try:
@@ -483,7 +538,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
     `dry_pool` (dry_call_pool()): a library the static rules accept gets the dry call too."""
     res = AuditResult(name=name, ok=False, verdict="rejected",
                       build=build_result.summary() if build_result is not None else {})
-    res.reasons += check_includes(source)
+    res.reasons += check_source(source)
     if res.reasons:
         return res
     if build_result is None or not build_result.ok:
@@ -539,7 +594,7 @@ def audit_build(source: str, build_result, arch: str = "sm_90a", *, name: str = 
 def audit_source(source: str, arch: str = "sm_90a", *, name: str = "kernel", pool=None,
                  build_timeout: float = 900) -> AuditResult:
     """Build (cached) and audit one kernel source."""
-    pre = check_includes(source)
+    pre = check_source(source)
     if pre:
         return AuditResult(name=name, ok=False, verdict="rejected", reasons=pre)
     br = build(BuildSpec(source=source, arch=arch, name=name), timeout=build_timeout)
@@ -588,7 +643,7 @@ def run_cli(args: argparse.Namespace) -> int:
             results[f] = audit_file(f, arch)           # gives the precise reason
             sources[f] = None
         else:
-            pre = check_includes(sources[f])
+            pre = check_source(sources[f])
             if pre:
                 results[f] = AuditResult(name=f, ok=False, verdict="rejected", reasons=pre)
     todo = [f for f in args.files if f not in results]

@@ -5,8 +5,11 @@ callguard.c is an LD_PRELOAD library for the GPU worker. While the worker's thre
 refuses the ones the ABI forbids (REFUSED: they return cudaErrorNotPermitted and never reach the
 runtime), and lets the driver entry-point door (cudaGetDriverEntryPoint*, cuGetProcAddress*)
 hand out only the driver functions on cudacalls.DRIVER_ENTRY_POINTS (the audit's
-ALLOWED_DRIVER_ENTRY_POINTS), whatever name the code assembled at run time. The static audit
-reads names; this sees calls.
+ALLOWED_DRIVER_ENTRY_POINTS), whatever name the code assembled at run time. Every launch and
+memset (STREAM_CALLS, CONFIG_CALLS, and the driver's launch functions the door hands out) must be
+on the stream of the cudal2_hgemm call being made (`Guard.armed(stream=...)`): a kernel that
+works on the per-thread or legacy default stream, or any other, races the caller's work on
+every stream but the harness's. The static audit reads names; this sees calls.
 
 build() compiles it (the host C compiler, once per source and name lists, cached);
 preload_env() is an environment with it preloaded; Guard reads it in the process it was
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.abi import KernelLibrary
+from cudal2.core.vocab import AUDIT_VERSION
 from cudal2.harness.cudacalls import DRIVER_ENTRY_POINTS, RUNTIME_ALLOWED
 from cudal2.harness.metacheck import FAKE_POINTER, claimed_shape
 
@@ -68,18 +72,35 @@ REFUSED = tuple(sorted({
 }))
 
 
+# The allowed runtime calls that put work on a stream: launches (nvcc's <<<>>> lowering is
+# __cudaLaunchKernel, or cudaLaunchKernel under __NV_LEGACY_LAUNCH) and the workspace memset, each
+# with the argument slot of its stream (x86-64 and aarch64 pass a dim3 in two integer slots).
+# A _ptsz spelling reads stream 0 as the per-thread stream.
+STREAM_CALLS = {
+    "cudaLaunchKernel": 7, "cudaLaunchKernel_ptsz": 7, "__cudaLaunchKernel": 7,
+    "__cudaLaunchKernel_ptsz": 7, "cudaLaunchCooperativeKernel": 7,
+    "cudaLaunchCooperativeKernel_ptsz": 7, "cudaMemsetAsync": 3, "cudaMemsetAsync_ptsz": 3,
+}
+# Launches whose stream and attributes are in a cudaLaunchConfig_t (argument 0).
+CONFIG_CALLS = ("cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz")
+
+
 def recorded_calls() -> tuple[str, ...]:
-    """The allowed runtime calls, recorded and passed on: the audit's runtime allowlist
-    (the door has its own wrappers)."""
-    return tuple(sorted(RUNTIME_ALLOWED - DOORS))
+    """The allowed runtime calls, recorded and passed on: the audit's runtime allowlist less the
+    door and the stream calls (each has wrappers of its own)."""
+    return tuple(sorted(RUNTIME_ALLOWED - DOORS - set(STREAM_CALLS) - set(CONFIG_CALLS)))
 
 
 def header() -> str:
     """The name lists callguard.c is compiled with."""
     rec = " ".join(f"X({n})" for n in recorded_calls())
     ref = " ".join(f"X({n})" for n in REFUSED)
+    streams = " ".join(f"X({n}, {slot}, {int(n.endswith('_ptsz'))})"
+                       for n, slot in sorted(STREAM_CALLS.items()))
+    configs = " ".join(f"X({n}, {int(n.endswith('_ptsz'))})" for n in CONFIG_CALLS)
     eps = ", ".join(f'"{n}"' for n in sorted(DRIVER_ENTRY_POINTS))
     return (f"#define CUDAL2_RECORDED(X) {rec}\n#define CUDAL2_REFUSED(X) {ref}\n"
+            f"#define CUDAL2_STREAM_CALLS(X) {streams}\n#define CUDAL2_CONFIG_CALLS(X) {configs}\n"
             f"#define CUDAL2_ENTRY_POINTS {eps}, 0\n")
 
 
@@ -129,6 +150,7 @@ class Guard:
         lib.cudal2_guard_name.argtypes = [ctypes.c_int]
         lib.cudal2_guard_refused.argtypes = [ctypes.c_int]
         lib.cudal2_guard_arm.argtypes = [ctypes.c_int]
+        lib.cudal2_guard_expect.argtypes = [ctypes.c_int, ctypes.c_void_p]
         lib.cudal2_guard_refused_name.restype = ctypes.c_char_p
         lib.cudal2_guard_refused_name.argtypes = [ctypes.c_int]
 
@@ -142,13 +164,17 @@ class Guard:
         return cls(lib)
 
     @contextlib.contextmanager
-    def armed(self):
-        """Record (and police) the calling thread's CUDA calls inside the block."""
+    def armed(self, stream: int | None = None):
+        """Record (and police) the calling thread's CUDA calls inside the block. `stream`: the
+        block is a cudal2_hgemm call on that stream (its raw handle; 0 the legacy default
+        stream), the one stream its launches may use; None: no call, nothing may launch."""
+        self._lib.cudal2_guard_expect(int(stream is not None), stream or None)
         self._lib.cudal2_guard_arm(1)
         try:
             yield self
         finally:
             self._lib.cudal2_guard_arm(0)
+            self._lib.cudal2_guard_expect(0, None)
 
     def reset(self) -> None:
         self._lib.cudal2_guard_reset()
@@ -175,15 +201,18 @@ class Guard:
 
 # ---- the audit's dry call (a worker task; audit.check_dry_call reads its answer) ----------------
 DRY_SHAPE = (16, 16, 16)       # when the meta claims no shape (a malformed tile: the audit says so)
+# The dry call's stream: a handle that is none of the default streams (0, legacy 1, per-thread 2),
+# so a launch on any of those is seen; without a device the runtime never reads it.
+DRY_STREAM = 0x5EED0000
 
 
 def dry_call(so_path: str) -> dict:
     """Worker task, in a worker with the guard preloaded and no device visible: armed
     throughout, load the library (its static constructors run), read its meta, ask its
     workspace (cudal2_workspace, ABI 2) and call cudal2_hgemm once at the smallest shape its
-    meta claims (metacheck.claimed_shape), every option at its default, on the default stream,
-    with dummy pointers nothing dereferences (the runtime, without a device, launches nothing).
-    Returns the call's answer and what the guard saw."""
+    meta claims (metacheck.claimed_shape), every option at its default, on DRY_STREAM, with
+    dummy pointers nothing dereferences (the runtime, without a device, launches nothing).
+    Returns the call's answer and what the guard saw, under the rules of AUDIT_VERSION."""
     guard = Guard.active()
     if guard is None:
         raise RuntimeError("the call guard is not preloaded in this worker")
@@ -194,8 +223,9 @@ def dry_call(so_path: str) -> dict:
         meta = lib.meta
         M, N, K = claimed_shape(meta) or DRY_SHAPE
         ws = lib.workspace_bytes(M, N, K)
+    with guard.armed(stream=DRY_STREAM):
         rc = lib.launch(p, p, p, M, N, K, K, K if meta["layout"] == "RC" else N, N,
-                        p if ws else 0, ws, 0)
-    return {"shape": [M, N, K], "rc": rc, "workspace_bytes": ws,
+                        p if ws else 0, ws, DRY_STREAM)
+    return {"shape": [M, N, K], "rc": rc, "workspace_bytes": ws, "rules": AUDIT_VERSION,
             "calls": [name for name, _ in guard.calls()], "calls_not_named": guard.dropped(),
             "refused": guard.refused()}

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 
 from cudal2.core.abi import load_library
-from cudal2.core.vocab import WIN_MARGIN
+from cudal2.core.vocab import AUDIT_VERSION, WIN_MARGIN
 from cudal2.harness import bounds, check, fakedevice
 from cudal2.harness.baselines import BaselineError, BaselineRunners, build_baselines
 from cudal2.harness.callguard import Guard
@@ -516,25 +516,47 @@ def _guarded(guard):
 
 def _guarded_launch(guard, launch):
     """The correctness suite's calls run armed: the kernel's first calls on a GPU, with fresh
-    inputs each. Timed calls run disarmed, so the guard costs the timing nothing."""
+    inputs each, each on torch's current stream, the one stream its work may go to. Timed calls
+    run disarmed, so the guard costs the timing nothing."""
     if guard is None:
         return launch
+    import torch
 
     def armed_launch(ops) -> int:
-        with guard.armed():
+        with guard.armed(stream=torch.cuda.current_stream().cuda_stream):
             return launch(ops)
     return armed_launch
 
 
+@contextmanager
+def _side_stream(device):
+    """The correctness suite runs on a stream of its own, not the default one, as a serving
+    engine's calls do: a launch on the legacy or per-thread default stream is then not the call's
+    stream, and the guard refuses it (ordered both ways with the surrounding work)."""
+    if not str(device).startswith("cuda"):
+        yield
+        return
+    import torch
+
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            yield
+    finally:
+        main.wait_stream(side)
+
+
 def call_record(guard) -> dict:
-    """What the call guard saw: every runtime call by name with its count, what it refused."""
+    """What the call guard saw: every runtime call by name with its count, what it refused,
+    under the rules of AUDIT_VERSION (launches on the call's stream only)."""
     if guard is None:
         return {"status": "off: the call guard is not preloaded in this worker"}
     seen: dict[str, int] = {}
     for name, _ in guard.calls():
         seen[name] = seen.get(name, 0) + 1
-    return {"status": "on", "calls": seen, "calls_not_named": guard.dropped(),
-            "refused": sorted(set(guard.refused()))}
+    return {"status": "on", "rules": AUDIT_VERSION, "calls": seen,
+            "calls_not_named": guard.dropped(), "refused": sorted(set(guard.refused()))}
 
 
 def _so_launcher(lib, opts):
@@ -674,7 +696,7 @@ def _measure_group_timed(so_paths, requests, baseline_libs, lt_known, done: dict
             with _phase(phases, "reference", sync):
                 shared = check.ShapeInputs(M, N, K, device=device).prepare(
                     max(q.seeds for q in requests))
-        with _phase(phases, "correctness", sync):
+        with _phase(phases, "correctness", sync), _side_stream(device):
             report = check.check_kernel(_guarded_launch(guard, _so_launcher(lib, opts)), M, N, K,
                                         acc=acc, layout=layout,
                                         ws_bytes=ws_bytes, any_shape=bool(meta.get("any_shape")),

@@ -30,7 +30,7 @@ from cudal2.core.build import BuildSpec, build, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.vocab import normalise_options
 from cudal2.harness import measure as M, provenance, types as T
-from cudal2.harness.audit import audit_build, check_includes
+from cudal2.harness.audit import audit_build, check_source
 from cudal2.harness.baselines import BaselineError, build_baselines
 from cudal2.harness.measure import mode_keys
 from cudal2.harness.metacheck import guard_refuses
@@ -213,9 +213,10 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
             ev.status, ev.detail = hit["status"], hit["detail"]
             return None
         return _check_request(request, ev, build_result, check_shape)
-    # before nvcc sees it: size, #include escapes; a quoted header that is merely not found is
-    # left to the compile (a build error, as a misspelt header is), the audit checks the rest
-    pre = check_includes(request.source, missing=False)
+    # before nvcc sees it: size, #include escapes, default-stream names; a quoted header that is
+    # merely not found is left to the compile (a build error, as a misspelt header is), the
+    # audit checks the rest
+    pre = check_source(request.source, missing=False)
     if pre:
         ev.status, ev.detail = T.AUDIT_REJECTED, "; ".join(pre)[:1000]
         ev.audit = {"ok": False, "verdict": "rejected", "reasons": pre}
@@ -231,7 +232,8 @@ def _build_and_audit(request: EvalRequest, ev: Evaluation, *, build_result=None,
                         pool=probe_pool, probe_timeout_s=probe_timeout_s)
     ev.audit = {"ok": audit.ok, "verdict": audit.verdict, "reasons": audit.reasons,
                 "notes": audit.notes, "imports": audit.imports, "needed": audit.needed,
-                "mma": audit.mma, "load": audit.load, "meta_verified": audit.meta_verified}
+                "mma": audit.mma, "load": audit.load, "meta_verified": audit.meta_verified,
+                "audit_version": audit.audit_version}
     ev.meta = audit.meta
     ev.acc = request.acc or audit.meta.get("acc", "") or ""
     ev.layout = audit.meta.get("layout", "") or ""

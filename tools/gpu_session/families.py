@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RECORD = "family_inputs.json"
 T = "cudal2/templates/"
+H = "cudal2/harness/"
 
 GROUPS: dict[str, dict] = {
     "lowlat": {"families": ["lowlat", "lowlat_mma"], "test": "tests/test_lowlat.py",
@@ -50,6 +51,13 @@ GROUPS: dict[str, dict] = {
                   "exclude": ["mma", "ptx", "cutlass_sm90"],
                   "inputs": [T + "mma_hgemm.cuh", T + "ptx_hgemm.cuh", T + "cutlass_sm90.cuh",
                              T + "mma.py", T + "cutlass_sm90.py", T + "family.py"]},
+    # the harness's run-time checks against the GPU hostile corpus: each cheat's verdict. Last:
+    # the families' groups go first; a failure here keeps no family out of the timing
+    "harness": {"families": ["harness"], "test": "tests/test_hostile_gpu.py", "exclude": [],
+                "inputs": [H + f for f in ("callguard.c", "callguard.py", "cudacalls.py",
+                                           "check.py", "measure.py", "audit.py", "pipeline.py")]
+                + sorted(f"tests/data/hostile/{p.name}"
+                         for p in (REPO / "tests/data/hostile").glob("*.cu"))},
 }
 
 

@@ -33,7 +33,7 @@ def specs(arch: str) -> list:
     """(why, BuildSpec) for every cached build the GPU tests and the hostile stage make."""
     from cudal2.core.build import BuildSpec
     from cudal2.harness import baselines
-    from cudal2.harness.audit import check_includes
+    from cudal2.harness.audit import check_source
     from cudal2.templates import FAMILIES
 
     out = []
@@ -67,16 +67,17 @@ def specs(arch: str) -> list:
     # tests/test_check.py GPU tests: the planted-bug kernels
     for f in sorted((TESTS / "data" / "cheats").glob("*.cu")):
         out.append(("test_check", BuildSpec(f.read_text(), arch, name=f.stem)))
-    # tests/test_evaluate.py GPU tests and the hostile stage (`cudal2 bench --kernels
-    # tests/data/hostile`): evaluate() builds BuildSpec(source, arch) for the files that pass its
-    # source rules; the others never reach nvcc there, so they don't here either
+    # tests/test_hostile_gpu.py, tests/test_evaluate.py's GPU tests and the hostile stage
+    # (`cudal2 bench --kernels tests/data/hostile`): evaluate() builds BuildSpec(source, arch)
+    # for the files that pass its source rules; the others never reach nvcc there, so they don't
+    # here either
     for f in sorted((TESTS / "data" / "hostile").glob("*.cu")):
         try:
             text = f.read_text()
         except UnicodeDecodeError:
             continue  # non-UTF-8 source is a verdict before any build
-        if not check_includes(text):
-            out.append(("hostile", BuildSpec(text, arch, name=f.stem)))
+        if not check_source(text, missing=False):
+            out.append(("test_hostile_gpu", BuildSpec(text, arch, name=f.stem)))
     # the verdict call's canary (tools/gpu_session/canary.py)
     out.append(("canary", BuildSpec((TESTS / "data" / "hostile" / "control_ok.cu").read_text(), arch,
                                     name="canary")))
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--list", action="store_true", help="print the specs and exit")
     ap.add_argument("--only", default="",
-                    help="comma-separated tags to keep (test_lowlat, test_templates, ..., hostile, "
+                    help="comma-separated tags to keep (test_lowlat, test_templates, ..., test_hostile_gpu, "
                          "canary, baselines; default: all)")
     args = ap.parse_args(argv)
 
@@ -137,7 +138,7 @@ def main(argv=None) -> int:
     results = build_many([s for _, s in todo], jobs=args.jobs,
                          progress=lambda r: print(f"  {r.name}: {r.status}"
                                                   f"{' (cached)' if r.cached else f' {r.seconds:.1f} s'}", flush=True))
-    bad = [(why, r) for (why, _), r in zip(todo, results) if not r.ok and why != "hostile"]
+    bad = [(why, r) for (why, _), r in zip(todo, results) if not r.ok and why != "test_hostile_gpu"]
     for why, r in bad:
         print(f"FAILED {why} {r.name}: {r.status}\n{r.log[-1500:]}", file=sys.stderr)
     print(f"prefill done in {time.monotonic() - t0:.0f} s: {sum(r.ok for r in results)} ok, "
