@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "export": ("cudal2.runs.export", "copy measured winners from the results DB into your kernel table ($CUDAL2_CACHE/kernels; `--out generated_kernels`: the shipped one)"),
     "served": ("cudal2.runs.served", "list what dispatch serves on this GPU (or `--arch`): shape or M bucket, layout, family, config, lower bound vs the fastest baseline, the GPU that measured it, which table"),
     "warmup": ("cudal2.runs.warmup", "build (or find built) every kernel the table serves here, so no call builds one"),
+    "reaudit": ("cudal2.runs.reaudit", "audit a kernel table's rows again under this cudal2's rules (a row audited under older ones does not serve until then)"),
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
     "shapes": ("cudal2.runs.shapes", "a model's linear layers as a shapes CSV, from its Hugging Face config (offline)"),
     "tune-model": ("cudal2.runs.tunemodel", "a model's GEMMs tuned on this GPU in one resumable command: shapes, campaign prepare, run, export, the served table and the model replay (the CPU half without a GPU)"),

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from cudal2.runs import campaign
+from cudal2.core.vocab import AUDIT_VERSION
 
 pytestmark = pytest.mark.compile
 
@@ -210,7 +211,7 @@ def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):
     idx = KernelIndex(root)
     src = instantiate(FAMILIES["mma"].config(BM=64, BN=64, WM=32, WN=32))
     idx.add(src, arch="sm_90a", acc="f32", layout="RR", M=128, N=64, K=64, family="mma", tuned=True,
-            mode="offline", report="synthetic", speedups={"torch": 1.1})
+            mode="offline", report="synthetic", speedups={"torch": 1.1}, audit=AUDIT_VERSION)
     idx.write()
     shapes = tmp_path / "s.csv"
     shapes.write_text("M,N,K\n64,64,64\n")

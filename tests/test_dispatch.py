@@ -15,6 +15,7 @@ from cudal2.runtime.loader import KernelLoader
 from cudal2.runtime.plan import Decision, TableEntry, log_distance, plan
 from cudal2.runtime.race import choose_winner
 from cudal2.core.store import KernelIndex
+from cudal2.core.vocab import AUDIT_VERSION
 
 
 def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket="",
@@ -343,7 +344,7 @@ def store(tmp_path, monkeypatch):
         src = f"// kernel {M} {N} {K} {layout} {arch} {gpu}\n"
         row = idx.add(src, arch=arch, acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
                       tuned=True, mode="offline", report="synthetic", speedups={"torch": 1.5},
-                      gpu=gpu, verified=verified)
+                      gpu=gpu, verified=verified, audit=AUDIT_VERSION)
         metas[src] = dict(meta, arch=arch, acc="f32", layout=layout, workspace_bytes=0)
         return row
 
@@ -510,7 +511,7 @@ def test_each_shape_launches_with_the_options_recorded_for_it(store, monkeypatch
     import torch
     idx, _, _ = store
     kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
-              mode="offline", report="synthetic", speedups={"torch": 1.5})
+              mode="offline", report="synthetic", speedups={"torch": 1.5}, audit=AUDIT_VERSION)
     idx.add("// one build\n", M=32, N=16, K=64, options={"swizzle": 8, "raster": 2}, **kw)
     idx.add("// one build\n", M=64, N=16, K=64, **kw)                     # defaults
     idx.add("// one build\n", M=16, N=16, K=64, options={"splits": 4}, **kw)  # not declared
@@ -542,7 +543,8 @@ def test_nearest_keeps_each_shapes_options_apart(store):
     name (build, options) pairs, and the winner launches with its own shape's options."""
     idx, _, _ = store
     kw = dict(arch="sm_90a", acc="f32", layout="RR", family="cutlass_sm90", tuned=True,
-              mode="offline", report="synthetic", speedups={"torch": 1.5}, verified="tile")
+              mode="offline", report="synthetic", speedups={"torch": 1.5}, verified="tile",
+              audit=AUDIT_VERSION)
     near = idx.add("// one build\n", M=512, N=512, K=512, options={"swizzle": 1}, **kw)
     far = idx.add("// one build\n", M=1024, N=1024, K=1024, options={"swizzle": 8}, **kw)
     idx.write()

@@ -8,6 +8,7 @@ from cudal2.runs.export import export, select, sources_from
 from cudal2.harness.types import BASELINES, Evaluation, Shape
 from cudal2.core.identity import source_sha as sha256_text
 from cudal2.core.store import KernelIndex
+from cudal2.core.vocab import AUDIT_VERSION
 
 # Distinct code, not just distinct comments: a source's identity ignores comments and spacing.
 SRC = {name: f"// kernel {name}\nstatic const char* kName = \"{name}\";\nextern \"C\" int cudal2_hgemm();\n"
@@ -36,7 +37,13 @@ def ev(name, shape, cand_us, base_us, *, status="ok", estimated=False, acc="f32"
     return Evaluation(status=status, source_sha=SHA[name], shape=Shape(*shape), arch="sm_90a", acc=acc,
                       layout=layout, timings=timings, speedups={mode: sp}, stats=stats,
                       estimated=estimated, correctness={"ok": correct}, env={"gpu": gpu},
-                      meta={"style": "mma"}, origin="tune", stage=stage, options=options or {})
+                      meta={"style": "mma"}, origin="tune", stage=stage, options=options or {},
+                      audit=dict(GUARDED))
+
+
+# what the harness records of a kernel audited by this cudal2 and measured with the call guard on
+GUARDED = {"ok": True, "audit_version": AUDIT_VERSION,
+           "call_guard": {"status": "on", "rules": AUDIT_VERSION, "refused": []}}
 
 
 BASE = [12.0, 11.0, 11.5, 13.0, 10.0]      # best baseline: cublaslt_autotuned at 10 us
@@ -315,6 +322,27 @@ def test_config_of_names_only_byte_identical_instantiations():
     assert config_of("// config: mma:BM=128\n") is None and config_of(SRC["a"]) is None
 
 
+def test_export_records_the_audit_version_each_row_stands_for(tmp_path):
+    """Column audit: the winner's audit as far as the call guard watched its calls under this
+    cudal2's rules (harness.audit.audited_version). A row measured with the guard on serves; one
+    whose calls were never watched (0), or watched under older rules (1), is written but does not
+    serve until `cudal2 reaudit`."""
+    from cudal2.core.tables import load_tables
+    guarded = ev("a", (64, 64, 64), 9.0, BASE)
+    unwatched = ev("b", (128, 64, 64), 9.0, BASE)
+    unwatched.audit = {"ok": True, "audit_version": AUDIT_VERSION,
+                       "call_guard": {"status": "off: no host C compiler"}}
+    older = ev("c", (256, 64, 64), 9.0, BASE)
+    older.audit = {"ok": True, "call_guard": {"status": "on", "refused": []}}
+    root = tmp_path / "gk"
+    export([guarded, unwatched, older], {SHA[k]: SRC[k] for k in "abc"}.get, root=root,
+           report="synthetic")
+    assert {r.M: r.audit for r in KernelIndex.load(root).rows} == {64: AUDIT_VERSION, 128: 0, 256: 1}
+    t = load_tables(shipped=root, user=tmp_path / "none")
+    assert [r.M for r in t.rows.values()] == [64]
+    assert sorted(u.row.M for u in t.unaudited) == [128, 256]
+
+
 def test_export_writes_config_and_what_the_audit_verified(tmp_path):
     """Columns config and verified: the winner's audit record (meta_verified) travels to its row;
     a family instantiation is named by its config (its meta is ours), a source that only looks
@@ -340,4 +368,4 @@ def test_export_writes_config_and_what_the_audit_verified(tmp_path):
                    128: (config.name(), "threads;tile", ["threads", "tile", "workspace"]),
                    256: ("", "", []),
                    512: (config.name(), "", ["threads", "tile", "workspace"])}
-    assert (root / "index.csv").read_text().splitlines()[0].endswith(",config,verified")
+    assert (root / "index.csv").read_text().splitlines()[0].endswith(",config,verified,audit")

@@ -8,6 +8,7 @@ import pytest
 from cudal2.core import store as KI
 from cudal2.templates.seeds import SEEDS, write_seeds
 from cudal2.core.identity import content_sha as sha256_text
+from cudal2.core.vocab import AUDIT_VERSION
 from cudal2.core.store import COLUMNS, IndexRow, KernelIndex, KernelIndexError
 
 TUNED = dict(tuned=True, mode="offline", report="reports/h100/x",
@@ -127,6 +128,8 @@ def _good_row(root, **over):
     ({"config": "mma:BM=128"}, "config 'mma:BM=128' must be empty or a config name"),
     ({"verified": "tile;size"}, "verified 'tile;size' must be empty or 'field;...' sorted"),
     ({"verified": "tile;threads"}, "verified 'tile;threads' must be empty or 'field;...' sorted"),
+    ({"audit": "v2"}, "audit must be an integer, got 'v2'"),
+    ({"audit": "-1"}, "audit must be empty or a non-negative integer"),
 ])
 def test_validation_names_file_line_and_problem(tmp_path, over, message):
     _write_index(tmp_path, [_good_row(tmp_path), _good_row(tmp_path, **{"M": "128", **over})])
@@ -160,6 +163,20 @@ def test_options_column_roundtrips_and_old_indexes_read(tmp_path):
     # no config, nothing verified: dispatch trusts none of these kernels' metas
     assert [(x.config, x.verified, x.trusted_meta) for x in KernelIndex.load(tmp_path).rows] == [
         ("", "", frozenset())] * 2
+    # audited before audit versions: the first rules
+    assert [(x.audit, x.audit_version) for x in KernelIndex.load(tmp_path).rows] == [(None, 1)] * 2
+
+
+def test_audit_column_roundtrips(tmp_path):
+    """The audit version a row's kernel passed survives write/load; empty stays empty (v1)."""
+    idx = KernelIndex(tmp_path)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64, audit=2, **TUNED)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=64, K=64, audit=0, **TUNED)
+    idx.add("// k\n", arch="sm_90a", acc="f32", layout="RR", M=256, N=64, K=64, **TUNED)
+    idx.write()
+    back = {r.M: (r.audit, r.audit_version) for r in KernelIndex.load(tmp_path).rows}
+    assert back == {64: (2, 2), 128: (0, 0), 256: (None, 1)}
+    assert (tmp_path / "index.csv").read_text().splitlines()[0].endswith(",verified,audit")
 
 
 def test_config_and_verified_columns_roundtrip(tmp_path):
@@ -285,7 +302,7 @@ def test_seed_builds_loads_and_its_meta_matches_its_row(tmp_path, monkeypatch):
     seed = shipped.get("sm_90a", "f32", "RR", 128, 128, 128)
     store = KernelIndex(tmp_path / "k")
     store.add(shipped.source(seed), arch="sm_90a", acc="f32", layout="RR", M=128, N=128, K=128,
-              family=seed.family, **TUNED)
+              family=seed.family, audit=AUDIT_VERSION, **TUNED)
     store.write()
     monkeypatch.setenv("CUDAL2_KERNELS", str(tmp_path / "k"))
     resolve.reset()

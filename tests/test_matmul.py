@@ -12,6 +12,7 @@ import torch
 import cudal2
 from cudal2.core import vocab
 from cudal2.runtime import hot, race, resolve
+from cudal2.core.vocab import AUDIT_VERSION
 
 F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
 
@@ -284,7 +285,8 @@ def gpu_store(tmp_path, monkeypatch):
         cfg = FAMILIES["mma"].default().with_(LAYOUT=layout)
         idx.add(instantiate(cfg), arch=arch, acc="f32", layout=layout, M=256, N=256, K=256,
                 family="mma", tuned=True, mode="offline", report="test fixture",
-                speedups={"torch": 1.01}, config=cfg.name())   # trusted: serves nearest shapes
+                speedups={"torch": 1.01}, config=cfg.name(),   # trusted: serves nearest shapes
+                audit=AUDIT_VERSION)
     idx.write()
     resolve.reset()
     yield root

@@ -16,6 +16,7 @@ from cudal2.core.store import KernelIndex
 from cudal2.runtime import hot as hotpath
 from cudal2.runtime import resolve
 from cudal2.runtime.loader import KernelLoader
+from cudal2.core.vocab import AUDIT_VERSION
 
 F16 = torch.float16
 HIDDEN, INTER, VOCAB = 64, 128, 128
@@ -82,7 +83,7 @@ def served(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDAL2_DISABLE", raising=False)
     idx = KernelIndex(root)
     kw = dict(arch="sm_90a", acc="f32", layout="RC", family="mma", tuned=True, mode="offline",
-              report="synthetic", speedups={"torch": 1.2},
+              report="synthetic", speedups={"torch": 1.2}, audit=AUDIT_VERSION,
               verified=("tile",))   # the audit confirmed their tiles: they may serve a bucket
     for n, k in ((128, 64), (64, 64), (256, 64), (64, 128)):
         idx.add("// k4\n", M=4, N=n, K=k, m_bucket="3-4", **kw)
@@ -186,7 +187,7 @@ def test_gpu_patched_model_in_a_cuda_graph_serves_its_bucket(tmp_path, monkeypat
     cfg = FAMILIES["mma"].default().with_(LAYOUT="RC")
     idx.add(instantiate(cfg), arch=arch, acc="f32", layout="RC", M=256, N=256, K=256,
             family="mma", tuned=True, mode="offline", report="test fixture",
-            speedups={"torch": 1.01}, m_bucket="129-256",
+            speedups={"torch": 1.01}, m_bucket="129-256", audit=AUDIT_VERSION,
             config=cfg.name())        # our own instantiation: its meta is trusted for the bucket
     idx.write()
     resolve.reset()

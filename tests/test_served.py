@@ -17,6 +17,7 @@ from cudal2.runtime import loader, resolve
 from cudal2.runtime import warmup as W
 from cudal2.runtime.loader import KernelLoader
 from cudal2.runs import served as S
+from cudal2.core.vocab import AUDIT_VERSION
 from tests.test_dispatch import ANY, FakeLib, store  # noqa: F401 - `store` is a fixture
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -135,7 +136,7 @@ def tables(tmp_path, monkeypatch):
     shipped, user = KernelIndex(tmp_path / "shipped"), KernelIndex(tmp_path / "cache" / "kernels")
 
     def add(idx, M, src, *, lo=1.1, gpu="", arch="sm_90a", acc="f32", tuned=True, m_bucket=""):
-        kw = dict(tuned=True, mode="offline", report="run", speedup_lo=lo,
+        kw = dict(tuned=True, mode="offline", report="run", speedup_lo=lo, audit=AUDIT_VERSION,
                   speedups={"torch": 1.4, "cublaslt_autotuned": lo + 0.02}) if tuned else {}
         return idx.add(src, arch=arch, acc=acc, layout="RR", M=M, N=4096, K=4096,
                        family="cutlass_sm90", gpu=gpu, config="cutlass_sm90_x", m_bucket=m_bucket, **kw)
@@ -188,6 +189,46 @@ def test_warmup_cli_reports_and_fails_when_a_build_fails(tables, monkeypatch, ca
     assert "built    sm_90a/f32_RR/64_4096_4096.cu [shipped] (+1 rows)" in out
     assert "failed   sm_90a/f32_RR/1024_4096_4096.cu [shipped]: build compile_error" in out
     assert "5 kernels: 3 built, 0 cached, 1 carried, 1 failed" in out
+
+
+# -- rows audited under older rules ------------------------------------------------------------
+def test_rows_audited_under_older_rules_serve_nothing_until_reaudited(tables, monkeypatch, capsys):
+    """A tuned row whose kernel passed an older audit (before stream discipline; or whose calls
+    the call guard never watched: 0) does not serve, whatever its speed: the other table's row of
+    its key serves instead (or torch); `cudal2 served` lists it with the command that audits it
+    again, and warmup refuses it without building."""
+    from cudal2.cli import main
+    shipped, user = tables
+    kw = dict(arch="sm_90a", acc="f32", layout="RR", N=4096, K=4096, family="cutlass_sm90",
+              tuned=True, mode="offline", report="run", speedups={"torch": 2.0}, speedup_lo=1.9)
+    user.add("// faster, old rules\n", M=128, audit=1, **kw)   # shadows nothing: shipped serves
+    shipped.add("// never watched\n", M=8192, audit=0, **kw)
+    shipped.add("// before versions\n", M=16384, **kw)          # no audit column value: v1
+    user.write()
+    shipped.write()
+    t = load_tables()
+    assert {(r.M, t.table_of(r)) for r in t.rows.values() if r.M in (128, 8192, 16384)} == {
+        (128, "shipped")}
+    assert sorted((u.row.M, u.table, u.row.audit_version) for u in t.unaudited) == [
+        (128, "user", 1), (8192, "shipped", 0), (16384, "shipped", 1)]
+    text = "\n".join(S.report(t, "sm_90a", H100, lambda row: "not built"))
+    assert "not served (3: not audited under this cudal2's rules):" in text
+    assert "sm_90a/f32_RR/128_4096_4096.cu [user]: audited under rules v1, this cudal2" in text
+    assert f"needs v{AUDIT_VERSION} (launches on the caller's stream only): not served until " \
+           f"`cudal2 reaudit --table {user.root}`" in text
+    assert "its calls were never watched by the call guard" in text
+    b = Builds()
+    done = W.warmup(arch="sm_90a", gpu=H100, build=b.build_many)
+    refused = {w.row.M: w for w in done if w.status == W.REFUSED}
+    assert sorted(refused) == [128, 8192, 16384] and "cudal2 reaudit" in refused[128].detail
+    assert not {"// faster, old rules\n", "// never watched\n", "// before versions\n"} & {
+        spec.source for specs, _ in b.specs for spec in specs}
+    monkeypatch.setattr(W, "build_many", Builds().build_many)
+    monkeypatch.setattr(W, "visible_gpu", lambda: None)
+    main(["warmup", "--arch", "sm_90a", "--gpu", H100])
+    out = capsys.readouterr().out
+    assert "refused  sm_90a/f32_RR/8192_4096_4096.cu [shipped]: its calls were never watched" in out
+    assert out.rstrip().endswith("1 failed, 3 refused"), out
 
 
 # -- served --------------------------------------------------------------------------------------

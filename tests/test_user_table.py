@@ -14,6 +14,7 @@ from cudal2.core.store import KernelIndex
 from cudal2.core.tables import SHIPPED, USER, load_tables, wins
 from cudal2.runtime import resolve
 from cudal2.runtime.loader import KernelLoader, KernelLoadError
+from cudal2.core.vocab import AUDIT_VERSION
 from tests.test_dispatch import ANY, FakeLib
 from tests.test_export import BASE, SHA, SRC, _db_rows, ev
 
@@ -24,7 +25,7 @@ def add(idx, M, lo, *, src=None, gpu="", tuned=True, N=256, K=256):
     """A tuned (or seed) row of `idx` at M x N x K whose lower bound is `lo` (None: a row exported
     before the kernel timer)."""
     kw = dict(tuned=True, mode="offline", report=f"{idx.root.name}-run", speedups={"torch": 1.3},
-              speedup_lo=lo) if tuned else {}
+              speedup_lo=lo, audit=AUDIT_VERSION) if tuned else {}
     return idx.add(src or f"// {idx.root.name} {M} {N} {K} {gpu}\n", arch="sm_90a", acc="f32",
                    layout="RR", M=M, N=N, K=K, family="mma", gpu=gpu, verified="tile", **kw)
 

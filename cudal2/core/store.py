@@ -46,9 +46,10 @@ SPEEDUP_COLUMNS = (
 COLUMNS = (
     "arch", "acc", "layout", "M", "N", "K", "file", "sha256", "family", "tuned", "mode",
     *SPEEDUP_COLUMNS, "report", "options", "speedup_lo", "m_bucket", "gpu", "config", "verified",
+    "audit",
 )
 # Columns added after the first release: an index without them still reads (empty values).
-OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket", "gpu", "config", "verified")
+OPTIONAL_COLUMNS = ("options", "speedup_lo", "m_bucket", "gpu", "config", "verified", "audit")
 # The meta claims the audit can confirm against a kernel's binary (cudal2.harness.metacheck):
 # what index column `verified` may list. A row with a `config` (its source is an instantiation of
 # one of our own families, cudal2.templates.config_of) is trusted in all of them.
@@ -115,6 +116,8 @@ class IndexRow:
     gpu: str = ""               # the GPU model measured on (vocab.gpu_key); '' = any GPU of the arch
     config: str = ""            # KernelConfig.name() when the source is a family instantiation; '' = not one
     verified: str = ""          # meta fields the audit confirmed against the binary: 'threads;tile'
+    audit: int | None = None    # the audit version its kernel passed (vocab.AUDIT_VERSION; None:
+                                # audited before versions, i.e. 1; 0: its calls never watched)
 
     @property
     def key(self) -> tuple[str, str, str, int, int, int, str]:
@@ -146,6 +149,12 @@ class IndexRow:
     @property
     def options_dict(self) -> dict[str, int]:
         return parse_options(self.options)
+
+    @property
+    def audit_version(self) -> int:
+        """The audit version the row's kernel passed: its `audit` column, 1 when empty (rows
+        written before the column were audited under the first rules)."""
+        return 1 if self.audit is None else self.audit
 
     @property
     def trusted_meta(self) -> frozenset[str]:
@@ -225,6 +234,9 @@ class IndexRow:
                 or fields != sorted(set(fields))):
             raise bad(f"verified {self.verified!r} must be empty or 'field;...' sorted, each one "
                       f"of {META_FIELDS}")
+        if self.audit is not None and (not isinstance(self.audit, int) or isinstance(self.audit, bool)
+                                       or self.audit < 0):
+            raise bad(f"audit must be empty or a non-negative integer (an audit version), got {self.audit!r}")
         if self.tuned:
             # The library must never make a user slower: a tuned row carries the run that shows
             # it beating every baseline it was timed against.
@@ -274,6 +286,7 @@ class IndexRow:
             options=(rec.get("options") or "").strip(), speedup_lo=as_float("speedup_lo"),
             m_bucket=(rec.get("m_bucket") or "").strip(), gpu=(rec.get("gpu") or "").strip(),
             config=(rec.get("config") or "").strip(), verified=(rec.get("verified") or "").strip(),
+            audit=as_int("audit") if (rec.get("audit") or "").strip() else None,
         )
         row.validate(where)
         return row
@@ -433,10 +446,11 @@ class KernelIndex:
             family: str = "", tuned: bool = False, mode: str = "", report: str = "",
             speedups: dict[str, float] | None = None, options=None,
             speedup_lo: float | None = None, m_bucket: str = "", gpu: str = "",
-            config: str = "", verified: Iterable[str] = ()) -> IndexRow:
+            config: str = "", verified: Iterable[str] = (), audit: int | None = None) -> IndexRow:
         """Stage `source` as the kernel for one shape on `gpu` ('' = any GPU of the arch),
         replacing that shape's row for that GPU, if any. `config`: the source's family config
-        name, if it is an instantiation; `verified`: the meta fields its audit confirmed.
+        name, if it is an instantiation; `verified`: the meta fields its audit confirmed;
+        `audit`: the audit version it passed (harness.audit.audited_version).
 
         Identical sources under one <arch>/<acc>_<layout>/ directory share one file. Nothing
         touches the disk until write().
@@ -470,7 +484,8 @@ class KernelIndex:
                        speedup_lo=None if speedup_lo is None else float(speedup_lo),
                        m_bucket=m_bucket, gpu=gpu, config=config,
                        verified=";".join(sorted(set(
-                           verified.split(";") if isinstance(verified, str) else verified) - {""})))
+                           verified.split(";") if isinstance(verified, str) else verified) - {""})),
+                       audit=audit)
         row.validate(f"add {row.label()}")
         self._rows[key] = row
         self._pending[file] = source

@@ -13,6 +13,12 @@ loses to one with it; a tie goes to the user's row (its owner exported it on pur
 row is kept as `shadowed`, so nothing measured disappears from view. Every row remembers its
 table, so its source (and a carried binary) is read under that table's root. A table that does
 not read is left out with a one-line problem naming its file; the other still serves.
+
+A row serves only when its kernel passed the current audit (vocab.AUDIT_VERSION, index column
+`audit`): a row audited under older rules (before stream discipline: a kernel that launches off
+the caller's stream races every user on a stream of their own) or whose calls the call guard
+never watched is kept as `unaudited` and serves nothing, whatever its speed, until `cudal2
+reaudit` audits its kernel again; the other table's row of its key serves meanwhile, or torch.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.store import IndexRow, KernelIndex, KernelIndexError
+from cudal2.core.vocab import AUDIT_VERSION
 
 SHIPPED, USER = "shipped", "user"
 
@@ -30,6 +37,25 @@ class Shadowed:
     row: IndexRow     # the row that does not serve
     table: str        # its table (SHIPPED or USER)
     by: str           # the table whose row of the same key serves instead
+
+
+@dataclass(frozen=True)
+class Unaudited:
+    row: IndexRow     # a tuned row whose kernel did not pass the current audit
+    table: str        # its table (SHIPPED or USER)
+
+
+def audit_current(row: IndexRow) -> bool:
+    """Whether the row's kernel passed the audit of this cudal2 (AUDIT_VERSION)."""
+    return row.audit_version >= AUDIT_VERSION
+
+
+def why_unaudited(u: Unaudited, root: Path) -> str:
+    """One line: why an unaudited row does not serve, and the command that fixes it."""
+    was = (f"audited under rules v{u.row.audit_version}" if u.row.audit_version
+           else "its calls were never watched by the call guard")
+    return (f"{was}, this cudal2 needs v{AUDIT_VERSION} (launches on the caller's stream only): "
+            f"not served until `cudal2 reaudit --table {root}`")
 
 
 def wins(new: IndexRow, old: IndexRow) -> bool:
@@ -49,9 +75,13 @@ class Tables:
         self.rows: dict[tuple, IndexRow] = {}
         self.origin: dict[tuple, str] = {}
         self.shadowed: list[Shadowed] = []
+        self.unaudited: list[Unaudited] = []
         for name, idx in indexes.items():
             for row in idx.tuned_rows():
-                self._layer(row, name)
+                if audit_current(row):
+                    self._layer(row, name)
+                else:
+                    self.unaudited.append(Unaudited(row, name))
 
     def _layer(self, row: IndexRow, name: str) -> None:
         old = self.rows.get(row.key)

@@ -521,7 +521,7 @@ def audited_version(audit: dict | None) -> int:
     return min(int(audit.get("audit_version") or 1), max(watched, default=0))
 
 
-def _open_dry_pool():
+def open_dry_pool():
     """(dry_call_pool(), None), or (None, why) when the call guard cannot be built."""
     try:
         return dry_call_pool(), None
@@ -649,7 +649,7 @@ def run_cli(args: argparse.Namespace) -> int:
     todo = [f for f in args.files if f not in results]
     builds = build_many([BuildSpec(sources[f], arch=arch, name=f) for f in todo])
     rejected = 0
-    dry_pool, off = _open_dry_pool()
+    dry_pool, off = open_dry_pool()
     if off:
         print(f"no dry calls: {off}; run-time calls are unchecked until a GPU run", file=sys.stderr)
     with WorkerPool(max_tasks=1) as pool, dry_pool or contextlib.nullcontext():

@@ -30,7 +30,9 @@ dispatch may trust of the kernel's meta: `config`, the family config name when t
 instantiation of one of our families byte for byte (cudal2.templates.config_of; its meta is ours,
 trusted in full), and `verified`, the meta fields the winning row's audit confirmed against the
 binary (cudal2.harness.metacheck); a kernel whose tile is neither serves only the shape it was
-measured at (docs/dispatch.md). Rows of the table without a `config` get one when their source is
+measured at (docs/dispatch.md). And `audit`, the audit version the winning row stands for
+(cudal2.harness.audit.audited_version: its rules, as far as the call guard watched its calls):
+a row below this cudal2's AUDIT_VERSION is written but does not serve until `cudal2 reaudit`. Rows of the table without a `config` get one when their source is
 an instantiation. A tuned row whose kernel was measured again in these rows and now fails the rule
 leaves the table. Everything refused is listed with its reason.
 """
@@ -49,6 +51,7 @@ from cudal2.core.identity import source_sha
 from cudal2.core.store import SPEEDUP_COLUMNS, IndexRow, KernelIndex, format_options
 from cudal2.core.toolchain import find_toolchain
 from cudal2.core.vocab import WIN_MARGIN, gpu_key, m_bucket
+from cudal2.harness.audit import audited_version
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
 from cudal2.templates import config_of
@@ -72,6 +75,7 @@ class Decision:
     gpu: str = ""                   # the GPU model the rows were measured on (vocab.gpu_key)
     kept: str = ""                  # the table's row (its file) that this winner did not beat
     verified: tuple = ()            # meta fields the winning row's audit confirmed (metacheck)
+    audit: int = 0                  # the audit version it passed (audit.audited_version)
 
 
 @dataclass
@@ -169,7 +173,8 @@ def select(evaluations: Iterable, *, mode: str = "offline", margin: float = DEFA
         worst = min(sp, key=sp.get) if sp else ""
         out.append(Decision(key, ev.source_sha, ok, (f"{cand:.2f} us, " if ok else "") + why, cand,
                             worst, sp, lo, dict(ev.options or {}), gpu=gpu,
-                            verified=tuple((ev.audit or {}).get("meta_verified") or ())))
+                            verified=tuple((ev.audit or {}).get("meta_verified") or ()),
+                            audit=audited_version(ev.audit)))
     return out
 
 
@@ -233,7 +238,7 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
                                                      if f"speedup_{k}" in SPEEDUP_COLUMNS},
                 options=d.options, speedup_lo=round(d.speedup_lo, 4),
                 m_bucket="-".join(map(str, m_bucket(M))), gpu=d.gpu,
-                config=config_name(src), verified=d.verified)
+                config=config_name(src), verified=d.verified, audit=d.audit)
         changed = True
     changed = fill_configs(idx) > 0 or changed
     path = idx.write(prune=True) if changed and not dry_run else None

@@ -5,7 +5,9 @@ shipped ones, the faster measured row of a key serving): the shape it was measur
 it serves (its token bucket), layout, family, config, the measured lower bound of its speedup
 against the fastest baseline, the GPU that measured it, its table (shipped / user) and whether
 it is ready (built, carried, or a build the first call would run: `cudal2 warmup`). Rows
-shadowed by a faster row of the other table, and tables that did not read, are listed after.
+shadowed by a faster row of the other table, rows whose kernel did not pass this cudal2's audit
+(cudal2.core.tables: not served until `cudal2 reaudit`), and tables that did not read, are
+listed after.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Callable
 from cudal2.core import binaries
 from cudal2.core.build import BuildSpec, lookup
 from cudal2.core.store import IndexRow
-from cudal2.core.tables import Tables, load_tables
+from cudal2.core.tables import Tables, load_tables, why_unaudited
 from cudal2.core.toolchain import ToolchainError
 from cudal2.runtime.plan import served_rows
 
@@ -86,6 +88,13 @@ def report(tables: Tables, arch: str, gpu: str | None, ready: Callable[[IndexRow
         out.append(f"shadowed ({len(shadowed)}: a faster measured row of the other table serves):")
         out += ["  " + l for l in aligned([line(s.row, s.table, f"by {s.by}") for s in shadowed],
                                           COLUMNS[:-1] + ("served",))]
+    unaudited = [u for u in tables.unaudited if served_rows([u.row], arch, gpu)]
+    if unaudited:
+        out.append(f"not served ({len(unaudited)}: not audited under this cudal2's rules):")
+        out += ["  " + l for l in aligned([line(u.row, u.table, f"audit v{u.row.audit_version}")
+                                           for u in unaudited], COLUMNS[:-1] + ("audit",))]
+        out += [f"  {u.row.file} [{u.table}]: {why_unaudited(u, tables.indexes[u.table].root)}"
+                for u in unaudited]
     out += [f"warning: {p}" for p in tables.problems]
     return out
 

@@ -2,7 +2,8 @@
 `cudal2.warmup()`): after it, no first call builds (docs/dispatch.md, "Building and warmup").
 
 A kernel whose table carries a binary that checks out here (cudal2.core.binaries) needs no
-build; every other one is built into the build cache (cudal2.core.build.build_many, CUDAL2_BUILD_JOBS
+build; one whose rows did not pass this cudal2's audit is refused (not built, not served: `cudal2
+reaudit`); every other one is built into the build cache (cudal2.core.build.build_many, CUDAL2_BUILD_JOBS
 nvcc processes at a time; a kernel already built is a cache hit). In a running process the
 shapes that went to torch because building inside a call was forbidden (CUDAL2_BUILD_IN_CALL=0)
 are decided again on their next call.
@@ -17,13 +18,13 @@ import torch
 from cudal2.core import binaries, knobs
 from cudal2.core.build import BuildSpec, build_many, trim_log
 from cudal2.core.store import IndexRow
-from cudal2.core.tables import Tables, load_tables
+from cudal2.core.tables import Tables, load_tables, why_unaudited
 from cudal2.core.toolchain import detect_arch
 from cudal2.core.vocab import gpu_key
 from cudal2.runtime import resolve
 from cudal2.runtime.plan import served_rows
 
-BUILT, CACHED, CARRIED, FAILED = "built", "cached", "carried", "failed"
+BUILT, CACHED, CARRIED, FAILED, REFUSED = "built", "cached", "carried", "failed", "refused"
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Warmed:
     row: IndexRow        # the first table row the kernel serves (its file names it)
     table: str           # the row's table: shipped | user
     rows: int            # how many served rows share this kernel
-    status: str          # BUILT | CACHED | CARRIED | FAILED
+    status: str          # BUILT | CACHED | CARRIED | FAILED | REFUSED (not audited under these rules)
     detail: str = ""     # seconds for a build; why for a failure (or a refused carried binary)
 
 
@@ -78,7 +79,18 @@ def warmup(arch: str | None = None, gpu: str | None = None, *, tables: Tables | 
     results = build(specs, jobs=jobs or knobs.build_jobs(), progress=progress) if specs else []
     out += [_warmed(rows, why, res, tables) for (rows, why), res in zip(todo, results)]
     resolve.redecide_unbuilt()
-    return out
+    return out + refused(tables, arch, gpu)
+
+
+def refused(tables: Tables, arch: str, gpu: str | None) -> list[Warmed]:
+    """One REFUSED per kernel whose rows would serve here but did not pass this cudal2's audit
+    (cudal2.core.tables): not built, not served, the line says how to audit it again."""
+    by_sha: dict[str, list] = {}
+    for u in tables.unaudited:
+        if served_rows([u.row], arch, gpu):
+            by_sha.setdefault(u.row.sha256, []).append(u)
+    return [Warmed(us[0].row, us[0].table, len(us), REFUSED,
+                   why_unaudited(us[0], tables.indexes[us[0].table].root)) for us in by_sha.values()]
 
 
 def _warmed(rows: list[IndexRow], refused: str, res, tables: Tables) -> Warmed:
