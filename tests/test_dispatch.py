@@ -187,10 +187,13 @@ def test_untuned_rows_never_reach_the_table(tmp_path):
     idx = KernelIndex(tmp_path)
     idx.add("// seed\n", arch="sm_90a", acc="f32", layout="RR", M=64, N=64, K=64, family="mma")
     idx.add("// tuned\n", arch="sm_90a", acc="f32", layout="RR", M=128, N=128, K=128,
-            family="mma", tuned=True, mode="offline", report="r1", speedups={"torch": 1.2})
+            family="mma", tuned=True, mode="offline", report="r1", speedups={"torch": 1.2},
+            audit=AUDIT_VERSION)
+    idx.add("// tuned, older rules\n", arch="sm_90a", acc="f32", layout="RR", M=256, N=128,
+            K=128, family="mma", tuned=True, mode="offline", report="r1", speedups={"torch": 1.2})
     idx.write()
     t = planmod.table_from_index(KernelIndex.load(tmp_path))
-    assert [e.shape for e in t.values()] == [(128, 128, 128)]
+    assert [e.shape for e in t.values()] == [(128, 128, 128)]     # nor rows of older audits
     assert plan((64, 64, 64), "RR", "sm_90a", "f32", t).kind == "nearest"  # not exact: untuned
 
 

@@ -343,6 +343,31 @@ def test_export_records_the_audit_version_each_row_stands_for(tmp_path):
     assert sorted(u.row.M for u in t.unaudited) == [128, 256]
 
 
+def test_a_row_that_would_not_serve_never_replaces_one_that_does(tmp_path):
+    """Settling by audit before figures: a faster winner whose calls the call guard never watched
+    (it would not serve) loses to the table's audited row, recorded with rule `audit`; an
+    audited winner replaces a faster row audited under older rules."""
+    root = tmp_path / "gk"
+    idx = KernelIndex(root)
+    kw = dict(arch="sm_90a", acc="f32", layout="RR", N=64, K=64, tuned=True, mode="offline",
+              report="earlier", speedups={"torch": 1.05}, gpu=GPU)
+    idx.add(SRC["a"], M=64, speedup_lo=1.04, audit=AUDIT_VERSION, **kw)   # serves, slower
+    idx.add(SRC["a"], M=128, speedup_lo=1.50, audit=1, **kw)              # faster, older rules
+    idx.write()
+    unwatched = ev("b", (64, 64, 64), 5.0, BASE)
+    unwatched.audit = {"ok": True, "audit_version": AUDIT_VERSION}
+    guarded = ev("b", (128, 64, 64), 9.0, BASE)
+    res = export([unwatched, guarded], {SHA["b"]: SRC["b"]}.get, root=root, report="new")
+    table = KernelIndex.load(root)
+    back = {r.M: (table.source(r) == SRC["b"], r.audit) for r in table.rows}
+    assert back == {64: (False, AUDIT_VERSION), 128: (True, AUDIT_VERSION)}
+    kept = {d.key[3]: d for d in res.decisions}
+    assert "passed this cudal2's audit and this one did not (audit v0): kept" in kept[64].reason
+    assert "replaces the table's" in kept[128].reason and "audited under older rules" in kept[128].reason
+    rules = sorted((r["M"], r["rule"]) for r in KernelIndex.load(root).settled())
+    assert rules == [("128", "audit"), ("64", "audit")]
+
+
 def test_export_writes_config_and_what_the_audit_verified(tmp_path):
     """Columns config and verified: the winner's audit record (meta_verified) travels to its row;
     a family instantiation is named by its config (its meta is ours), a source that only looks

@@ -49,8 +49,9 @@ from cudal2.core import binaries, knobs
 from cudal2.core.build import BuildSpec, build_many
 from cudal2.core.identity import source_sha
 from cudal2.core.store import SPEEDUP_COLUMNS, IndexRow, KernelIndex, format_options
+from cudal2.core.tables import audit_current
 from cudal2.core.toolchain import find_toolchain
-from cudal2.core.vocab import WIN_MARGIN, gpu_key, m_bucket
+from cudal2.core.vocab import AUDIT_VERSION, WIN_MARGIN, gpu_key, m_bucket
 from cudal2.harness.audit import audited_version
 from cudal2.harness.db import ResultsDB
 from cudal2.harness.types import on_gpu, unmeasured
@@ -273,7 +274,9 @@ def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report:
     two sessions on one GPU model compare) stays; a tie, or a new figure no higher, keeps the
     table's row (so export is idempotent and the order of two exports does not change which
     kernel stays); a row with
-    no interval (exported before the kernel timer) loses to one with. `fresh`: these rows
+    no interval (exported before the kernel timer) loses to one with, and a row whose kernel did
+    not pass this cudal2's audit (it would not serve: cudal2.core.tables) loses to one that did,
+    whatever the figures. `fresh`: these rows
     measured `old`'s kernel again, so select() already ranked it by its new figure and `d` won.
     The same kernel and options is no contest (its new figures replace the old). The loser is
     recorded in settled.csv; sets d.kept when the table's row stays. Returns whether a new
@@ -283,20 +286,29 @@ def settle(idx: KernelIndex, old: IndexRow, d: Decision, *, fresh: bool, report:
     if (old_sha, old.options) == (d.source_sha, new_opts):
         return False
     new_lo = round(d.speedup_lo, 4)
-    keep_old = not fresh and old.speedup_lo is not None and old.speedup_lo >= new_lo
+    old_serves, new_serves = audit_current(old), d.audit >= AUDIT_VERSION
+    if old_serves != new_serves:
+        keep_old, rule = old_serves, "audit"
+    else:
+        keep_old = not fresh and old.speedup_lo is not None and old.speedup_lo >= new_lo
+        rule = "remeasured" if fresh else "speedup_lo"
     where = dict(arch=d.key[0], acc=d.key[1], layout=d.key[2], M=d.key[3], N=d.key[4], K=d.key[5],
-                 gpu=d.gpu, rule="remeasured" if fresh else "speedup_lo")
+                 gpu=d.gpu, rule=rule)
     if keep_old:
         d.exported, d.kept = False, old.file
-        d.reason += (f"; the table's {old.file} (lower bound {old.speedup_lo:.4f}, {old.report}) "
-                     f"is no slower than this ({new_lo:.4f}): kept, this one recorded in settled.csv")
+        d.reason += (f"; the table's {old.file} passed this cudal2's audit and this one did not "
+                     f"(audit v{d.audit}): kept, this one recorded in settled.csv" if rule == "audit"
+                     else f"; the table's {old.file} (lower bound {old.speedup_lo:.4f}, "
+                     f"{old.report}) is no slower than this ({new_lo:.4f}): kept, this one "
+                     "recorded in settled.csv")
         return idx.record_settled(
             **where, kept_source_sha=old_sha, kept_options=old.options,
             kept_speedup_lo=old.speedup_lo, kept_report=old.report, lost_source_sha=d.source_sha,
             lost_options=new_opts, lost_speedup_lo=new_lo, lost_report=report, lost_db=db,
             lost_speedups=";".join(f"{k}={v:.4f}" for k, v in sorted(d.speedups.items())))
-    d.reason += (f"; replaces the table's {old.file} (lower bound "
-                 + ("none" if old.speedup_lo is None else f"{old.speedup_lo:.4f}")
+    d.reason += (f"; replaces the table's {old.file} ("
+                 + ("audited under older rules" if rule == "audit" else "lower bound " + (
+                     "none" if old.speedup_lo is None else f"{old.speedup_lo:.4f}"))
                  + f", {old.report}): recorded in settled.csv")
     return idx.record_settled(
         **where, kept_source_sha=d.source_sha, kept_options=new_opts, kept_speedup_lo=new_lo,

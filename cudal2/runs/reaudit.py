@@ -65,7 +65,7 @@ def reaudit(root: Path, *, arch: str | None = None, say=print) -> int:
                 say(f"ok        {rows[0].file} ({a}, {len(rows)} row(s), {key}): audit v{version}")
             else:
                 bad += 1
-                why = "; ".join(res.reasons) or f"audit reached v{version} only"
+                why = "; ".join(res.reasons or res.notes) or f"audit reached v{version} only"
                 say(f"REJECTED  {rows[0].file} ({a}, {len(rows)} row(s), {key}): {why}")
     if bad < len(todo):
         idx.write()

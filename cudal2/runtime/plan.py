@@ -9,6 +9,7 @@ from typing import Iterable, Mapping
 from cudal2.core.shapefile import INT_MAX  # noqa: F401 - hot.py reads it from here
 from cudal2.core.abi import meta_accepts  # the ABI's shape rule (also what the planner follows)
 from cudal2.core.store import IndexRow
+from cudal2.core.tables import audit_current
 from cudal2.core.vocab import LAYOUTS, gpu_key
 
 # How many nearest tuned kernels race cuBLAS for an untabled shape, and how many kernels we are
@@ -30,8 +31,9 @@ Table = Mapping[tuple, TableEntry]  # (arch, acc, layout, M, N, K, gpu) -> entry
 
 
 def table_from_index(index) -> dict[tuple, TableEntry]:
-    """The serving table: tuned rows of a KernelIndex only (untuned seeds never serve)."""
-    return {r.key: r for r in index.rows if r.tuned}
+    """The serving table of one KernelIndex: its tuned rows whose kernels passed this cudal2's
+    audit (untuned seeds never serve; cudal2.core.tables's rule)."""
+    return {r.key: r for r in index.rows if r.tuned and audit_current(r)}
 
 
 def for_gpu(entries: Iterable[TableEntry], gpu: str | None) -> list[TableEntry]:

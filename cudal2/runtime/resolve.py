@@ -70,6 +70,12 @@ def table() -> dict[tuple, TableEntry]:
             # the other table (torch where neither has a kernel).
             warnings.warn(f"cudal2: {problem}; its shapes use torch.matmul", RuntimeWarning,
                           stacklevel=4)
+        if tables.unaudited:
+            # after an upgrade whose audit is stricter: say once why those shapes went to torch
+            roots = sorted({str(tables.indexes[u.table].root) for u in tables.unaudited})
+            warnings.warn(f"cudal2: {len(tables.unaudited)} tuned row(s) not served: their kernels "
+                          "were audited under older rules; `cudal2 reaudit --table DIR` audits them "
+                          f"again ({', '.join(roots)})", RuntimeWarning, stacklevel=4)
         state.tables, state.table = tables, tables.rows
         log.debug("kernel tables %s: %d tuned kernels served",
                   {n: str(i.root) for n, i in tables.indexes.items()}, len(state.table))
