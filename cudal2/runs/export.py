@@ -32,8 +32,8 @@ trusted in full), and `verified`, the meta fields the winning row's audit confir
 binary (cudal2.harness.metacheck); a kernel whose tile is neither serves only the shape it was
 measured at (docs/dispatch.md). And `audit`, the audit version the winning row stands for
 (cudal2.harness.audit.audited_version: its rules, as far as the call guard watched its calls):
-a row below this cudal2's AUDIT_VERSION is written but does not serve until `cudal2 reaudit`. Rows of the table without a `config` get one when their source is
-an instantiation. A tuned row whose kernel was measured again in these rows and now fails the rule
+a row below this cudal2's AUDIT_VERSION is written but does not serve until `cudal2 reaudit`.
+Rows of the table without a `config` get one when their source is an instantiation. A tuned row whose kernel was measured again in these rows and now fails the rule
 leaves the table. Everything refused is listed with its reason.
 """
 from __future__ import annotations

@@ -13,7 +13,6 @@ the user's by default (knobs.user_kernels_dir()); `--table generated_kernels` is
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def reaudit(root: Path, *, arch: str | None = None, say=print) -> int:
     specs = [BuildSpec(idx.source(rows[0]), arch=a, name=rows[0].file) for (_, a), rows in todo.items()]
     builds = build_many(specs)
     bad = 0
-    with WorkerPool(max_tasks=1) as pool, dry_pool or contextlib.nullcontext():
+    with WorkerPool(max_tasks=1) as pool, dry_pool:
         for ((_, a), rows), spec, br in zip(todo.items(), specs, builds):
             res = audit_build(spec.source, br, a, name=rows[0].file, pool=pool, dry_pool=dry_pool)
             version = audited_version(res.to_dict())
