@@ -19,10 +19,10 @@ from cudal2.core.vocab import AUDIT_VERSION
 
 
 def entry(M, N, K, *, arch="sm_90a", acc="f32", layout="RR", sha=None, tuned=True, m_bucket="",
-          gpu=""):
+          gpu="", speedup_lo=None):
     sha = sha or f"{M:04x}{N:04x}{K:04x}".ljust(64, "0")
     return TableEntry(arch, acc, layout, M, N, K, f"{arch}/{acc}_{layout}/{M}_{N}_{K}.cu", sha,
-                      tuned=tuned, m_bucket=m_bucket, gpu=gpu)
+                      tuned=tuned, m_bucket=m_bucket, gpu=gpu, speedup_lo=speedup_lo)
 
 
 def table(*entries):
@@ -80,24 +80,38 @@ def test_bucket_serves_the_m_of_its_bucket_before_the_nearest_race():
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
-def test_each_gpu_is_served_its_own_row_then_an_any_gpu_row_never_another_gpus():
+def test_a_row_serves_outright_only_on_the_gpu_model_that_measured_it():
     """Rows for one shape tuned on an H100 and an H200 (both sm_90a) coexist; each GPU gets its
-    own, a GPU with no row of its own gets the any-GPU row ('' = rows of old indexes), and never
-    another GPU's row, not even as a nearest candidate."""
-    h100, h200 = entry(128, 128, 128, gpu=H100, sha="1" * 64), entry(128, 128, 128, gpu=H200, sha="2" * 64)
-    anygpu = entry(128, 128, 128, sha="3" * 64)
-    t = table(h100, h200, anygpu)
+    own outright. On a GPU with no row of its own, a row measured elsewhere (another model's, or
+    one naming none: an index older than the column) races torch first, the best measured first;
+    so does another GPU's row as a nearest candidate, or at another M of its bucket."""
+    h100 = entry(128, 128, 128, gpu=H100, sha="1" * 64, speedup_lo=1.3)
+    h200 = entry(128, 128, 128, gpu=H200, sha="2" * 64, speedup_lo=1.1)
+    unnamed = entry(128, 128, 128, sha="3" * 64)
+    t = table(h100, h200, unnamed)
     assert len(t) == 3
-    for gpu, want in ((H100, h100), (" NVIDIA  H200", h200), ("NVIDIA GH200 480GB", anygpu), (None, anygpu)):
+    for gpu, want in ((H100, h100), (" NVIDIA  H200", h200), (None, unnamed)):
         d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu=gpu)
         assert d.kind == "exact" and d.candidates == (want,), gpu
-    # without an any-GPU row: another GPU's rows never serve, exact or nearest
-    t = table(h100, h200, entry(256, 256, 256, gpu=H200))
     d = plan((128, 128, 128), "RR", "sm_90a", "f32", t, gpu="NVIDIA GH200 480GB")
-    assert d.kind == "fallback" and "on NVIDIA GH200 480GB" in d.reason and H100 in d.reason
+    assert d.kind == "other_gpu" and d.candidates == (h100,) and d.unresolved == (h100,)
+    assert f"measured on {H100}, not on NVIDIA GH200 480GB: it races torch.matmul first" in d.reason
+    d = plan((128, 128, 128), "RR", "sm_90a", "f32", table(unnamed), gpu=H200)
+    assert d.kind == "other_gpu" and "a GPU its row does not name" in d.reason
+    # another GPU's row as a nearest candidate, or at another M of its bucket: raced as well
+    t = table(h100, h200, entry(256, 256, 256, gpu=H200))
+    d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, gpu="NVIDIA GH200 480GB", metas={h100.sha256: ANY})
+    assert d.kind == "nearest" and h100 in d.candidates
     d = plan((192, 192, 192), "RR", "sm_90a", "f32", t, gpu=H100, metas={h100.sha256: ANY})
-    assert d.kind == "nearest" and d.candidates == (h100,)
+    assert d.kind == "nearest" and [c.shape for c in d.candidates] == [(256, 256, 256), h100.shape]
+    at64 = entry(64, 4096, 4096, gpu=H100, m_bucket="33-64")
+    d = plan((48, 4096, 4096), "RR", "sm_90a", "f32", table(at64), gpu=H200, metas={at64.sha256: ANY})
+    assert d.kind == "other_gpu" and d.candidates == (at64,)
+    assert plan((48, 4096, 4096), "RR", "sm_90a", "f32", table(at64), gpu=H100,
+                metas={at64.sha256: ANY}).kind == "bucket"
+    # the GPU's own rows first, then the others' at the shapes it has none of
     assert planmod.for_gpu(t.values(), H200) == [h200, entry(256, 256, 256, gpu=H200)]
+    assert planmod.for_gpu(t.values(), "NVIDIA GH200 480GB") == list(t.values())
 
 
 def test_nearest_by_log_distance_among_accepting_kernels():
@@ -410,19 +424,35 @@ def test_decide_serves_an_unconfirmed_tile_at_its_measured_shape_only(store, mon
         assert (served is not resolve.TORCH) == (trusted or shape == (64, 256, 128)), shape
 
 
-def test_decide_serves_the_visible_gpus_own_row(store):
+def test_decide_serves_a_row_outright_only_on_the_gpu_model_that_measured_it(store, monkeypatch):
     """The dispatcher asks the device's name once (faked here): each GPU loads its own row of the
-    shape, a GPU without one the any-GPU row."""
+    shape without a race. On a GPU model that measured no row of the shape (the shipped H100 rows
+    on an H200), the row measured elsewhere races torch.matmul first and serves only if it won."""
     idx, add, built = store
     own = {g: add(128, 128, 128, ANY, gpu=g).file for g in (H100, H200)}
-    anygpu = add(128, 128, 128, ANY).file
+    unnamed = add(128, 128, 128, ANY).file
     idx.write()
-    assert len(set(own.values()) | {anygpu}) == 3
-    for gpu, want in ((H100, own[H100]), (H200, own[H200]), ("FakeGPU", anygpu)):
-        resolve.state.gpu[0] = gpu
+    assert len(set(own.values()) | {unnamed}) == 3
+    raced = []
+
+    def verdict(winner):
+        def read(key):
+            raced.append(key["candidates"])
+            return {"key": key, "winner": winner(key)}
+        return read
+    monkeypatch.setattr(race, "read_verdict", verdict(lambda key: key["candidates"][0]))
+    for gpu, want in ((H100, own[H100]), (H200, own[H200]), ("NVIDIA H20", unnamed)):
+        resolve.reset(resolve.state.loader)
+        resolve.state.arch[0], resolve.state.gpu[0] = "sm_90a", gpu
+        resolve.state.env[0] = {"gpu": gpu, "torch": "t", "cuda": "c", "cublas": "b"}
         built.clear()
         assert resolve.decide(0, 128, 128, 128, "RR", None, None) is not resolve.TORCH
-        assert built == [want]
+        assert built == [want], gpu
+    assert len(raced) == 1         # the H20's race alone; H100 and H200 served their own rows
+    monkeypatch.setattr(race, "read_verdict", verdict(lambda key: "torch"))
+    resolve.reset(resolve.state.loader)
+    resolve.state.arch[0], resolve.state.gpu[0] = "sm_90a", "NVIDIA H20"
+    assert resolve.decide(0, 128, 128, 128, "RR", None, None) is resolve.TORCH   # it lost: torch
 
 
 def test_decide_exact_loads_one_kernel(store):

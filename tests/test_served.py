@@ -165,17 +165,27 @@ def test_warmup_builds_every_served_kernel_and_reports_each(tables, monkeypatch)
     got = {w.row.file.split("/")[-1]: (w.status, w.table, w.rows) for w in done}
     assert got == {"8_4096_4096.cu": (W.CARRIED, "user", 1),
                    "64_4096_4096.cu": (W.BUILT, "shipped", 2),     # one build, two rows
-                   "256_4096_4096.cu": (W.BUILT, "shipped", 1),    # H100's own; not H200's
+                   "256_4096_4096.cu": (W.BUILT, "shipped", 1),    # H100's own
+                   "512_4096_4096.cu": (W.BUILT, "shipped", 1),    # H200's: it races here first
                    "1024_4096_4096.cu": (W.FAILED, "shipped", 1),
                    "2048_4096_4096.cu": (W.BUILT, "user", 1)}      # the faster row only
     ((specs, jobs),) = b.specs
     assert jobs == 3 and sorted(s.source for s in specs) == [
-        "// broken\n", "// h100\n", "// mine\n", "// shared\n"]
+        "// broken\n", "// h100\n", "// h200\n", "// mine\n", "// shared\n"]
     assert all(s.arch == "sm_90a" for s in specs)
     failed = next(w for w in done if w.status == W.FAILED)
     assert "compile_error" in failed.detail and "error: broken" in failed.detail
     # without a GPU model every GPU's rows of the arch are built
     assert len(W.warmup(arch="sm_90a", gpu=None, build=Builds().build_many)) == 6
+    # a GPU's own row shadows the others' at its shape: the H200's row of 512 is the H200's only
+    shipped, _ = tables
+    shipped.add("// h100 512\n", arch="sm_90a", acc="f32", layout="RR", M=512, N=4096, K=4096,
+                gpu=H100, tuned=True, mode="offline", report="run", speedup_lo=1.2, speedups={"torch": 1.3},
+                audit=AUDIT_VERSION)
+    shipped.write()
+    sources = lambda b: sorted(s.source for specs, _ in b.specs for s in specs)
+    W.warmup(arch="sm_90a", gpu=H100, build=(b := Builds()).build_many)
+    assert "// h100 512\n" in sources(b) and "// h200\n" not in sources(b)
 
 
 def test_warmup_cli_reports_and_fails_when_a_build_fails(tables, monkeypatch, capsys):
@@ -188,7 +198,7 @@ def test_warmup_cli_reports_and_fails_when_a_build_fails(tables, monkeypatch, ca
     assert "carried  sm_90a/f32_RR/8_4096_4096.cu [user]" in out
     assert "built    sm_90a/f32_RR/64_4096_4096.cu [shipped] (+1 rows)" in out
     assert "failed   sm_90a/f32_RR/1024_4096_4096.cu [shipped]: build compile_error" in out
-    assert "5 kernels: 3 built, 0 cached, 1 carried, 1 failed" in out
+    assert "6 kernels: 4 built, 0 cached, 1 carried, 1 failed" in out
 
 
 # -- rows audited under older rules ------------------------------------------------------------
@@ -240,15 +250,17 @@ def test_served_lists_the_layered_table_for_an_arch_and_gpu(tables):
     t = load_tables()
     lines = S.report(t, "sm_90a", H100, lambda row: "not built")
     text = "\n".join(lines)
-    assert lines[0].startswith("sm_90a, GPU NVIDIA H100 80GB HBM3: 6 rows served (tables: shipped ")
+    assert lines[0].startswith("sm_90a, GPU NVIDIA H100 80GB HBM3: 7 rows served (tables: shipped ")
     header = lines[1].split()
     assert header[:4] == ["table", "layout", "shape", "serves"]
-    rows = {l.split()[2]: l.split() for l in lines[2:8]}
-    assert rows["64x4096x4096"][:9] == ["shipped", "RR", "64x4096x4096", "33-64", "cutlass_sm90",
-                                        "cutlass_sm90_x", "1.100", "cublaslt_autotuned", "any"]
+    rows = {l.split()[2]: l.split() for l in lines[2:9]}
+    assert rows["64x4096x4096"][:8] == ["shipped", "RR", "64x4096x4096", "33-64", "cutlass_sm90",
+                                        "cutlass_sm90_x", "1.100", "cublaslt_autotuned"]
+    # the H100's own row serves outright; the H200's and the unnamed rows race torch first
+    assert " ".join(rows["64x4096x4096"][8:]) == "not recorded, races torch first not built"
     assert rows["256x4096x4096"][6:] == ["1.300", "cublaslt_autotuned", "NVIDIA", "H100", "80GB", "HBM3", "not", "built"]
+    assert " ".join(rows["512x4096x4096"][8:]) == "NVIDIA H200, races torch first not built"
     assert rows["2048x4096x4096"][0] == "user" and "1.250" in rows["2048x4096x4096"]
-    assert "512x4096x4096" not in text                   # H200's row: not this GPU's
     assert "shadowed (1: a faster measured row of the other table serves):" in text
     assert "shipped  RR      2048x4096x4096" in text.split("shadowed")[1]
     assert "by user" in text
@@ -269,15 +281,20 @@ def test_served_without_a_gpu_needs_an_arch(tables, monkeypatch, capsys):
     monkeypatch.setattr(S, "readiness", lambda t, arch, cuda: lambda row: "built")
     assert main(["served", "--gpu", H200]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("sm_90a, GPU NVIDIA H200: 6 rows served") and "512x4096x4096" in out
+    assert out.startswith("sm_90a, GPU NVIDIA H200: 7 rows served") and "512x4096x4096" in out
 
 
-def test_measured_on_names_the_gpu_of_the_rows_report():
-    """An any-GPU row names the GPU its report was measured on (reports/<gpu>/...)."""
+def test_measured_on_names_the_gpu_and_whether_the_row_races_first():
+    """The shipped rows name the H100 that measured them: outright there, raced first on an H200.
+    A row naming no GPU falls back on its report's folder (reports/<gpu>/...)."""
     from cudal2.core import knobs
     from cudal2.core.store import KernelIndex, with_fields
     from cudal2.runs.served import measured_on
-    row = next(r for r in KernelIndex.load(knobs.repo_root() / "generated_kernels") if r.tuned)
-    assert measured_on(row) == "NVIDIA H100 80GB HBM3 (serves any GPU)"
-    assert measured_on(with_fields(row, gpu="NVIDIA H200")) == "NVIDIA H200"
-    assert measured_on(with_fields(row, report="runs/mine")) == "any GPU"
+    rows = [r for r in KernelIndex.load(knobs.repo_root() / "generated_kernels") if r.tuned]
+    assert {r.gpu for r in rows} == {H100}
+    row = rows[0]
+    assert measured_on(row) == measured_on(row, H100) == H100
+    assert measured_on(row, "NVIDIA H200") == f"{H100}, races torch first"
+    unnamed = with_fields(row, gpu="")
+    assert measured_on(unnamed) == f"{H100} (by its report)"
+    assert measured_on(with_fields(unnamed, report="runs/mine"), H100) == "not recorded, races torch first"

@@ -6,7 +6,7 @@ Layout (docs/internals.md)::
     generated_kernels/<arch>/<acc>_<layout>/<M>_<N>_<K>.cu
 
 index.csv is the manifest: it names, per (arch, acc, layout, M, N, K, gpu), the file that serves
-the shape on that GPU model ('' = any GPU of the arch), the file's sha256, whether a recorded run showed it beating every baseline (``tuned``),
+the shape on that GPU model ('' = not recorded), the file's sha256, whether a recorded run showed it beating every baseline (``tuned``),
 its speedups and the report they came from. Identical sources are stored once and referenced by
 several rows. Only ``tuned == 1`` rows ever serve in dispatch; untuned seeds exist so the
 pipeline (build, check, time) has something real to work on.
@@ -113,7 +113,7 @@ class IndexRow:
     options: str = ""           # runtime options the kernel is called with: 'name=value;...'
     speedup_lo: float | None = None  # lower end of the speedup interval vs the best baseline
     m_bucket: str = ""          # 'lo-hi': the token counts M this row's kernel serves (vocab.m_bucket); '' = M only
-    gpu: str = ""               # the GPU model measured on (vocab.gpu_key); '' = any GPU of the arch
+    gpu: str = ""               # the GPU model measured on (vocab.gpu_key); '' = not recorded
     config: str = ""            # KernelConfig.name() when the source is a family instantiation; '' = not one
     verified: str = ""          # meta fields the audit confirmed against the binary: 'threads;tile'
     audit: int | None = None    # the audit version its kernel passed (vocab.AUDIT_VERSION; None:
@@ -447,7 +447,7 @@ class KernelIndex:
             speedups: dict[str, float] | None = None, options=None,
             speedup_lo: float | None = None, m_bucket: str = "", gpu: str = "",
             config: str = "", verified: Iterable[str] = (), audit: int | None = None) -> IndexRow:
-        """Stage `source` as the kernel for one shape on `gpu` ('' = any GPU of the arch),
+        """Stage `source` as the kernel for one shape on `gpu` ('' = not recorded),
         replacing that shape's row for that GPU, if any. `config`: the source's family config
         name, if it is an instantiation; `verified`: the meta fields its audit confirmed;
         `audit`: the audit version it passed (harness.audit.audited_version).

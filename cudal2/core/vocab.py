@@ -52,7 +52,8 @@ def m_bucket(m: int) -> tuple[int, int]:
 # The GPU model a kernel-table row was measured on: the name the results DB records (NVML's, which
 # torch.cuda.get_device_name also reports, e.g. "NVIDIA H100 80GB HBM3"), whitespace collapsed.
 # Two GPUs of one arch (H100, H200: both sm_90a) differ in clocks, bandwidth and L2, so a row's
-# GPU is part of its key; '' = any GPU of the arch (rows written before the column existed).
+# GPU is part of its key ('' = not recorded: rows written before the column existed). A row serves
+# outright only on its own GPU model and races torch first on any other (runtime/plan.measured_here).
 def gpu_key(name) -> str:
     """The one spelling of a GPU model that the kernel table and dispatch compare ('' = any)."""
     return " ".join(str(name or "").split())

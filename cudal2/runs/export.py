@@ -203,7 +203,7 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
     for d in decisions:
         old = idx.get(*d.key, gpu=d.gpu)
         if not d.exported:
-            # the row that serves this GPU (its own, else the any-GPU one) answers for this
+            # this GPU's own row (else the row naming no GPU) answers for this
             # GPU's evidence; the index keeps a file's byte hash, the DB a source identity
             old = old or idx.get(*d.key)
             if old is not None and old.tuned and (*d.key, d.gpu, source_sha(idx.source(old)),
@@ -225,7 +225,7 @@ def export(evaluations: Iterable, source_for: Callable[[str], str | None], *, ro
         if src is None or source_sha(src) != d.source_sha:
             d.exported, d.reason = False, f"source {d.source_sha[:12]} not found (or does not match its sha)"
             continue
-        if old is not None and old.tuned:   # this GPU's own row; an any-GPU row is shadowed
+        if old is not None and old.tuned:   # this GPU's own row; it shadows the others of its shape
             fresh = (*d.key, d.gpu, source_sha(idx.source(old)), old.options) in remeasured
             if settle(idx, old, d, fresh=fresh, report=report, db=db):
                 changed = True

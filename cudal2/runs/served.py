@@ -3,7 +3,8 @@
 One line per served row of the layered table (cudal2.core.tables: the user's rows over the
 shipped ones, the faster measured row of a key serving): the shape it was measured at and the M
 it serves (its token bucket), layout, family, config, the measured lower bound of its speedup
-against the fastest baseline, the GPU that measured it, its table (shipped / user) and whether
+against the fastest baseline, the GPU that measured it (a row measured on another GPU model
+races torch.matmul on its first call here before it serves), its table (shipped / user) and whether
 it is ready (built, carried, or a build the first call would run: `cudal2 warmup`). Rows
 shadowed by a faster row of the other table, rows whose kernel did not pass this cudal2's audit
 (cudal2.core.tables: not served until `cudal2 reaudit`), and tables that did not read, are
@@ -21,7 +22,7 @@ from cudal2.core.build import BuildSpec, lookup
 from cudal2.core.store import IndexRow
 from cudal2.core.tables import Tables, load_tables, why_unaudited
 from cudal2.core.toolchain import ToolchainError
-from cudal2.runtime.plan import served_rows
+from cudal2.runtime.plan import measured_here, served_rows
 
 COLUMNS = ("table", "layout", "shape", "serves M", "family", "config", "lo", "vs", "measured on",
            "ready")
@@ -50,22 +51,23 @@ def fastest_baseline(row: IndexRow) -> str:
     return min(sp, key=sp.get) if sp else ""
 
 
-def line(row: IndexRow, table: str, ready: str) -> tuple[str, ...]:
+def line(row: IndexRow, table: str, ready: str, gpu: str | None = None) -> tuple[str, ...]:
     return (table, row.layout, f"{row.M}x{row.N}x{row.K}", row.m_bucket or str(row.M),
             row.family or "-", row.config or "-",
             "-" if row.speedup_lo is None else f"{row.speedup_lo:.3f}", fastest_baseline(row) or "-",
-            measured_on(row), ready)
+            measured_on(row, gpu), ready)
 
 
-def measured_on(row: IndexRow) -> str:
-    """The GPU the row was measured on: its gpu column (it serves that model only), else the GPU
-    folder of its report (reports/<gpu>/..., where benches and campaigns write) and that it
-    serves any GPU model of the arch."""
-    if row.gpu:
-        return row.gpu
-    parts = Path(row.report).parts
-    gpu = parts[parts.index("reports") + 1] if "reports" in parts[:-1] else ""
-    return f"{gpu.replace('_', ' ')} (serves any GPU)" if gpu else "any GPU"
+def measured_on(row: IndexRow, gpu: str | None = None) -> str:
+    """The GPU the row was measured on: its gpu column, else (rows of indexes older than the
+    column) the GPU folder of its report, reports/<gpu>/..., marked as the report's. Asked for a
+    GPU model (`gpu`), a row measured on another says that it races torch.matmul there first."""
+    where = row.gpu
+    if not where:
+        parts = Path(row.report).parts
+        folder = parts[parts.index("reports") + 1] if "reports" in parts[:-1] else ""
+        where = f"{folder.replace('_', ' ')} (by its report)" if folder else "not recorded"
+    return where if gpu is None or measured_here(row, gpu) else f"{where}, races torch first"
 
 
 def aligned(rows: list[tuple[str, ...]], header=COLUMNS) -> list[str]:
@@ -81,7 +83,7 @@ def report(tables: Tables, arch: str, gpu: str | None, ready: Callable[[IndexRow
     where = ", ".join(f"{name} {idx.root}" for name, idx in tables.indexes.items())
     out = [f"{arch}, {'GPU ' + gpu if gpu else 'every GPU model'}: {len(rows)} rows served "
            f"(tables: {where})"]
-    out += aligned([line(r, tables.table_of(r), ready(r)) for r in rows]) if rows else [
+    out += aligned([line(r, tables.table_of(r), ready(r), gpu) for r in rows]) if rows else [
         "  nothing: every shape uses torch.matmul"]
     shadowed = [s for s in tables.shadowed if s.row in served_rows([s.row], arch, gpu)]
     if shadowed:

@@ -36,15 +36,21 @@ def table_from_index(index) -> dict[tuple, TableEntry]:
     return {r.key: r for r in index.rows if r.tuned and audit_current(r)}
 
 
+def measured_here(e: TableEntry, gpu: str | None) -> bool:
+    """Whether row `e` was measured on GPU model `gpu` (its name, as torch.cuda.get_device_name
+    and the results DB spell it), so that it serves outright there. An H100 and an H200 are one
+    arch, not one speed: on any other GPU the row races torch.matmul first. A row naming no GPU
+    (an index written before the column) is measured here only for a caller naming none."""
+    return e.gpu == gpu_key(gpu)
+
+
 def for_gpu(entries: Iterable[TableEntry], gpu: str | None) -> list[TableEntry]:
-    """The rows that may serve on GPU model `gpu` (its name, as torch.cuda.get_device_name and
-    the results DB spell it): its own rows, then the any-GPU rows (gpu '') of the shapes it has
-    no row of its own for; another GPU's rows never (an H100 and an H200 are one arch, not one
-    speed). An unnamed GPU gets the any-GPU rows only."""
-    gpu = gpu_key(gpu)
-    own = [e for e in entries if gpu and e.gpu == gpu]
+    """The rows that may serve on GPU model `gpu`: its own (measured_here), then the other rows
+    of the shapes it has no row of its own for, which race torch.matmul before they serve."""
+    entries = list(entries)
+    own = [e for e in entries if measured_here(e, gpu)]
     shadowed = {e.key[:6] for e in own}
-    return own + [e for e in entries if not e.gpu and e.key[:6] not in shadowed]
+    return own + [e for e in entries if not measured_here(e, gpu) and e.key[:6] not in shadowed]
 
 
 def served_rows(entries: Iterable[TableEntry], arch: str, gpu: str | None = None) -> list[TableEntry]:
@@ -75,10 +81,27 @@ def bucket_match(shape: tuple[int, int, int], same: Iterable[TableEntry],
     return None
 
 
+def _at_shape(shape: tuple[int, int, int], rows: list[TableEntry], trusted: list[TableEntry],
+              metas: Mapping[str, Mapping]) -> Decision | None:
+    """A row measured at this very shape (exact), else at another M of its token bucket whose
+    tile the audit confirmed (bucket); None."""
+    M, N, K = shape
+    for e in rows:
+        if e.shape == shape:
+            meta = metas.get(e.sha256)
+            if meta is None or meta_accepts(meta, M, N, K):
+                return Decision("exact", (e,), f"tuned kernel {e.file}", (e,) if meta is None else ())
+    b = bucket_match(shape, trusted, metas)
+    if b is not None:
+        return Decision("bucket", (b,), f"tuned kernel {b.file} (M={b.M}, bucket {b.m_bucket})",
+                        (b,) if b.sha256 not in metas else ())
+    return None
+
+
 @dataclass(frozen=True)
 class Decision:
-    kind: str                                  # "exact" | "bucket" | "nearest" | "fallback"
-    candidates: tuple[TableEntry, ...]         # exact: one; nearest: best first; fallback: ()
+    kind: str                                  # "exact" | "bucket" | "other_gpu" | "nearest" | "fallback"
+    candidates: tuple[TableEntry, ...]         # exact, bucket, other_gpu: one; nearest: best first
     reason: str
     unresolved: tuple[TableEntry, ...] = ()    # nearest candidates whose meta is not known yet
     distances: tuple[float, ...] = ()          # per candidate
@@ -90,13 +113,16 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
          gpu: str | None = None, verified: Mapping[str, Iterable[str]] | None = None,
          max_distance: float = NEAREST_MAX_DISTANCE) -> Decision:
     """Which kernel(s) may serve `shape` (M, N, K) for B `layout` on `arch` with accumulator `acc`,
-    on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows
-    first, any-GPU rows where it has none, never another GPU's).
+    on the GPU model `gpu`: every step below sees the rows for_gpu() keeps (the GPU's own rows,
+    then other GPUs' rows and rows naming none for the shapes it has no row of its own for).
 
-    exact:   a tuned kernel for this very (arch, acc, layout, M, N, K) (and, if its meta is known,
-             accepting the shape);
-    bucket:  a tuned kernel for (N, K) exported at another M of M's token bucket (bucket_match);
-             it serves as an exact one does;
+    exact:   a tuned kernel measured on this GPU model for this very (arch, acc, layout, M, N, K)
+             (and, if its meta is known, accepting the shape); it serves outright;
+    bucket:  one measured on this GPU model for (N, K) at another M of M's token bucket
+             (bucket_match); it serves as an exact one does;
+    other_gpu: an exact or bucket row measured on another GPU model (or one its row does not
+             name): it races cuBLAS before serving, as a nearest kernel does (an H100 and an H200
+             are one arch, not one speed);
     nearest: the `k` tuned kernels of the same (arch, acc, layout) nearest in log-space
              distance (log_distance), within `max_distance` (NEAREST_MAX_DISTANCE), that accept
              the shape (meta any_shape, or M, N, K divisible by its tile); they race cuBLAS
@@ -122,26 +148,27 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
         return Decision("fallback", (), "no known arch for this GPU")
     tuned = [e for e in table.values() if e.tuned and e.arch == arch and e.acc == acc
              and e.layout == layout and e.sha256 not in exclude]
-    same = for_gpu(tuned, gpu)
-    if tuned and not same:
-        return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout} on "
-                        f"{gpu_key(gpu) or 'an unnamed GPU'} (tuned on: "
-                        f"{', '.join(sorted({e.gpu for e in tuned}))})")
-    if not same:
+    if not tuned:
         others = sorted({f"{e.arch}/{e.acc}_{e.layout}" for e in table.values() if e.tuned})
         return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout}"
                         + (f" (tuned: {', '.join(others)})" if others else " (table is empty)"))
-    for e in same:
-        if e.shape == (M, N, K):
-            meta = metas.get(e.sha256)
-            if meta is None or meta_accepts(meta, M, N, K):
-                return Decision("exact", (e,), f"tuned kernel {e.file}", (e,) if meta is None else ())
+    same = for_gpu(tuned, gpu)
     # a kernel whose tile the audit did not confirm serves no other M than its own either
     trusted = [e for e in same if verified is None or "tile" in verified.get(e.sha256, ())]
-    b = bucket_match((M, N, K), trusted, metas)
-    if b is not None:
-        return Decision("bucket", (b,), f"tuned kernel {b.file} (M={b.M}, bucket {b.m_bucket})",
-                        (b,) if b.sha256 not in metas else ())
+    own = [e for e in same if measured_here(e, gpu)]
+    hit = _at_shape((M, N, K), own, [e for e in trusted if measured_here(e, gpu)], metas)
+    if hit is not None:
+        return hit
+    # the best measured first where two other GPUs measured one shape
+    others = sorted((e for e in same if not measured_here(e, gpu)),
+                    key=lambda e: (-(e.speedup_lo or 0.0), e.gpu))
+    hit = _at_shape((M, N, K), others, [e for e in others if e in trusted], metas)
+    if hit is not None:      # measured for this shape, on another GPU: it races before it serves
+        e = hit.candidates[0]
+        return Decision("other_gpu", hit.candidates, f"{hit.reason}, measured on "
+                        f"{e.gpu or 'a GPU its row does not name'}, not on "
+                        f"{gpu_key(gpu) or 'this unnamed GPU'}: it races torch.matmul first",
+                        hit.unresolved, (log_distance((M, N, K), e.shape),))
     ranked = sorted(((log_distance((M, N, K), e.shape), e.shape, e.file, e) for e in same
                      if e.shape != (M, N, K)), key=lambda t: t[:3])
     # a kernel whose tile is only its own claim serves its exact shape only

@@ -22,6 +22,7 @@ from cudal2.runtime.plan import MAX_PROBES, SERVED_ACC, Decision, TableEntry, pl
 log = logging.getLogger("cudal2.runtime")
 
 TORCH = ("torch",)  # serving-table value: this (device, shape, layout) goes to torch.matmul
+RACED = ("nearest", "other_gpu")   # plan() decisions whose candidates race torch before serving
 
 # (dev, M, N, K, layout) -> launcher(...) tuple | TORCH. One dict for the process, cleared (never
 # rebound) by reset(), so the hot path can hold it by name.
@@ -104,7 +105,7 @@ def device_arch(dev: int) -> str | None:
 
 def device_gpu(dev: int) -> str:
     """The GPU model's name, asked once per device (the table's gpu column spells it the same
-    way); '' when the runtime cannot name it: then only any-GPU rows serve."""
+    way); '' when the runtime cannot name it: then only rows naming no GPU serve outright."""
     name = state.gpu.get(dev)
     if name is None:
         try:
@@ -200,10 +201,10 @@ def decide(dev, M, N, K, layout, a, b):
         d = plan((M, N, K), layout, arch, acc, tbl, metas=state.metas,
                  exclude=state.broken | unbuilt,
                  unknown_meta="candidate" if probes < MAX_PROBES else "reject",
-                 gpu=device_gpu(dev), verified=verified)   # this GPU's rows, then any-GPU rows
+                 gpu=device_gpu(dev), verified=verified)   # this GPU's rows outright; others race
         if d.kind in ("exact", "bucket") and d.candidates[0].sha256 not in state.metas:
             pending = d.candidates
-        elif d.kind == "nearest" and d.unresolved:
+        elif d.kind in RACED and d.unresolved:
             pending = d.unresolved
         else:
             break
@@ -223,10 +224,10 @@ def decide(dev, M, N, K, layout, a, b):
               d.kind, d.reason)
     if d.kind == "fallback":
         return TORCH
-    if d.kind in ("exact", "bucket"):   # measured at its shape, or at its bucket's M: no race
+    if d.kind in ("exact", "bucket"):   # measured here at its shape, or at its bucket's M: no race
         e = d.candidates[0]
         return launcher(load(e), M, N, K, e.options_dict)
-    return _nearest(dev, M, N, K, layout, a, b, d)
+    return _race(dev, M, N, K, layout, a, b, d)
 
 
 def _tell_unbuilt(e: TableEntry, call: str, exc: Exception) -> None:
@@ -243,7 +244,9 @@ def _contender_id(e) -> str:
     return e.sha256 + (f"@{e.options}" if e.options else "")
 
 
-def _nearest(dev, M, N, K, layout, a, b, d: Decision):
+def _race(dev, M, N, K, layout, a, b, d: Decision):
+    """Serve the decision's candidates (nearest kernels, or a row measured on another GPU model)
+    only if one beats torch.matmul here; the verdict is kept (race.py)."""
     entries: dict[str, object] = {}
     for e in d.candidates:              # nearest first: a pair seen again farther away adds nothing
         entries.setdefault(_contender_id(e), e)
