@@ -13,7 +13,8 @@ estimated is ever exported. Launch-bound shapes are left out with the reason log
 (--launch-bound). --turns N: multi-turn refinement (rl/multiturn.py).
 
 Outputs in --out: results.db, log.jsonl, reward_curve.png, best_kernels.csv, kernels/ (best
-source per shape), sources/ (every evaluated source by sha), policy/ (the trained policy);
+source per shape), sources/ (every evaluated source by sha), queue.jsonl (with a reward table: the
+kernels it lacks, for the next GPU call; --queue moves it), policy/ (the trained policy);
 checkpoints/ only with --save-checkpoints or --resume.
 """
 from __future__ import annotations
@@ -632,9 +633,20 @@ def run(cfg: RLConfig) -> dict:
         table_reads=len(reward.table_reads), table_gpu_seconds=round(sum(reward.table_reads.values()), 3),
         remeasured=reward.n_remeasured, fresh=executor.fresh, gpu_seconds=round(executor.gpu_seconds, 3))
     _show_written(reward, out)
-    print(f"outputs: {db_path} (results DB), {out / 'log.jsonl'}, {out / 'reward_curve.png'}, "
-          f"{out / 'best_kernels.csv'}, {out / 'kernels'}/, {out / 'policy'}/ (trained policy)")
+    print("outputs: " + ", ".join(output_list(reward, db_path, out)))
     return {"seconds": secs, "steps": state["steps"], "best": reward.best, "reward": reward}
+
+
+def output_list(reward, db_path, out: Path) -> list[str]:
+    """Every path the run wrote, as the closing line names them."""
+    paths = [f"{db_path} (results DB)", str(out / "log.jsonl"), str(out / "reward_curve.png"),
+             str(out / "best_kernels.csv"), f"{out / 'kernels'}/ (best source per shape)",
+             f"{out / 'sources'}/ (every evaluated source)"]
+    if reward.queue is not None and reward.queue.path.is_file():
+        paths.append(f"{reward.queue.path} (the kernels the table lacks: the next GPU call screens them)")
+    if (out / "checkpoints").is_dir():
+        paths.append(f"{out / 'checkpoints'}/ (optimizer checkpoints for --resume)")
+    return paths + [f"{out / 'policy'}/ (trained policy)"]
 
 
 def _show_written(reward, out: Path, head: int = 14) -> None:

@@ -2,6 +2,7 @@
 build rate, and a 2-step trl GRPO run through the real build + audit path without a GPU."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,7 +31,7 @@ def test_builtin_policy_has_chat_template_and_builds_kernels(small_policy):
     assert rep["in_warm_start"] == 8      # its SFT covers the whole grid: nothing is held out
 
 
-def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
+def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch, capsys):
     from cudal2_rl.config import RLConfig
     from cudal2_rl.train import run
     shapes = tmp_path / "shapes.csv"
@@ -67,6 +68,11 @@ def test_grpo_two_steps_real_harness(tmp_path, small_policy, monkeypatch):
             assert (out / row["file"]).read_text().strip()
     assert (out / "reward_curve.png").stat().st_size > 1000
     assert (out / "checkpoints").is_dir() and any((out / "checkpoints").glob("checkpoint-*"))
+    # the closing line names everything the run wrote (the DB's WAL files aside)
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("outputs: ")][-1]
+    named = {Path(p.split(" (")[0].rstrip("/")).name for p in line[len("outputs: "):].split(", ")}
+    written = {p.name for p in out.iterdir() if not p.name.startswith("results.db-")}
+    assert written and written <= named, (written - named, line)
     # resume: one more step from the last checkpoint, log appended, cache reused
     run(RLConfig(policy=str(small_policy), shapes=str(shapes), sample=2, steps=3,
              out=str(out), num_generations=2, prompts_per_step=2, jobs=2,
