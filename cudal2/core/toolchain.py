@@ -256,4 +256,6 @@ def detect_arch(explicit: str | None = None) -> str:
             return normalise_arch(f"{major}{minor}" + ("a" if major >= 9 else ""))
     except ImportError:
         pass
-    raise ToolchainError("no GPU visible to pick the target arch: pass --arch (sm_80, sm_90a) or set CUDAL2_ARCH")
+    raise ToolchainError("no GPU visible, so no arch to target (it is the GPU's: sm_90a for an "
+                         "H100/H200, sm_80 for an A100): pass --arch ARCH or set CUDAL2_ARCH "
+                         f"({', '.join(ARCHES)})")
