@@ -44,7 +44,7 @@ def _usage() -> str:
     width = max(map(len, VERBS))
     lines = ["usage: cudal2 VERB [options]   (cudal2 VERB --help for a verb's options)", "", "verbs:"]
     lines += [f"  {verb:<{width}}  {help_}" for verb, (_, help_) in VERBS.items()]
-    lines += ["", "environment knobs: " + ", ".join(k.name for k in knobs.KNOBS)]
+    lines += ["", "environment knobs: " + ", ".join(k.name for k in knobs.KNOBS if not k.internal)]
     return "\n".join(lines)
 
 

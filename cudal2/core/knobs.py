@@ -1,7 +1,8 @@
 """Every environment knob cudal2 reads, declared once, typed, named CUDAL2_*.
 
 Knobs are read through these functions when needed, never at import, so a test or a user can
-set them at any time. The README's knob table lists the same names.
+set them at any time. The README's knob table is this list, written by
+`python -m cudal2.core.knobs` (tests/test_readme.py holds them equal).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Knob:
     name: str
     default: str
     help: str
+    internal: bool = False      # read by the harness, the GPU kit or the tests, not a user setting
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -44,10 +46,18 @@ KNOBS: tuple[Knob, ...] = (
 )
 
 
-# CUDAL2_* names the harness and the test suite read that are not user knobs (no README row):
-# check_env accepts them by name.
-_INTERNAL = ("CUDAL2_CALL_GUARD", "CUDAL2_FAKE_FAULTS", "CUDAL2_TEST_PACK", "CUDAL2_LOWLAT_ALL",
-             "CUDAL2_SKINNY_ALL", "CUDAL2_WGMMA_ALL")
+KNOBS += (
+    Knob("CUDAL2_CALL_GUARD", "1", "0: GPU workers run without the call guard (the GPU kit's "
+         "fallback when the canary fails on a device; the audit's dry call always has it)", True),
+    Knob("CUDAL2_FAKE_FAULTS", "", "with CUDAL2_FAKE_DEVICE, `<so sha256 prefix>:trap|hang,...`: "
+         "injected launch faults for the screening's fault rehearsal", True),
+    Knob("CUDAL2_TEST_PACK", "", "a campaign pack whose cutlass_sm90 builds test_templates "
+         "checks on a GPU", True),
+    Knob("CUDAL2_LOWLAT_ALL", "", "1: the lowlat tests build every config of the space, not a "
+         "covering set", True),
+    Knob("CUDAL2_SKINNY_ALL", "", "1: the skinny tests build every config of the space", True),
+    Knob("CUDAL2_WGMMA_ALL", "", "1: the wgmma tests build every instantiation", True),
+)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -165,7 +175,23 @@ _VALIDATED = {"CUDAL2_DISABLE": disabled, "CUDAL2_BUILD_IN_CALL": build_in_call,
 
 
 def known_names() -> tuple[str, ...]:
-    return tuple(k.name for k in KNOBS if k.name.startswith("CUDAL2_")) + _INTERNAL
+    return tuple(k.name for k in KNOBS if k.name.startswith("CUDAL2_"))
+
+
+def markdown_table() -> str:
+    """The README's knob table: every knob, the users' first, then the internal ones."""
+    def row(k: Knob) -> str:
+        text = k.help.replace("|", "\\|")    # a pipe would end the cell
+        return f"| `{k.name}` | {k.default} | {text} |"
+    lines = ["| knob | default | meaning |", "| --- | --- | --- |"]
+    lines += [row(k) for k in KNOBS if not k.internal]
+    lines += ["", "Read by the harness, the GPU kit and the tests (accepted by name, not user settings):",
+              "", "| knob | default | meaning |", "| --- | --- | --- |"]
+    return "\n".join(lines + [row(k) for k in KNOBS if k.internal]) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
 
 
 def check_env(environ=None) -> None:
