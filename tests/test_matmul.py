@@ -286,7 +286,7 @@ def gpu_store(tmp_path, monkeypatch):
         idx.add(instantiate(cfg), arch=arch, acc="f32", layout=layout, M=256, N=256, K=256,
                 family="mma", tuned=True, mode="offline", report="test fixture",
                 speedups={"torch": 1.01}, config=cfg.name(),   # trusted: serves nearest shapes
-                audit=AUDIT_VERSION)
+                audit=AUDIT_VERSION, gpu=torch.cuda.get_device_name())   # this GPU's: no race
     idx.write()
     resolve.reset()
     yield root

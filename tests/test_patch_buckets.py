@@ -105,7 +105,7 @@ def served(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(hotpath, "_cur_device", lambda: -1)
     monkeypatch.setattr(hotpath, "_raw_stream", lambda dev: 0)
-    monkeypatch.setattr(resolve, "_nearest", nearest)
+    monkeypatch.setattr(resolve, "_race", nearest)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     yield launches, loads, raced, capturing
     resolve.reset()
@@ -188,7 +188,8 @@ def test_gpu_patched_model_in_a_cuda_graph_serves_its_bucket(tmp_path, monkeypat
     idx.add(instantiate(cfg), arch=arch, acc="f32", layout="RC", M=256, N=256, K=256,
             family="mma", tuned=True, mode="offline", report="test fixture",
             speedups={"torch": 1.01}, m_bucket="129-256", audit=AUDIT_VERSION,
-            config=cfg.name())        # our own instantiation: its meta is trusted for the bucket
+            config=cfg.name(),        # our own instantiation: its meta is trusted for the bucket
+            gpu=torch.cuda.get_device_name())   # measured here: serves its bucket without a race
     idx.write()
     resolve.reset()
     try:

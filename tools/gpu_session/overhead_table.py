@@ -21,6 +21,8 @@ def main(argv) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
+    import torch
+
     from cudal2.core.store import KernelIndex
     from cudal2.core.vocab import AUDIT_VERSION
     from cudal2.templates import FAMILIES, instantiate
@@ -31,6 +33,9 @@ def main(argv) -> int:
         print(f"overhead_table.py: shapes are M,N,K, got {argv[1:]}", file=sys.stderr)
         return 2
     idx = KernelIndex(root)
+    # the rows name this GPU, so the kernel path serves them outright: a row of another GPU
+    # model (or naming none) would race torch first and could time torch's path instead
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
     for layout in ("RR", "RC"):
         src = instantiate(FAMILIES["mma"].default().with_(LAYOUT=layout))
         for M, N, K in shapes:
@@ -38,7 +43,7 @@ def main(argv) -> int:
             # drives its launcher under the call guard); a row without it would not serve
             idx.add(src, arch="sm_90a", acc="f32", layout=layout, M=M, N=N, K=K, family="mma",
                     tuned=True, mode="offline", report=NOTE, speedups={"torch": 1.0001},
-                    audit=AUDIT_VERSION)
+                    audit=AUDIT_VERSION, gpu=gpu)
     idx.write()
     print(f"wrote {root / 'index.csv'}: mma default kernel on {len(shapes)} shape(s), RR and RC ({NOTE})")
     return 0
