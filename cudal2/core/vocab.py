@@ -55,5 +55,5 @@ def m_bucket(m: int) -> tuple[int, int]:
 # GPU is part of its key ('' = not recorded: rows written before the column existed). A row serves
 # outright only on its own GPU model and races torch first on any other (runtime/plan.measured_here).
 def gpu_key(name) -> str:
-    """The one spelling of a GPU model that the kernel table and dispatch compare ('' = any)."""
+    """The one spelling of a GPU model that the kernel table and dispatch compare ('' = none)."""
     return " ".join(str(name or "").split())
