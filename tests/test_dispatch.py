@@ -114,6 +114,19 @@ def test_a_row_serves_outright_only_on_the_gpu_model_that_measured_it():
     assert planmod.for_gpu(t.values(), "NVIDIA GH200 480GB") == list(t.values())
 
 
+def test_the_shipped_h100_rows_race_first_on_an_h200():
+    """The shipped table's two rows were measured on an H100: outright there; on an H200 (where
+    2048x256x12288 ran 1.012 vs torch.matmul and 0.961 vs cuBLASLt autotuned) each races first."""
+    from cudal2.core import knobs
+    t = planmod.table_from_index(KernelIndex.load(knobs.repo_root() / "generated_kernels"))
+    shapes = sorted(e.shape for e in t.values() if e.arch == "sm_90a")
+    assert shapes == [(1024, 512, 4096), (2048, 256, 12288)]
+    for shape in shapes:
+        assert plan(shape, "RR", "sm_90a", "f32", t, gpu=H100).kind == "exact"
+        d = plan(shape, "RR", "sm_90a", "f32", t, gpu="NVIDIA H200")
+        assert d.kind == "other_gpu" and f"measured on {H100}" in d.reason, d.reason
+
+
 def test_nearest_by_log_distance_among_accepting_kernels():
     near, mid, far = entry(256, 256, 256), entry(512, 512, 512), entry(4096, 4096, 4096)
     t = table(near, mid, far)
