@@ -153,16 +153,18 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
         return Decision("fallback", (), f"no tuned kernel for {arch}/{acc}_{layout}"
                         + (f" (tuned: {', '.join(others)})" if others else " (table is empty)"))
     same = for_gpu(tuned, gpu)
-    # a kernel whose tile the audit did not confirm serves no other M than its own either
-    trusted = [e for e in same if verified is None or "tile" in verified.get(e.sha256, ())]
+
+    def tile_trusted(e: TableEntry) -> bool:
+        # a kernel whose tile the audit did not confirm serves no other M than its own
+        return verified is None or "tile" in verified.get(e.sha256, ())
     own = [e for e in same if measured_here(e, gpu)]
-    hit = _at_shape((M, N, K), own, [e for e in trusted if measured_here(e, gpu)], metas)
+    hit = _at_shape((M, N, K), own, [e for e in own if tile_trusted(e)], metas)
     if hit is not None:
         return hit
     # the best measured first where two other GPUs measured one shape
     others = sorted((e for e in same if not measured_here(e, gpu)),
                     key=lambda e: (-(e.speedup_lo or 0.0), e.gpu))
-    hit = _at_shape((M, N, K), others, [e for e in others if e in trusted], metas)
+    hit = _at_shape((M, N, K), others, [e for e in others if tile_trusted(e)], metas)
     if hit is not None:      # measured for this shape, on another GPU: it races before it serves
         e = hit.candidates[0]
         return Decision("other_gpu", hit.candidates, f"{hit.reason}, measured on "
@@ -170,9 +172,7 @@ def plan(shape: tuple[int, int, int], layout: str, arch: str | None, acc: str, t
                         f"{gpu_key(gpu) or 'this unnamed GPU'}: it races torch.matmul first",
                         hit.unresolved, (log_distance((M, N, K), e.shape),))
     ranked = sorted(((log_distance((M, N, K), e.shape), e.shape, e.file, e) for e in same
-                     if e.shape != (M, N, K)), key=lambda t: t[:3])
-    # a kernel whose tile is only its own claim serves its exact shape only
-    ranked = [t for t in ranked if verified is None or "tile" in verified.get(t[3].sha256, ())]
+                     if e.shape != (M, N, K) and tile_trusted(e)), key=lambda t: t[:3])
     cap = max_distance + 1e-9        # exactly 8x off is within the cap, whatever the rounding
     if ranked and ranked[0][0] > cap:
         d, e = ranked[0][0], ranked[0][3]
