@@ -1,6 +1,6 @@
 """A tree that travels light: every tracked byte is copied to a lent GPU machine with each call
 (64 MiB in all, with the carried build cache and the campaign pack), so the tracked tree stays
-under TREE_LIMIT, committed results DBs and large CSVs under reports/ are kept gzipped
+under TREE_LIMIT, committed results DBs and large row dumps and logs under reports/ are kept gzipped
 (reports/README.md), and the markdown that points at report files still resolves."""
 import gzip
 import re
@@ -13,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TREE_LIMIT = 20 * 2**20          # bytes of all tracked files together
-CSV_GZIP_OVER = 256 * 2**10      # a CSV under reports/ larger than this is committed as .csv.gz
+GZIP_OVER = 64 * 2**10           # a row dump or log under reports/ larger than this is committed .gz
+GZIP_SUFFIXES = (".csv", ".jsonl", ".log", ".xml")
 
 
 def _tracked() -> list[Path]:
@@ -44,12 +45,13 @@ def test_the_tracked_tree_stays_under_the_limit():
         f"(`gzip -9n FILE`, readers take the .gz), or drop what a command remakes. Largest:\n{largest}")
 
 
-def test_reports_keep_results_dbs_and_large_csvs_gzipped():
-    """What collect.sh brings back is committed as results.db.gz and, over CSV_GZIP_OVER,
-    name.csv.gz; every committed .gz under reports/ decompresses whole (CRC checked)."""
+def test_reports_keep_results_dbs_and_large_dumps_gzipped():
+    """What collect.sh brings back is committed as results.db.gz and, over GZIP_OVER, row dumps
+    and logs (CSV, JSONL, logs, junit XML) as name.gz; every committed .gz under reports/
+    decompresses whole (CRC checked)."""
     reports = [p for p in _tracked() if p.relative_to(REPO).parts[0] == "reports"]
     raw = [f"{p.relative_to(REPO)} ({_mib(p.stat().st_size)})" for p in reports
-           if p.suffix == ".db" or (p.suffix == ".csv" and p.stat().st_size > CSV_GZIP_OVER)]
+           if p.suffix == ".db" or (p.suffix in GZIP_SUFFIXES and p.stat().st_size > GZIP_OVER)]
     assert not raw, ("commit these gzipped (`gzip -9n FILE`; ResultsDB and `cudal2 report`/"
                      f"`db merge`/`export` read a .db.gz as it is): {raw}")
     for p in reports:
