@@ -14,18 +14,25 @@ its decode target on (>= 85%).
 A decode row (M <= DECODE_MAX_M) is bound by reading its large operand (the weight, K x N fp16:
 2*K*max(M, N) bytes); its achieved bandwidth is those bytes over its kernel time.
 
-The arithmetic is pure (CPU tests); `measure` needs a GPU; `measure_task` is the worker task
-(the fake device of a CPU rehearsal answers it: cudal2.harness.fakedevice.stream_read).
+The ceilings table (`ceilings_task`, summary["ceilings"] of a campaign run): the same kernel at
+each decode weight size of the run beside the large buffer (a small read has its own ramp; its
+operands stay cold by rotating over `cold_copies` copies, every call's checksum checked), a
+device-to-device copy of the large buffer, and the launch floor (cudal2.harness.floor); each
+part fails on its own. `ceiling_at` picks a row's ceiling from the table by its weight's bytes.
+
+The arithmetic is pure (CPU tests); `measure` needs a GPU; `measure_task` and `ceilings_task`
+are worker tasks (the fake device of a CPU rehearsal answers them: cudal2.harness.fakedevice).
 """
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from pathlib import Path
 
 from cudal2.core.build import BuildSpec, build
 from cudal2.core.identity import source_sha
-from cudal2.harness import fakedevice
+from cudal2.harness import fakedevice, floor
 from cudal2.timing import kerneltime as KT
 
 NAME = "stream_read"
@@ -46,6 +53,24 @@ METHOD = ("read-only streaming kernel (baselines/stream_read.cu: 16 B ld.global.
           "checksum per CTA checked every round), one buffer of max(1 GiB, 8 x L2) read once per "
           "call, kernel time (kerneltime.time_kernels: median of rounds, bootstrap interval); "
           "GB/s = 1e9 B/s")
+# one size of the ceilings table: ~0.03-1 ms a call; rounds of ~1 ms of calls until the interval
+# is within 1%, at most 0.4 s (with the copies' fill, ~0.5 s a size on an H200)
+SIZE_CONFIG = KT.KernelTimeConfig(sample_us=1000.0, max_calls=64, warmup_ms=5.0, min_rounds=6,
+                                  max_rounds=30, budget_s=0.4, target=0.01)
+# the device copy of the large buffer: ~0.5 ms a call, rounds within 1% or 0.5 s
+COPY_CONFIG = KT.KernelTimeConfig(sample_us=2000.0, max_calls=16, warmup_ms=10.0, min_rounds=6,
+                                  max_rounds=20, budget_s=0.5, target=0.01)
+CEILINGS_BUDGET_S = 20.0          # no part of the table starts later than this into its task
+COPY_METHOD = ("device copy: torch Tensor.copy_ of the large buffer into a second one "
+               "(cudaMemcpyAsync device to device), checked equal once, kernel time; "
+               "GB/s = (bytes read + bytes written) / time = 2 x bytes / time")
+CEILINGS_METHOD = ("stream read at each decode weight size of the run and the large buffer: the "
+                   "streaming kernel (grid = min(SMs x resident CTAs, one 16 B vector a thread)), "
+                   "each call reading the next of `copies` copies so that more than 8 x L2 is read "
+                   "between two reads of one copy (at most a quarter of free memory), every call's "
+                   "checksum checked; sizes rounded down to 16 B; per size rounds of 1 ms within 1% "
+                   "or 0.4 s (the large buffer: as summary['bandwidth']). " + COPY_METHOD + ". "
+                   + floor.METHOD)
 
 
 class BandwidthError(RuntimeError):
@@ -96,6 +121,47 @@ def buffer_bytes(l2_bytes: int, free_bytes: int | None = None) -> int:
                                  f"buffer of 4 x L2 ({4 * l2_bytes / 2**20:.0f} MiB) in a quarter of it")
         want = min(want, cap)
     return want >> 20 << 20
+
+
+def cold_copies(nbytes: int, l2_bytes: int, free_bytes: int | None = None) -> int:
+    """Copies of an `nbytes` buffer to rotate over so that more than L2_MULTIPLE x L2 bytes are
+    read between two reads of one copy ((copies - 1) x nbytes > L2_MULTIPLE x L2; one for a
+    buffer that large itself), at most FREE_FRACTION of the free memory, at least one."""
+    cold = L2_MULTIPLE * int(l2_bytes)
+    n = 1 if nbytes >= cold else cold // nbytes + 2
+    if free_bytes is not None:
+        n = min(n, int(free_bytes * FREE_FRACTION) // nbytes)
+    return max(1, n)
+
+
+def table_sizes(shapes, large_bytes: int | None = None) -> list[int]:
+    """The ceilings table's read sizes, ascending: each distinct large operand of the decode
+    rows among `shapes` (rounded down to 16 B, what the kernel reads) and `large_bytes`."""
+    sizes = {large_operand_bytes(*s) >> 4 << 4 for s in shapes if is_decode(*s)}
+    sizes.add(int(large_bytes or 0))
+    return sorted(b for b in sizes if b > 0)
+
+
+def stream_entry(nbytes: int, median_us: float, lo_us: float, hi_us: float, copies: int) -> dict:
+    """One stream_read row of the ceilings table."""
+    c = ceiling(nbytes, median_us, lo_us, hi_us)
+    return {"bytes": c["bytes"], "gbs": c["gbs"], "ci": c["ci"], "us": c["us"], "copies": int(copies)}
+
+
+def copy_entry(nbytes: int, median_us: float, lo_us: float, hi_us: float) -> dict:
+    """The device copy's row: GB/s of the bytes read and written (2 x nbytes)."""
+    c = ceiling(2 * nbytes, median_us, lo_us, hi_us)
+    return {"bytes": int(nbytes), "gbs": c["gbs"], "ci": c["ci"], "us": c["us"]}
+
+
+def ceiling_at(ceilings: dict | None, nbytes: int) -> dict | None:
+    """The table's stream_read row measured at exactly `nbytes`, else the nearest in log size;
+    None without a row (or for nbytes <= 0)."""
+    rows = [e for e in ((ceilings or {}).get("stream_read") or []) if e.get("bytes", 0) > 0]
+    if not rows or nbytes <= 0:
+        return None
+    exact = [e for e in rows if e["bytes"] == nbytes]
+    return exact[0] if exact else min(rows, key=lambda e: abs(math.log(e["bytes"] / nbytes)))
 
 
 def ceiling(nbytes: int, median_us: float, lo_us: float, hi_us: float) -> dict:
@@ -193,6 +259,67 @@ def _result(nbytes: int, median_us: float, lo_us: float, hi_us: float, dev: dict
     return out
 
 
+def _open(so_path: str) -> tuple[StreamReadLib, dict]:
+    """The library and the device facts (with torch's name for the GPU)."""
+    import torch
+
+    lib = StreamReadLib(so_path)
+    dev = lib.device()
+    if torch.cuda.is_available():
+        dev["name"] = torch.cuda.get_device_name()
+    return lib, dev
+
+
+def _grid(lib: StreamReadLib, dev: dict, nbytes: int) -> int:
+    """Every resident CTA, but no more CTAs than one 16-byte vector a thread fills (a small read)."""
+    return max(1, min(dev["sms"] * lib.blocks_per_sm(), -(-nbytes // (16 * lib.threads))))
+
+
+def _session(lib: StreamReadLib, nbytes: int, copies: int, blocks: int,
+             config: KT.KernelTimeConfig, backend) -> KT.KernelTimes:
+    """Time reading `copies` copies of an `nbytes` buffer of random words (one allocation), call i
+    reading copy i into its own row of CTA sums; each round checks the rows its sample wrote
+    against their copies' sums. Returns the session; raises BandwidthError."""
+    import torch
+
+    if nbytes <= 0 or nbytes % 16:
+        raise BandwidthError(f"the streamed buffer must be a positive multiple of 16 bytes, got {nbytes}")
+    buf = torch.empty(copies * nbytes // 4, dtype=torch.int32, device="cuda")
+    buf.random_()
+    want = buf.view(copies, -1).sum(1, dtype=torch.int64) & 0xFFFFFFFF
+    out = torch.zeros(copies, blocks, dtype=torch.int32, device="cuda")
+    src, dst, row = buf.data_ptr(), out.data_ptr(), blocks * 4
+    read: list[int] = []                       # the copies read since the last prepare
+
+    def call(i: int) -> None:
+        st = lib.launch(src + i * nbytes, nbytes, dst + i * row, blocks,
+                        torch.cuda.current_stream().cuda_stream)
+        if st:
+            raise BandwidthError(f"the streaming kernel's launch failed (cudaError {st})")
+        read.append(i)
+
+    def verify(_name: str, _i: int) -> str | None:
+        idx = torch.tensor(sorted(set(read)), dtype=torch.int64, device="cuda")
+        got = out.index_select(0, idx).sum(1, dtype=torch.int64) & 0xFFFFFFFF
+        bad = int((got != want.index_select(0, idx)).sum().item())
+        return f"{bad} of {len(idx)} checksum(s) differ from the buffer's: bytes were skipped" if bad else None
+
+    def prepare(_name: str) -> None:
+        read.clear()
+        out.zero_()
+
+    prepare(NAME)
+    call(0)
+    torch.cuda.synchronize()
+    why = verify(NAME, 0)
+    if why:
+        raise BandwidthError(why)
+    kt = KT.time_kernels({NAME: call}, config, backend, n_sets=copies, verify=verify, prepare=prepare)
+    if kt.failures:
+        raise BandwidthError("; ".join(kt.failures))
+    return kt
+
+
 def measure(so_path: str, *, nbytes: int | None = None, config: KT.KernelTimeConfig = CONFIG,
             backend=None) -> dict:
     """Time the streaming kernel on this process's GPU (torch's current stream). Returns
@@ -201,43 +328,12 @@ def measure(so_path: str, *, nbytes: int | None = None, config: KT.KernelTimeCon
     import torch
 
     t0 = time.perf_counter()
-    lib = StreamReadLib(so_path)
-    dev = lib.device()
-    if torch.cuda.is_available():
-        dev["name"] = torch.cuda.get_device_name()
+    lib, dev = _open(so_path)
     free, _ = torch.cuda.mem_get_info()
     nbytes = int(nbytes or buffer_bytes(dev["l2_bytes"], free))
-    if nbytes % 16:
-        raise BandwidthError(f"the streamed buffer must be a multiple of 16 bytes, got {nbytes}")
     blocks = dev["sms"] * lib.blocks_per_sm()
-    buf = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
-    buf.random_()
-    want = int(buf.sum(dtype=torch.int64).item()) & 0xFFFFFFFF
-    out = torch.zeros(blocks, dtype=torch.int32, device="cuda")
-    src, dst = buf.data_ptr(), out.data_ptr()
-    errors: list[int] = []
-
-    def call(_i: int) -> None:
-        st = lib.launch(src, nbytes, dst, blocks, torch.cuda.current_stream().cuda_stream)
-        if st:
-            errors.append(st)
-            raise BandwidthError(f"the streaming kernel's launch failed (cudaError {st})")
-
-    def verify(_name: str, _i: int) -> str | None:
-        got = int(out.sum(dtype=torch.int64).item()) & 0xFFFFFFFF
-        return None if got == want else f"checksum {got:#x} != the buffer's {want:#x}: bytes were skipped"
-
-    call(0)
-    torch.cuda.synchronize()
-    why = verify(NAME, 0)
-    if why:
-        raise BandwidthError(why)
-    kt = KT.time_kernels({NAME: call}, config, backend or KT.CudaKernelBackend(), n_sets=1,
-                         verify=verify, prepare=lambda _n: out.zero_())
-    if kt.failures:
-        raise BandwidthError("; ".join(kt.failures))
+    kt = _session(lib, nbytes, 1, blocks, config, backend or KT.CudaKernelBackend())
     iv = kt.time(NAME)
-    del buf, out
     torch.cuda.empty_cache()
     return _result(nbytes, iv.median, iv.lo, iv.hi, dev, blocks=blocks, threads=lib.threads,
                    rounds=kt.rounds, stopped=kt.stopped,
@@ -257,6 +353,166 @@ def measure_task(so_path: str, **kw) -> dict:
         return measure(so_path, **kw)
     except BandwidthError as exc:
         return {"status": "error", "detail": str(exc)}
+
+
+# ---- the ceilings table ---------------------------------------------------------------------------
+
+def _error(exc: BaseException) -> dict:
+    return {"status": "error", "detail": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _size_row(lib: StreamReadLib, dev: dict, nbytes: int, config, backend) -> dict:
+    """One stream_read row: `nbytes` read cold, over cold_copies copies (fake device: synthetic)."""
+    if fakedevice.enabled():
+        return stream_entry(nbytes, *fakedevice.stream_read_at(nbytes),
+                            cold_copies(nbytes, dev["l2_bytes"]))
+    import torch
+
+    copies = cold_copies(nbytes, dev["l2_bytes"], torch.cuda.mem_get_info()[0])
+    kt = _session(lib, nbytes, copies, _grid(lib, dev, nbytes), config,
+                  backend or KT.CudaKernelBackend())
+    iv = kt.time(NAME)
+    torch.cuda.empty_cache()
+    return stream_entry(nbytes, iv.median, iv.lo, iv.hi, copies)
+
+
+def measure_sizes(so_path: str, sizes, *, deadline: float = math.inf,
+                  config: KT.KernelTimeConfig = SIZE_CONFIG, backend=None) -> tuple[list, list, list]:
+    """The table's stream_read rows at `sizes` (bytes, multiples of 16): (rows, problems, sizes
+    skipped because time.perf_counter() passed `deadline`); one size's failure is its own."""
+    lib, dev = (StreamReadLib(so_path), fakedevice.device()) if fakedevice.enabled() else _open(so_path)
+    rows, problems, skipped = [], [], []
+    for nb in sizes:
+        if time.perf_counter() > deadline:
+            skipped.append(nb)
+            continue
+        try:
+            rows.append(_size_row(lib, dev, nb, config, backend))
+        except Exception as exc:  # noqa: BLE001 - one size's failure costs that size
+            problems.append(f"{nb} B: {_error(exc)['detail']}")
+    return rows, problems, skipped
+
+
+def measure_copy(nbytes: int, *, config: KT.KernelTimeConfig = COPY_CONFIG, backend=None) -> dict:
+    """Time a device-to-device copy of `nbytes` (Tensor.copy_) on this process's GPU: the
+    table's device_copy row (GB/s of bytes read + written); raises BandwidthError."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+    src.random_()
+    dst = torch.zeros_like(src)
+
+    def call(_i: int) -> None:
+        dst.copy_(src)
+
+    call(0)
+    torch.cuda.synchronize()
+    if not torch.equal(dst, src):
+        raise BandwidthError("the device copy's output differs from its source")
+    kt = KT.time_kernels({"device_copy": call}, config, backend or KT.CudaKernelBackend(), n_sets=1)
+    iv = kt.time("device_copy")
+    del src, dst
+    torch.cuda.empty_cache()
+    return copy_entry(nbytes, iv.median, iv.lo, iv.hi)
+
+
+def copy_part(nbytes: int | None) -> dict:
+    """The table's device_copy: the large buffer copied (its size found here when the stream read
+    gave none; fake device: synthetic), or {"status": "error", "detail"}; never raises."""
+    try:
+        if fakedevice.enabled():
+            nb = nbytes or MIN_BUFFER_BYTES
+            return copy_entry(nb, *fakedevice.device_copy(nb))
+        if not nbytes:
+            import torch
+            l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+            nbytes = buffer_bytes(l2, torch.cuda.mem_get_info()[0])
+        return measure_copy(nbytes)
+    except Exception as exc:  # noqa: BLE001 - the copy's failure costs the copy
+        return _error(exc)
+
+
+def _in_time(deadline: float, budget_s: float, part):
+    """part(), or not_measured when the task's budget is spent."""
+    if time.perf_counter() > deadline:
+        return {"status": "not_measured", "detail": f"budget: the ceilings' {budget_s:.0f} s were spent"}
+    return part()
+
+
+def _table(rows: list, problems: list, skipped: list, copy: dict, launch: dict, dev: dict,
+           seconds: float) -> dict:
+    """summary["ceilings"]: status ok, or error when a stream size failed, or not_measured when
+    the budget skipped some (the rows measured are kept either way)."""
+    head: dict = {"status": "ok"}
+    if problems:
+        head = {"status": "error", "detail": "stream read: " + "; ".join(problems)[:500]}
+    elif skipped:
+        head = {"status": "not_measured",
+                "detail": f"budget: stream read of {len(skipped)} size(s) not measured: {skipped}"[:500]}
+    return dict(head, method=CEILINGS_METHOD, stream_read=sorted(rows, key=lambda e: e["bytes"]),
+                device_copy=copy, launch_floor=launch, device=dev,
+                fake_device=fakedevice.enabled(), seconds=round(seconds, 3))
+
+
+def empty_table(status: str, detail: str, seconds: float = 0.0) -> dict:
+    """summary["ceilings"] in its full shape when no part was measured (every part says why)."""
+    why = {"status": status, "detail": detail}
+    return dict(why, method=CEILINGS_METHOD, stream_read=[], device_copy=dict(why),
+                launch_floor=dict(why), device={}, fake_device=fakedevice.enabled(),
+                seconds=round(seconds, 3))
+
+
+def ceilings_task(stream_so: str | None, floor_so: str | None = None, cublas_so: str | None = None,
+                  *, sizes=(), acc: str = "f32", budget_s: float = CEILINGS_BUDGET_S) -> dict:
+    """Worker task (a GPU worker, or the fake device of a CPU rehearsal): {"bandwidth": the large
+    buffer's measurement (measure_task's answer), "ceilings": the table}. In order: the large
+    buffer, the launch floor (floor_so; cuBLAS's smallest GEMM from cublas_so, accumulating in
+    `acc`), the stream read at `sizes`, the device copy; each part fails on its own, and none
+    starts past `budget_s` into the task. Never raises."""
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s
+    try:
+        big = measure_task(stream_so) if stream_so else {"status": "not_measured",
+                                                         "detail": "no streaming kernel"}
+    except Exception as exc:  # noqa: BLE001 - e.g. out of memory: the large buffer's own failure
+        big = _error(exc)
+    launch = _in_time(deadline, budget_s, lambda: floor.measure_part(floor_so, cublas_so, acc=acc))
+    rows, problems, skipped = [], [], []
+    if big["status"] == "ok":
+        rows.append(stream_entry(big["bytes"], big["us"]["median"], big["us"]["lo"], big["us"]["hi"], 1))
+        try:
+            more, problems, skipped = measure_sizes(stream_so, [b for b in sizes if b != big["bytes"]],
+                                                    deadline=deadline)
+            rows += more
+        except Exception as exc:  # noqa: BLE001 - the library or device: every size lost
+            problems.append(_error(exc)["detail"])
+    else:
+        problems.append(f"the large buffer: {big.get('detail', big['status'])}")
+    copy = _in_time(deadline, budget_s, lambda: copy_part(big.get("bytes")))
+    dev = big.get("device") or (fakedevice.device() if fakedevice.enabled() else {})
+    return {"bandwidth": big,
+            "ceilings": _table(rows, problems, skipped, copy, launch, dev, time.perf_counter() - t0)}
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+
+
+def ceiling_lines(c: dict | None) -> list[str]:
+    """One line per part of the ceilings table (stream read by size, device copy, launch floor),
+    or one saying why there is no table."""
+    if not c or "stream_read" not in c:
+        why = f" ({c.get('status')}: {c.get('detail', '')})" if c else ""
+        return [f"ceilings: not measured{why}"]
+    fake = " [fake device]" if c.get("fake_device") else ""
+    status = "" if c.get("status") == "ok" else f" ({c.get('status')}: {c.get('detail', '')})"
+    rows = ", ".join(f"{_mib(e['bytes'])} {e['gbs']:.0f} GB/s x{e['copies']}" for e in c["stream_read"])
+    cp = c["device_copy"]
+    copy = (f"device copy {cp['gbs']:.0f} GB/s [{cp['ci'][0]:.0f}, {cp['ci'][1]:.0f}] (read + written) "
+            f"over {_mib(cp['bytes'])}" if "gbs" in cp
+            else f"device copy: not measured ({cp.get('status')}: {cp.get('detail', '')})")
+    return [f"ceilings: stream read {rows or 'none'}{status}{fake}", copy + fake,
+            floor.line(c["launch_floor"]) + fake]
 
 
 def line(m: dict | None) -> str:

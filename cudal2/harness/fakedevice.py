@@ -35,6 +35,14 @@ FAULTS_ENV = "CUDAL2_FAKE_FAULTS"
 # fill, checksum, warm-up, rounds), and the share of the theoretical peak it answers
 STREAM_READ_S = 4.0
 STREAM_READ_OF_PEAK = 0.9
+# the ceilings table's other parts (cudal2.harness.bandwidth.ceilings_task): each session's cost
+# on a GPU, the device copy's share of the peak (bytes read + written), the launch floor's times
+# (µs: back-to-back launches of an H100/H200), and the ramp of a small read (its launch)
+CEILING_SIZE_S = 0.5                      # one stream-read size (its copies filled, rounds)
+DEVICE_COPY_S = 0.5
+LAUNCH_FLOOR_S = 0.5
+DEVICE_COPY_OF_PEAK = 0.8
+FLOOR_US = {"empty": 2.0, "one_cta": 2.4, "cublas_smallest": 4.6}
 
 
 def enabled() -> bool:
@@ -121,13 +129,42 @@ def measure_one(load, so_path: str, request, baselines: list[str], phases: dict)
             "baseline_notes": {}, "lt_autotune": []}
 
 
+def device() -> dict:
+    """The device facts bandwidth.measure reads, an H200's: 2 x 3.2 GHz x 6144 bit = 4915 GB/s."""
+    return {"sms": 132, "memory_clock_khz": 3_200_000, "bus_width_bits": 6144,
+            "l2_bytes": _PEAK.l2_bytes, "name": FAKE_GPU}
+
+
+def _peak_gbs(dev: dict) -> float:
+    return 2 * dev["memory_clock_khz"] * 1e3 * dev["bus_width_bits"] / 8 / 1e9
+
+
 def stream_read(nbytes: int) -> tuple[float, float, float, dict]:
     """The streaming kernel's session (bandwidth.measure_task): (median, lo, hi) µs per call of
     reading `nbytes`, at STREAM_READ_OF_PEAK of an H200-like peak, and the device facts, slept."""
     _sleep(STREAM_READ_S)
-    # an H200's memory clock and bus: 2 x 3.2 GHz x 6144 bit = 4915 GB/s theoretical
-    dev = {"sms": 132, "memory_clock_khz": 3_200_000, "bus_width_bits": 6144,
-           "l2_bytes": _PEAK.l2_bytes, "name": FAKE_GPU}
-    peak_gbs = 2 * dev["memory_clock_khz"] * 1e3 * dev["bus_width_bits"] / 8 / 1e9
-    us = nbytes / (STREAM_READ_OF_PEAK * peak_gbs * 1e3)
+    dev = device()
+    us = nbytes / (STREAM_READ_OF_PEAK * _peak_gbs(dev) * 1e3)
     return us, us * 0.998, us * 1.002, dev
+
+
+def stream_read_at(nbytes: int) -> tuple[float, float, float]:
+    """One size of the ceilings table: (median, lo, hi) µs of reading `nbytes` cold, a launch
+    (FLOOR_US["one_cta"]) plus the bytes at STREAM_READ_OF_PEAK, so small sizes ramp; slept."""
+    _sleep(CEILING_SIZE_S)
+    us = FLOOR_US["one_cta"] + nbytes / (STREAM_READ_OF_PEAK * _peak_gbs(device()) * 1e3)
+    return us, us * 0.995, us * 1.005
+
+
+def device_copy(nbytes: int) -> tuple[float, float, float]:
+    """(median, lo, hi) µs of copying `nbytes` on the device (2 x nbytes moved at
+    DEVICE_COPY_OF_PEAK of the peak); slept."""
+    _sleep(DEVICE_COPY_S)
+    us = 2 * nbytes / (DEVICE_COPY_OF_PEAK * _peak_gbs(device()) * 1e3)
+    return us, us * 0.997, us * 1.003
+
+
+def launch_floor() -> dict:
+    """The launch floor's medians, µs (FLOOR_US); slept."""
+    _sleep(LAUNCH_FLOOR_S)
+    return dict(FLOOR_US)

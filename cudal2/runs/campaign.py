@@ -204,13 +204,13 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                     entry["sweeps"].append([[t.M, t.N, t.K], [t.options_dict]])
                 elif t.options_dict not in sweep:
                     sweep.append(t.options_dict)
-    bases, stream = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
+    bases, stream, launch = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
     manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": _nvcc(),
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
         "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
         "lt_choices": lt_choices(lt_choices_from),
-        "candidates": cands, "baselines": bases, "stream_read": stream,
+        "candidates": cands, "baselines": bases, "stream_read": stream, "launch_floor": launch,
         "build": {k: v for k, v in vars(rep).items() if k != "failures"}}
     _seal(out, manifest, max_pack_bytes, "lower --limit-per-shape or the shape count", log)
     log(f"plan: {len(shapes)} shapes ({len(first)} from the tuned table), {len(cands)} builds, "
@@ -351,7 +351,7 @@ def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: s
         builds = build_many([BuildSpec(g["source"], arch=arch, name=f"queue-{g['sha'][:12]}") for g in groups],
                             jobs=jobs, progress=lambda r: bar.update())
     out.mkdir(parents=True, exist_ok=True)
-    bases, stream = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
+    bases, stream, launch = _pack_baselines(out, arch, jobs=jobs, progress=progress, log=log)
     room = None if max_pack_bytes is None else max_pack_bytes - _dir_bytes(out) - (64 << 10)
     cands, left_out = _pack_queued(groups, builds, out, room, EvalRequest(source="", shape=Shape(1, 1, 1),
                                                                           arch=arch, acc=acc), log)
@@ -367,7 +367,7 @@ def prepare_queue(queue_file, arch: str, out, *, jobs: int | None = None, acc: s
                 "git_commit": _git_commit(), "nvcc": _nvcc(), "shapes": [list(s) for s in shapes],
                 "tuned_shapes": [], "screenings": sum(len(c["shapes"]) for c in cands),
                 "lt_choices": lt_choices(lt_choices_from), "candidates": cands, "baselines": bases,
-                "stream_read": stream, "queue": {"file": str(queue_file), "sources": len(groups),
+                "stream_read": stream, "launch_floor": launch, "queue": {"file": str(queue_file), "sources": len(groups),
                                                  "packed": len(cands), "left_out": len(left_out)},
                 **({"finalists": EVERY_ENTRANT} if confirm else {})}
     _seal(out, manifest, max_pack_bytes, "raise --max-pack-mib", log)
@@ -382,15 +382,19 @@ def _nvcc() -> str:
         return f"unknown ({exc})"
 
 
-def _pack_baselines(out: Path, arch: str, *, jobs, progress, log) -> tuple[list, dict | None]:
-    """The baseline libraries and the streaming kernel, built and packed (every pack carries
-    them: the GPU machine compiles nothing)."""
+def _pack_baselines(out: Path, arch: str, *, jobs, progress, log) -> tuple[list, dict | None, dict | None]:
+    """The baseline libraries, the streaming kernel and the launch floor's kernels, built and
+    packed (every pack carries them: the GPU machine compiles nothing): (baselines, stream read,
+    launch floor), the last two None when they did not build."""
+    from cudal2.harness import floor
     bases = []
     blibs = _baselines()
     specs = [BuildSpec(src, arch=arch, libraries=libs, name=f"baseline-{lib}")
              for lib, (src, libs, _) in blibs.items()]
-    with Bar(len(specs) + 1, "building baselines", enabled=progress, unit="build", log=log) as bar:
-        built = build_many(specs + [bandwidth.spec(arch)], jobs=jobs, progress=lambda r: bar.update())
+    with Bar(len(specs) + 2, "building baselines", enabled=progress, unit="build", log=log) as bar:
+        built = build_many(specs + [bandwidth.spec(arch), floor.spec(arch)], jobs=jobs,
+                           progress=lambda r: bar.update())
+    launch = _pack_launch_floor(built.pop(), out, log)
     stream = _pack_stream_read(built.pop(), out, log)
     for (lib, (src, libs, exports)), r in zip(blibs.items(), built):
         if not r.ok:
@@ -400,7 +404,7 @@ def _pack_baselines(out: Path, arch: str, *, jobs, progress, log) -> tuple[list,
         (out / d / "kernel.cu").write_text(src)
         bases.append({"name": lib, "sha": source_sha(src), "dir": d, "libraries": list(libs),
                       "exports": list(exports), **fields})
-    return bases, stream
+    return bases, stream, launch
 
 
 def _seal(out: Path, manifest: dict, max_pack_bytes: int | None, advice: str, log) -> None:
@@ -417,19 +421,40 @@ def _seal(out: Path, manifest: dict, max_pack_bytes: int | None, advice: str, lo
         raise RuntimeError(f"dry run of {out} failed:\n  " + "\n  ".join(problems))
 
 
+# the manifest's entries for the ceilings' kernels (cudal2.harness.bandwidth, .floor)
+CEILING_KERNELS = ("stream_read", "launch_floor")
+
+
+def _pack_kernel(result, out: Path, mod) -> dict:
+    """A ceilings kernel (module `mod`: NAME, source(), EXPORTS) packed as baselines/<NAME>."""
+    d = f"baselines/{mod.NAME}"
+    fields = _pack_entry(result, out / d)
+    src = mod.source()
+    (out / d / "kernel.cu").write_text(src)
+    return {"name": mod.NAME, "sha": source_sha(src), "dir": d, "libraries": [],
+            "exports": list(mod.EXPORTS), **fields}
+
+
 def _pack_stream_read(result, out: Path, log) -> dict | None:
     """The streaming kernel (the run's bandwidth ceiling: cudal2.harness.bandwidth) packed beside
-    the baselines; None, logged, when it did not build (the run then measures no ceiling)."""
+    the baselines; None, logged, when it did not build (the run then builds it, or measures no
+    ceiling)."""
     if not result.ok:
         log(f"  the streaming kernel failed to build ({result.status}): this pack measures no "
             "bandwidth ceiling")
         return None
-    d = f"baselines/{bandwidth.NAME}"
-    fields = _pack_entry(result, out / d)
-    src = bandwidth.source()
-    (out / d / "kernel.cu").write_text(src)
-    return {"name": bandwidth.NAME, "sha": source_sha(src), "dir": d, "libraries": [],
-            "exports": list(bandwidth.EXPORTS), **fields}
+    return _pack_kernel(result, out, bandwidth)
+
+
+def _pack_launch_floor(result, out: Path, log) -> dict | None:
+    """The launch floor's kernels (cudal2.harness.floor) packed beside the streaming kernel; None,
+    logged, when they did not build (the run then builds them, or measures no floor)."""
+    from cudal2.harness import floor
+    if not result.ok:
+        log(f"  the launch-floor kernels failed to build ({result.status}): this pack measures "
+            "no launch floor")
+        return None
+    return _pack_kernel(result, out, floor)
 
 
 def lt_choices(paths) -> dict:
@@ -464,11 +489,11 @@ def load_manifest(pack) -> dict:
 
 
 def pack_entries(m: dict) -> list[tuple[str, dict]]:
-    """(what, manifest entry) of every library a pack holds: candidates, baselines, stream read."""
+    """(what, manifest entry) of every library a pack holds: candidates, baselines and the
+    ceilings' kernels (stream read, launch floor; older packs lack them)."""
     entries = [(f"candidate {c['label']}", c) for c in m["candidates"]]
     entries += [(f"baseline {b['name']}", b) for b in m["baselines"]]
-    if m.get("stream_read"):
-        entries.append((f"baseline {bandwidth.NAME}", m["stream_read"]))
+    entries += [(f"baseline {m[k]['name']}", m[k]) for k in CEILING_KERNELS if m.get(k)]
     return entries
 
 
@@ -678,9 +703,10 @@ class _LocalLane:
     def run(self, shape, entrants, policy, deadline=None):
         return tournament.run(shape, entrants, self.backend, policy, deadline=deadline)
 
-    def stream_ceiling(self, so_path: str) -> dict:
-        """The streaming kernel's ceiling, timed in a fresh finals worker of this lane's GPU."""
-        out = self.final_pool.run(bandwidth.measure_task, so_path, timeout_s=BANDWIDTH_TIMEOUT_S)
+    def ceilings(self, kernels: dict, **kw) -> dict:
+        """The device's ceilings (bandwidth.ceilings_task: {"bandwidth", "ceilings"}), timed in a
+        fresh finals worker of this lane's GPU; {"status", "detail"} when the worker failed."""
+        out = self.final_pool.run(bandwidth.ceilings_task, **kernels, **kw, timeout_s=BANDWIDTH_TIMEOUT_S)
         return out.value if out.ok else {"status": out.status, "detail": out.detail[-500:]}
 
     def close(self):
@@ -716,12 +742,12 @@ class _CampaignActor:
         deadline = None if seconds_left is None else time.monotonic() + seconds_left
         return self.lane.run(shape, entrants, policy, deadline)
 
-    def stream_ceiling(self, so_path: str) -> dict:
-        """The streaming kernel's ceiling on this actor's GPU, in a worker of its own."""
+    def ceilings(self, kernels: dict, **kw) -> dict:
+        """The device's ceilings (bandwidth.ceilings_task) on this actor's GPU, in a worker of its own."""
         if not self.has_gpu:
             return {"status": "not_measured", "detail": "no GPU in this actor"}
         with gpu_pool(None, max_tasks=1, spare=0) as pool:
-            out = pool.run(bandwidth.measure_task, so_path, timeout_s=BANDWIDTH_TIMEOUT_S)
+            out = pool.run(bandwidth.ceilings_task, **kernels, **kw, timeout_s=BANDWIDTH_TIMEOUT_S)
         return out.value if out.ok else {"status": out.status, "detail": out.detail[-500:]}
 
 
@@ -746,8 +772,8 @@ class _RayLane:
         self.db_s["after"] += self.db.thread_write_seconds() - w0
         return res
 
-    def stream_ceiling(self, so_path: str) -> dict:
-        return self.ray.get(self.actor.stream_ceiling.remote(so_path))
+    def ceilings(self, kernels: dict, **kw) -> dict:
+        return self.ray.get(self.actor.ceilings.remote(kernels, **kw))
 
     def close(self):
         try:
@@ -761,9 +787,10 @@ class _RayLane:
 # kept from the budget for export, reports and the summary after the last timing (8 s for 49
 # shapes in an H100 campaign of 2026-11-23)
 FINISH_RESERVE_S = 15.0
-# the bandwidth ceiling's worker task (a fresh worker, a 1 GiB buffer, a few seconds of rounds)
+# the ceilings' worker task (a fresh worker, a 1 GiB buffer, the table's parts: ~5-10 s on an H200)
 BANDWIDTH_TIMEOUT_S = 120.0
 BANDWIDTH_MIN_LEFT_S = 30.0           # not started with less than this left before the deadline
+BANDWIDTH_BUDGET_S = 20.0             # no part of the table starts later than this into its task
 
 
 @dataclass
@@ -879,9 +906,9 @@ def _merge_packs(packs: list[Path]) -> dict:
             raise ValueError(f"campaign run: the packs differ in {key}: "
                              + ", ".join(f"{p} {m.get(key)}" for p, m in zip(packs, ms)))
     merged = dict(ms[0], candidates=[], parts=[], lt_choices={})
-    # the streaming kernel: the first pack's that carries one (older packs do not)
-    merged["stream_read"] = next((dict(m["stream_read"], dir=str(p / m["stream_read"]["dir"]))
-                                  for p, m in zip(packs, ms) if m.get("stream_read")), None)
+    # the ceilings' kernels: the first pack's that carries each (older packs do not)
+    for k in CEILING_KERNELS:
+        merged[k] = next((dict(m[k], dir=str(p / m[k]["dir"])) for p, m in zip(packs, ms) if m.get(k)), None)
     seen: set[str] = set()
     for p, m in zip(packs, ms):
         for c in m["candidates"]:
@@ -977,32 +1004,63 @@ def _open_lanes(r: _Run, devices, ray_mod) -> None:
         r.log(f"  {len(r.lanes)} lanes: " + ", ".join(ln.name for ln in r.lanes))
 
 
+def _ceiling_so(r: _Run, mod, entry: dict | None, build_fn) -> tuple[str | None, str | None]:
+    """(.so, None) of a ceilings kernel: the pack's, else built here (a pack made before it was
+    packed); (None, why) when neither."""
+    if entry:
+        return str((r.pack / entry["dir"] / "kernel.so").resolve()), None
+    try:
+        return build_fn(r.m["arch"]), None
+    except Exception as exc:  # noqa: BLE001 - no nvcc here: no such ceiling, never the run
+        return None, f"the pack carries no {mod.NAME} kernel and none builds here: {exc}"[:500]
+
+
+def _ceiling_kernels(r: _Run) -> tuple[dict, str | None]:
+    """The ceilings task's libraries: the streaming kernel, the launch floor and the packed cuBLAS
+    baseline. Returns (kwargs, why the streaming kernel is missing or None)."""
+    from cudal2.harness import floor
+    stream_so, why = _ceiling_so(r, bandwidth, r.m.get("stream_read"), bandwidth.build_stream_read)
+    floor_so, _ = _ceiling_so(r, floor, r.m.get("launch_floor"), floor.build_launch_floor)
+    cb = next((b for b in r.m.get("baselines", []) if b["name"] == "cublas"), None)
+    cublas_so = str((r.pack / cb["dir"] / "kernel.so").resolve()) if cb else None
+    return {"stream_so": stream_so, "floor_so": floor_so, "cublas_so": cublas_so}, why
+
+
+def _not_measured(detail: str) -> dict:
+    return {"status": "not_measured", "detail": detail}
+
+
 def _bandwidth(r: _Run) -> None:
-    """When the plan holds decode rows (M <= 64) and a GPU (or the fake device) is here: the
-    streaming kernel's bandwidth ceiling, once per call, before any shape, on the first lane's GPU
-    (summary["bandwidth"]; the decode rows' fractions of it are in the reports)."""
-    decode = sum(bandwidth.is_decode(*shape) for shape, _ in r.plan)
-    if not decode or not r.has_gpu or not r.lanes:
+    """Once per call, before any shape, on the first lane's GPU (or the fake device): the
+    device's ceilings (bandwidth.ceilings_task: the streaming kernel at each decode weight size
+    and a large buffer, a device copy, the launch floor) as summary["ceilings"], and for a plan
+    with decode rows (M <= 64) the large buffer's entry as summary["bandwidth"] (the reports give
+    each decode row's fraction of it). A failure costs the ceilings, never the run."""
+    decode = [shape for shape, _ in r.plan if bandwidth.is_decode(*shape)]
+    if not r.has_gpu or not r.lanes:
+        r.summary["ceilings"] = bandwidth.empty_table("not_measured", "no GPU in this run")
         return
-    entry = r.m.get("stream_read")
-    res = None
-    if time.monotonic() + BANDWIDTH_MIN_LEFT_S > r.deadline:
-        res = {"status": "not_measured", "detail": f"budget: under {BANDWIDTH_MIN_LEFT_S:.0f} s left"}
-    elif entry:
-        so = str((r.pack / entry["dir"] / "kernel.so").resolve())
-    else:                                       # a pack made before the kernel was packed
-        try:
-            so = bandwidth.build_stream_read(r.m["arch"])
-        except Exception as exc:  # noqa: BLE001 - no nvcc here: no ceiling, never the run
-            res = {"status": "not_measured",
-                   "detail": f"the pack carries no streaming kernel and none builds here: {exc}"[:500]}
-    if res is None:
-        try:
-            res = r.lanes[0].stream_ceiling(so)
-        except Exception as exc:  # noqa: BLE001 - a lane's failure costs the ceiling, never the run
-            res = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"[:500]}
-    r.summary["bandwidth"] = dict(res, decode_rows=decode)
-    r.log(f"bandwidth ceiling for {decode} decode row(s): {bandwidth.line(res)}")
+    left = r.deadline - time.monotonic()
+    if left < BANDWIDTH_MIN_LEFT_S:
+        res = _not_measured(f"budget: under {BANDWIDTH_MIN_LEFT_S:.0f} s left")
+    else:
+        kernels, why = _ceiling_kernels(r)
+        res = _not_measured(why) if why and not kernels["floor_so"] else None
+        if res is None:
+            try:
+                res = r.lanes[0].ceilings(kernels, sizes=bandwidth.table_sizes(decode),
+                                          acc=r.m.get("acc") or "f32",
+                                          budget_s=min(BANDWIDTH_BUDGET_S, left - BANDWIDTH_MIN_LEFT_S / 2))
+            except Exception as exc:  # noqa: BLE001 - a lane's failure costs the ceilings, never the run
+                res = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"[:500]}
+    if "ceilings" not in res:                 # the task never answered: both say why
+        res = {"bandwidth": res, "ceilings": bandwidth.empty_table(res["status"], res.get("detail", ""))}
+    r.summary["ceilings"] = res["ceilings"]
+    if decode:
+        r.summary["bandwidth"] = dict(res["bandwidth"], decode_rows=len(decode))
+        r.log(f"bandwidth ceiling for {len(decode)} decode row(s): {bandwidth.line(res['bandwidth'])}")
+    for ln in bandwidth.ceiling_lines(res["ceilings"]):
+        r.log(ln)
 
 
 def _drive(r: _Run, policy, request: dict) -> None:
