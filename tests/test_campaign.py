@@ -39,9 +39,11 @@ def test_prepare_packs_and_dry_runs(pack):
     # per-family quota); two shapes share what they can
     assert 1 <= len(m["candidates"]) <= 4
     assert sorted(b["name"] for b in m["baselines"]) == ["cublas", "cublaslt"]
-    # the streaming kernel (the run's bandwidth ceiling) packed beside them, dry-run checked too
+    # the ceilings' kernels (streaming read, launch floor) packed beside them, dry-run checked too
     assert m["stream_read"]["name"] == "stream_read" and m["stream_read"]["libraries"] == []
-    for e in m["candidates"] + m["baselines"] + [m["stream_read"]]:
+    assert m["launch_floor"]["name"] == "launch_floor" and m["launch_floor"]["libraries"] == []
+    assert ("baseline launch_floor", m["launch_floor"]) in campaign.pack_entries(m)
+    for e in m["candidates"] + m["baselines"] + [m["stream_read"], m["launch_floor"]]:
         assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu").is_file()
     assert 0 < m["pack_bytes"] < 64 << 20
     assert any("dry run" in l and "0 problem(s)" in l for l in lines)
@@ -224,6 +226,24 @@ def test_prepare_adds_the_tuned_tables_kernels_first(tmp_path, monkeypatch):
     assert order[0][0] == (128, 64, 64)
 
 
+def test_a_priority_pack_runs_its_shapes_in_file_order(tmp_path):
+    """run_order "file" (the verdict call's ranked lists) takes the shapes as listed, so a budget
+    cut drops the least important; "buckets" (the default) takes one of each size bucket in turn,
+    and a manifest from before the field reads as buckets."""
+    from cudal2.search.costmodel import CostModel
+    shapes = [[64, 64, 64], [128, 64, 12288], [4096, 4096, 4096], [128, 128, 2048], [8192, 8192, 8192]]
+    cands = [{"sha": "a", "family": "mma", "params": [], "resources": {}, "shapes": shapes, "sweeps": []}]
+    m = {"shapes": shapes, "tuned_shapes": [], "candidates": cands}
+    model = CostModel.default()
+    assert [s for s, _ in campaign._per_shape(dict(m, run_order="file"), model)] == list(map(tuple, shapes))
+    buckets = [s for s, _ in campaign._per_shape(m, model)]
+    assert buckets[:3] == [(64, 64, 64), (4096, 4096, 4096), (8192, 8192, 8192)]
+    assert buckets == [s for s, _ in campaign._per_shape(dict(m, run_order="buckets"), model)]
+    with pytest.raises(ValueError, match="--run-order 'size'"):
+        (tmp_path / "s.csv").write_text("M,N,K\n64,64,64\n")
+        campaign.prepare(tmp_path / "s.csv", "sm_90a", tmp_path / "pack", run_order="size")
+
+
 # What the GPU image lacks (it has torch, numpy, pandas, matplotlib; pandas is blocked too, as
 # docs/tuning.md promises the run half does without it).
 _GPU_IMAGE_BLOCKER = '''
@@ -402,11 +422,11 @@ def test_run_on_the_fake_device_accounts_for_the_whole_call(pack, tmp_path, monk
     assert call["unattributed_fraction"] < 0.10
     live = json.loads((tmp_path / "live" / "summary.json").read_text())
     assert live["complete"] and live["shapes_done"] == 2
-    with ResultsDB(tmp_path / "live" / "results.db", readonly=True) as db:
+    with ResultsDB(tmp_path / "live" / "results.db.gz", readonly=True) as db:
         finals = [ev for ev in db.rows() if ev.stage == "final"]
     assert finals and all(unmeasured(ev, "offline").startswith("fake device") for ev in finals)
     assert not (tmp_path / "gk" / "index.csv").exists()
-    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["results.db", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["results.db.gz", "summary.json"]
 
 
 def test_largest_shapes_screen_only_the_best_options():
@@ -432,3 +452,21 @@ def test_a_tournament_that_raises_costs_its_shape_not_the_run(pack, tmp_path, mo
     summary = campaign.run(out, tmp_path / "rep", budget_s=120, allow_no_gpu=True, log=lines.append)
     assert summary["complete"] and summary["statuses"]["shape error"] == 1
     assert summary["shapes_done"] == 1 and any("a harness bug" in ln for ln in lines)
+
+
+def test_a_phase_after_the_campaign_joins_the_call_account(tmp_path):
+    """run.sh's profile stage runs after the campaign wrote summary.json: `account extend` adds
+    its phase and moves the wall time on, the phases and unattributed still summing to it; a
+    summary without a call account is left as it is."""
+    from cudal2.runs import account
+    call = account.Account(start=1000.0, before={"canary": 10.0, "screening": 50.0}).table(now=1100.0)
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"shapes_done": 3, "call": call}))
+    assert account.main(["extend", str(path), "profile", "30", "--start", "1000"]) == 0
+    got = json.loads(path.read_text())
+    assert got["shapes_done"] == 3 and got["call"]["phases"]["profile"] == 30.0
+    assert got["call"]["phases"]["canary"] == 10.0 and got["call"]["wall_s"] > 1000
+    assert sum(got["call"]["phases"].values()) == pytest.approx(got["call"]["wall_s"], rel=1e-3)
+    path.write_text(json.dumps({"shapes_done": 0}))
+    assert account.main(["extend", str(path), "profile", "30", "--start", "1000"]) == 0
+    assert json.loads(path.read_text()) == {"shapes_done": 0}

@@ -152,16 +152,25 @@ def test_the_verdict_call_rehearsed_with_the_fake_device(tmp_path):
             env={"GPU_SESSION_CACHE": str(pack.parent / ".gpu_cache")}, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert "rehearse: passed" in r.stdout and "rows of the 1 queued sources" in r.stdout
-    summary = next((tmp_path / "w" / "out").glob("summary.json"))
-    call = json.loads(summary.read_text())["call"]
-    assert {"canary", "tests", "RL queue", "screening", "audit"} <= set(call["phases"])
+    assert "the carry is as it was" in r.stdout
+    assert "== plan of the" in (tmp_path / "w" / "out" / "session.log").read_text()
+    summary = json.loads(next((tmp_path / "w" / "out").glob("summary.json")).read_text())
+    call = summary["call"]
+    assert {"canary", "tests", "RL queue", "screening", "audit", "bandwidth", "profile"} <= set(call["phases"])
+    assert summary["ceilings"]["status"] == "ok" and summary["ceilings"]["stream_read"]
+    names = sorted(p.name for p in (tmp_path / "w" / "out").iterdir())
+    assert names == ["campaign.tar.gz", "profile.csv", "provenance.txt", "results.db.gz", "session.log",
+                     "summary.json", "tests.tar.gz"]
+    from cudal2.harness import ncu
+    prof = ncu.read_csv(tmp_path / "w" / "out" / "profile.csv")
+    assert {r["who"] for r in prof if r["status"] == "ok"} == {"ours", "baseline"}
     assert call["unattributed_fraction"] <= 0.10, call
     _device_tool_limits(tmp_path / "w" / "out")
     # collect.sh files the call under reports/<gpu>/<date>-verdict/ (its DB gzipped)
     r = _sh([KIT / "collect.sh", tmp_path / "w" / "out", "--reports", tmp_path / "reports", "--no-export"])
     assert r.returncode == 0, r.stdout + r.stderr
     (d,) = (tmp_path / "reports").glob("*/*-verdict")
-    assert (d / "results.db.gz").is_file() and (d / "summary.json").is_file()
+    assert (d / "results.db.gz").is_file() and (d / "summary.json").is_file() and (d / "profile.csv").is_file()
     assert (d / "provenance.txt").is_file() and list((d / "campaign").rglob("export.txt"))
 
 

@@ -72,6 +72,41 @@ class Account:
                 + f" ({t['unattributed_fraction']:.0%} unattributed)")
 
 
+def extended(call: dict, start: float, name: str, seconds: float, now: float | None = None) -> dict:
+    """A call's account (Account.table's) with one more phase run after its table was taken (the
+    verdict call's profile stage, after the campaign wrote it), its wall time up to `now`."""
+    acct = Account(start, {k: v for k, v in call["phases"].items() if k != UNATTRIBUTED})
+    acct.add(name, seconds)
+    return acct.table(now)
+
+
+def main(argv=None) -> int:
+    """python -m cudal2.runs.account extend SUMMARY PHASE SECONDS --start EPOCH: summary.json's
+    "call" account with PHASE added (rewritten atomically; a summary without one is left alone)."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__.split(":")[0])
+    ap.add_argument("action", choices=["extend"])
+    ap.add_argument("summary")
+    ap.add_argument("phase")
+    ap.add_argument("seconds", type=float)
+    ap.add_argument("--start", type=float, required=True, help="the call's start, epoch seconds")
+    args = ap.parse_args(argv)
+    path = Path(args.summary)
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"account extend: {path}: not a summary ({exc})")
+        return 2
+    if not isinstance(summary.get("call"), dict):
+        print(f"account extend: {path} has no call account; {args.phase} not added")
+        return 0
+    summary["call"] = extended(summary["call"], args.start, args.phase, args.seconds)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1) + "\n")
+    tmp.replace(path)
+    return 0
+
+
 class Throughput:
     """Screenings and finals per GPU-minute, by size bucket (the campaign's benchmark)."""
 
@@ -97,3 +132,7 @@ class Throughput:
         return [f"  {k:<22} {v['n']:5d} in {v['seconds']:7.1f} s: "
                 + (f"{v['per_gpu_minute']:8.1f} per GPU-minute" if v["per_gpu_minute"] else "-")
                 for k, v in self.table().items()]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

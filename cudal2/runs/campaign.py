@@ -14,10 +14,13 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
   call and server mode for a kernel past the export margin) through the harness's tournament
   (cudal2.harness.tournament; build_result=..., baseline_libs=...: nothing is recompiled); stop cleanly before the budget runs out, export by the export rule, write reports
   (CSV, markdown, PNG), the throughput (screenings and finals per GPU-minute) and the cost
-  model's held-out score next to the DB. A plan with decode rows (M <= 64) first measures the
-  device's bandwidth ceiling, the packed read-only streaming kernel (cudal2.harness.bandwidth),
-  once in a GPU worker (summary["bandwidth"], the call's phase "bandwidth"); the reports give
-  each decode row's GB/s on its large operand and its fraction of that ceiling.
+  model's held-out score next to the DB. Before any shape, once in a GPU worker, it measures the
+  device's ceilings with the packed kernels (summary["ceilings"], the call's phase "bandwidth";
+  cudal2.harness.bandwidth, .floor): the read-only streaming kernel at each decode row's weight
+  size and a large buffer, a device copy, the launch floor; with decode rows (M <= 64) the large
+  buffer's figure is also summary["bandwidth"], and the reports give each decode row's GB/s on
+  its large operand and its fraction of that ceiling. Shapes run in the pack's run_order
+  (RUN_ORDERS); `live_dir` keeps results.db.gz and summary.json current after every shape.
 """
 from __future__ import annotations
 
@@ -109,7 +112,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
             jobs: int | None = None, acc: str = "f32", layout: str | None = None,
             include_tuned: bool = True, kernels_root=None, max_pack_bytes: int | None = None,
             order: str = "file", limit_shapes: int | None = None, measured_dbs=(),
-            lt_choices_from=(), progress: bool | None = None, log=print) -> dict:
+            lt_choices_from=(), run_order: str = "buckets", progress: bool | None = None,
+            log=print) -> dict:
     """The CPU half: plan, build, pack, dry-run. Returns the manifest. include_tuned: the tuned
     table's kernels for this arch/acc/layout join the pack (with their shapes, timed first), so
     the run re-measures what dispatch serves today. layout: the shapes file's layout column
@@ -118,8 +122,9 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     (cudal2.runs.coverage.order_by_gain); limit_shapes: the first N of the list after ordering.
     lt_choices_from: results DBs, or folders holding them (results.db, results.db.gz), whose
     cuBLASLt autotune choices the pack carries: the run reuses a choice whose key (GPU, cuBLASLt
-    version, shape, accumulator, layout) matches instead of autotuning again. progress: bars
-    with an ETA over planning and building (None: on a terminal only)."""
+    version, shape, accumulator, layout) matches instead of autotuning again. run_order: how
+    `campaign run` takes the shapes (RUN_ORDERS). progress: bars with an ETA over planning and
+    building (None: on a terminal only)."""
 
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -135,6 +140,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         shapes = [s for s, _ in ranked]
     elif order != "file":
         raise ValueError(f"--order {order!r}: file or gain")
+    if run_order not in RUN_ORDERS:
+        raise ValueError(f"--run-order {run_order!r}: " + " or ".join(RUN_ORDERS))
     if limit_shapes:
         shapes = shapes[:limit_shapes]
     tuned = tuned_rows(arch, acc, layout, kernels_root) if include_tuned else []
@@ -208,6 +215,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     manifest = {"schema": SCHEMA, "arch": arch, "acc": acc, "layout": layout, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": _git_commit(), "nvcc": _nvcc(),
         "shapes": [[s.M, s.N, s.K] for s in shapes], "tuned_shapes": [[s.M, s.N, s.K] for s in first],
+        "run_order": run_order,
         "screenings": sum(len(sw) for c in cands for _, sw in c["sweeps"]),
         "lt_choices": lt_choices(lt_choices_from),
         "candidates": cands, "baselines": bases, "stream_read": stream, "launch_floor": launch,
@@ -602,21 +610,32 @@ def packed_baselines(pack, m: dict, log=print) -> dict | None:
     return libs or None
 
 
+# How `campaign run` takes a pack's shapes: "buckets" one shape of each size bucket in turn, so a
+# budget cut leaves every bucket covered; "file" the list's own order, for a list already ranked
+# by priority (the verdict call's), so a budget cut takes the least important first.
+RUN_ORDERS = ("buckets", "file")
+
+
+def _run_order(shapes: list, run_order: str) -> list[tuple]:
+    """The manifest's shapes in the order `run_order` names (RUN_ORDERS)."""
+    if run_order == "file":
+        return [tuple(s) for s in shapes]
+    by_bucket: dict[str, list[tuple]] = {}
+    for s in shapes:
+        by_bucket.setdefault(size_bucket(*s), []).append(tuple(s))
+    return [q[i] for i in range(max(map(len, by_bucket.values()), default=0))
+            for q in by_bucket.values() if i < len(q)]
+
+
 def _per_shape(m: dict, model) -> list[tuple[tuple, list[tuple[dict, dict]]]]:
-    """Shapes in run order (the tuned table's first, then the manifest's, taking one shape of each
-    size bucket in turn) with their (candidate, options) pairs, the cost model's best-predicted
-    build first."""
+    """Shapes in run order (the tuned table's first, then the manifest's in its run_order) with
+    their (candidate, options) pairs, the cost model's best-predicted build first."""
     per_shape: dict[tuple, list[dict]] = {}
     for c in m["candidates"]:
         for s in c["shapes"]:
             per_shape.setdefault(tuple(s), []).append(c)
-    # the shape list round-robin over size buckets, so a budget cut leaves every bucket covered
-    by_bucket: dict[str, list[tuple]] = {}
-    for s in m["shapes"]:
-        by_bucket.setdefault(size_bucket(*s), []).append(tuple(s))
-    rr = [q[i] for i in range(max(map(len, by_bucket.values()), default=0))
-          for q in by_bucket.values() if i < len(q)]
-    order = [tuple(s) for s in m.get("tuned_shapes", [])] + rr
+    order = ([tuple(s) for s in m.get("tuned_shapes", [])]
+             + _run_order(m["shapes"], m.get("run_order", "buckets")))
     out = []
     for shape in dict.fromkeys(order):
         cs = per_shape.get(shape, [])
@@ -1200,11 +1219,25 @@ def _checkpoint(r: _Run) -> None:
         return
     with r.acct.phase("checkpoint"):
         r.live.mkdir(parents=True, exist_ok=True)
-        tmp = r.live / "results.db.tmp"
-        tmp.unlink(missing_ok=True)
-        r.db.backup_to(tmp)
-        tmp.replace(r.live / "results.db")
+        _live_db(r.db, r.run_dir / "live.db.tmp", r.live / LIVE_DB)
         _write_atomic(r.live / "summary.json", text)
+
+
+# The live DB travels gzipped: a GPU call's DB outgrows the 16 MiB a returned file may be (~22 MB
+# for 55-70 shapes); level 1 because it is rewritten after every shape (~4x smaller, ~0.1 s/10 MB).
+LIVE_DB = "results.db.gz"
+LIVE_GZIP_LEVEL = 1
+
+
+def _live_db(db: ResultsDB, tmp: Path, dest: Path) -> None:
+    """A consistent copy of `db` (backup_to `tmp`), gzipped into `dest` atomically."""
+    tmp.unlink(missing_ok=True)
+    db.backup_to(tmp)
+    part = dest.with_name(dest.name + ".tmp")
+    with tmp.open("rb") as src, gzip.open(part, "wb", compresslevel=LIVE_GZIP_LEVEL) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
+    part.replace(dest)
+    tmp.unlink()
 
 
 def _finish(r: _Run, *, kernels_root, margin: float) -> None:
@@ -1367,6 +1400,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="file: the shape list's order; gain: only shapes the --db DBs have not "
                         "measured by kernel time, by expected gain (docs/tuning.md)")
     p.add_argument("--limit-shapes", type=int, default=None, help="keep the first N shapes after ordering")
+    p.add_argument("--run-order", default="buckets", choices=RUN_ORDERS,
+                   help="how `campaign run` takes the shapes: buckets (default) one of each size "
+                        "bucket in turn, so a budget cut leaves every bucket covered; file: the "
+                        "list's order (a list ranked by priority, cut from its end)")
     p.add_argument("--db", nargs="+", default=[],
                    help="--order gain: results DBs (results.db.gz too) whose measurements are skipped "
                         "and rank the rest")
@@ -1404,8 +1441,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--exclude-families", nargs="+", default=[],
                    help="pack families kept out of this run ('split-K': every build with SPLITK > 1)")
     r.add_argument("--live", default=None,
-                   help="a folder kept current after every shape (a consistent copy of the DB as "
-                        "results.db, and summary.json): what a run killed at any point leaves")
+                   help="a folder kept current after every shape (a consistent copy of the DB, "
+                        "gzipped, as results.db.gz, and summary.json): what a run killed at any point leaves")
     r.add_argument("--call-account", default=None,
                    help="JSON {start: epoch s, phases: {name: s}} a calling script began: the "
                         "summary's by-phase account then covers the whole call")
@@ -1437,7 +1474,7 @@ def run_cli(args: argparse.Namespace) -> int:
                     acc=args.acc, layout=args.layout, include_tuned=not args.no_tuned,
                     max_pack_bytes=None if args.max_pack_mib is None else int(args.max_pack_mib * 2**20),
                     order=args.order, limit_shapes=args.limit_shapes, measured_dbs=args.db,
-                    lt_choices_from=args.lt_choices_from,
+                    lt_choices_from=args.lt_choices_from, run_order=args.run_order,
                     progress=False if args.no_progress else None)
         elif args.action == "run":
             run(args.pack, args.out, budget_s=args.budget_s or float("inf"), modes=tuple(args.modes),

@@ -4,7 +4,8 @@
 # the run's provenance, and remake the reports from the returned DBs here:
 #   verdict  -> reports/<gpu>/<date>-verdict/: provenance, session.log, tests/ (junit per group,
 #               family_inputs.json), campaign/ (reports, export decisions, the call's account),
-#               the RL queue's run (campaign/queue/), results.db (both runs' rows), summary.json;
+#               the RL queue's run (campaign/queue/), results.db.gz (both runs' rows), summary.json,
+#               profile.csv (the profile stage's, when it ran);
 #               `cudal2 export` of its winners into generated_kernels/ (sources from the carried
 #               packs .gpu_campaign, .gpu_campaign_rc and .gpu_queue)
 #   campaign -> `cudal2 export` of its winners into generated_kernels/ (the run wrote its reports)
@@ -67,9 +68,11 @@ EOF
   $PY -m cudal2 export --db "$db" --report "${run#"$REPO"/}" --sources "$srcs" --out "$KERNELS" || true
 }
 
-shrink() {  # shrink DEST: every results DB and CSVs over 256 KiB gzipped (reports/README.md)
+shrink() {  # shrink DEST: every results DB, and row dumps and logs over 64 KiB, gzipped (reports/README.md)
+  # (every tracked byte travels with each later GPU call; summaries, JSON and profile.csv stay readable)
   find "$1" -type f -name '*.db' -exec gzip -9n {} +
-  find "$1" -type f -name '*.csv' -size +256k -exec gzip -9n {} +
+  find "$1" -type f \( -name 'evaluations.csv' -o -name '*.jsonl' -o -name '*.log' -o -name '*.xml' \) \
+    -size +64k -exec gzip -9n {} +
 }
 
 if grep -q '^stages: verdict' "$SRC/provenance.txt"; then
@@ -77,14 +80,20 @@ if grep -q '^stages: verdict' "$SRC/provenance.txt"; then
   [ -e "$dest" ] && dest=$dest-$(date -u +%H%M%S)
   mkdir -p "$dest"
   provenance "$dest"
-  for f in results.db summary.json; do [ -f "$SRC/$f" ] && cp "$SRC/$f" "$dest/"; done
+  # the call's DB comes back gzipped (results.db.gz: a DB over 16 MiB would not come back at all)
+  for f in results.db.gz summary.json profile.csv; do [ -f "$SRC/$f" ] && cp "$SRC/$f" "$dest/"; done
   for t in tests campaign; do [ -f "$SRC/$t.tar.gz" ] && tar xzf "$SRC/$t.tar.gz" -C "$dest"; done
   run=$(dirname "$(find "$dest/campaign" -name summary.json -path '*-campaign/*' ! -path '*/campaign/queue/*' 2>/dev/null | head -1)")
-  if [ $EXPORT = 1 ] && [ -f "$dest/results.db" ]; then
-    export_from "$dest/results.db" "${run:-$dest}" "$PACK" "${PACK}_rc" "${GPU_SESSION_QUEUE:-.gpu_queue}"
+  if [ $EXPORT = 1 ] && [ -f "$dest/results.db.gz" ]; then
+    export_from "$dest/results.db.gz" "${run:-$dest}" "$PACK" "${PACK}_rc" "${GPU_SESSION_QUEUE:-.gpu_queue}"
     rm -rf "$dest/campaign/generated_kernels"    # the same export, redone into the repo's table
   fi
   shrink "$dest"
+  # the call gzipped its DB fast (level 1, after every shape); what is committed travels with every
+  # later call: recompressed at -9
+  if [ -f "$dest/results.db.gz" ]; then
+    gunzip -c "$dest/results.db.gz" | gzip -9n > "$tmp/results.db.gz" && mv "$tmp/results.db.gz" "$dest/results.db.gz"
+  fi
   echo "== verdict -> $dest"
   echo "collected into $REPORTS/$gpu/; review, then commit reports/ (and generated_kernels/ if exported)"
   exit 0

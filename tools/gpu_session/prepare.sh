@@ -87,7 +87,7 @@ if [ $VERDICT = 1 ]; then
     rm -rf "${ROOT:?}/${p%%:*}"
     CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
       $PY -m cudal2 campaign prepare --shapes "$prio/${p#*:}" --arch "$ARCH" --out "$ROOT/${p%%:*}" \
-        --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-16}"
+        --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-16}" --run-order file
   done
   rm -rf "$prio" "$ROOT/.whl"
   WHEELS=0
@@ -131,15 +131,9 @@ mkdir -p "$CUDAL2_CACHE"
 printf '%s\n%s\n' "$(git rev-parse HEAD)$(git diff --quiet HEAD -- 2>/dev/null || echo -dirty)" \
   "$(bash tools/gpu_session/tree_hash.sh .)" > "$CUDAL2_CACHE/sent.txt"
 
-# Size of what a `run` call sends: tracked + untracked-not-ignored files + the carried folders.
-# (a tracked file deleted in the working tree is not sent: du skips it, and xargs' 123 is not a failure)
+# Size of what a `run` call sends: the tree git sends + the carried folders (carry_size.sh)
 FOLDERS=(.gpu_cache .gpu_campaign .gpu_campaign_rc .gpu_queue .gpu_confirm .whl)
-tree=$(git ls-files -z --cached --others --exclude-standard | { xargs -0 -r du -cb 2>/dev/null || true; } | tail -1 | cut -f1)
-carried() {  # carried: the bytes sent, the tree and every carried folder there is
-  local t=$tree d
-  for d in "${FOLDERS[@]}"; do [ -d "$ROOT/$d" ] && t=$((t + $(du -sb "$ROOT/$d" | cut -f1))); done
-  echo "$t"
-}
+carried() { bash tools/gpu_session/carry_size.sh "$ROOT"; }
 
 # The RL queue's stage: its pack last, in what the rest of the carry leaves (a stale one never travels)
 rm -rf "${ROOT:?}/.gpu_queue"
@@ -173,12 +167,10 @@ if [ -n "$CONFIRM" ]; then
 fi
 
 total=$(carried) carry=()
-printf '%-18s %8.1f MiB\n' "working tree" "$(awk "BEGIN{print $tree/1048576}")"
-for d in "${FOLDERS[@]}"; do
-  [ -d "$ROOT/$d" ] || continue
-  n=$(du -sb "$ROOT/$d" | cut -f1); carry+=("\"$d\"")
-  printf '%-18s %8.1f MiB\n' "$d" "$(awk "BEGIN{print $n/1048576}")"
-done
+while read -r part n; do
+  [ "$part" = tree ] && part="working tree" || carry+=("\"$part\"")
+  printf '%-18s %8.1f MiB\n' "$part" "$(awk "BEGIN{print $n/1048576}")"
+done < <(bash tools/gpu_session/carry_size.sh "$ROOT" --parts)
 printf '%-18s %8.1f MiB (limit 56)\n' "total" "$(awk "BEGIN{print $total/1048576}")"
 if [ "$total" -gt "$LIMIT" ]; then
   echo "prepare.sh: $total bytes > 56 MiB: carry less. Largest:" >&2

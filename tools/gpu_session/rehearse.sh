@@ -42,13 +42,21 @@ elif [ -n "$QFILE" ]; then      # the queue's pack alone, beside the given pack
 fi
 [ -z "$QFILE" ] || [ -f "$QPACK/manifest.json" ] || { echo "rehearse: no queue pack at $QPACK (prepare.log)" >&2; exit 1; }
 echo "== rehearse: prepare/pack ready in $(( $(date +%s) - t0 )) s; pack $PACK"
+# The call runs on a copy of the carried cache: run.sh unpacks the gzipped build entries where they
+# lie, and a rehearsal must leave the carry as the call will find it (a grown carry is refused)
+carry_before=$(bash tools/gpu_session/carry_size.sh)
+CARRIED=${GPU_SESSION_CACHE:-$REPO/.gpu_cache} CACHE_COPY=$WORK/carried-cache
+rm -rf "$CACHE_COPY"
+if [ -d "$CARRIED" ]; then cp -a "$CARRIED" "$CACHE_COPY"; else mkdir -p "$CACHE_COPY"; fi
 # the deadline scaled as the fake device's time, but never below what Python, worker starts and
 # pytest collection cost on a CPU (they do not scale)
 deadline=$($PY -c "print(max(120, int(570 * $SCALE)))")
 tests=$($PY -c "print(max(30, int(150 * $SCALE)))")
 # the queue's slice likewise: a campaign run's start on a CPU takes ~8 s whatever the scale
 export CUDAL2_FAKE_DEVICE=$SCALE GPU_SESSION_DEADLINE_S=$deadline BUDGET_TESTS=$tests GPU_SESSION_PACK=$PACK \
+  GPU_SESSION_CACHE=$CACHE_COPY \
   CAMPAIGN_MIN_S=$($PY -c "print(max(40, int(120 * $SCALE)))") GPU_SESSION_QUEUE=$QPACK \
+  BUDGET_PROFILE=$($PY -c "print(max(20, int(90 * $SCALE)))") \
   BUDGET_QUEUE=$($PY -c "print(max(20, int(570 * ${QUEUE_PCT:-5} / 100 * $SCALE)))")
 
 call() {  # call OUT: one verdict call, as the device tool runs it (its own process group); CALL_PID
@@ -80,9 +88,11 @@ from pathlib import Path
 from cudal2.harness.db import ResultsDB
 out, complete, qpack = Path(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
 if (out / "results.db").exists():
-    with ResultsDB(out / "results.db", readonly=True) as db:
+    sys.exit("rehearse: results.db came back ungzipped (the call's DB travels as results.db.gz)")
+if (out / "results.db.gz").exists():
+    with ResultsDB(out / "results.db.gz", readonly=True) as db:
         rows = db.rows()
-    print(f"  results.db: {len(rows)} rows")
+    print(f"  results.db.gz: {len(rows)} rows")
     if (qpack / "manifest.json").exists():     # the queue's stage: its sources' rows in the call's DB
         queued = {c["sha"] for c in json.loads((qpack / "manifest.json").read_text())["candidates"]}
         mine = [ev for ev in rows if ev.source_sha in queued]
@@ -92,10 +102,20 @@ if (out / "results.db").exists():
 for s in sorted(out.glob("summary*.json")):
     d = json.loads(s.read_text())
     print(f"  {s.name}: {d['shapes_done']} of {d['shapes_planned']} shapes, complete {d['complete']}, "
-          f"call {d['call']['wall_s']} s, {d['call']['unattributed_fraction']:.1%} unattributed")
+          f"call {d['call']['wall_s']} s, {d['call']['unattributed_fraction']:.1%} unattributed; "
+          f"ceilings {d.get('ceilings', {}).get('status')}")
     if complete:
         assert d["complete"], f"{s} is not complete"
         assert sum(d["call"]["phases"].values()) <= d["call"]["wall_s"] * 1.01
+        assert d.get("ceilings", {}).get("status") == "ok", f"{s}: ceilings {d.get('ceilings')}"
+if (out / "profile.csv").exists():           # the real reader over what the (fake) ncu stage wrote
+    from collections import Counter
+    from cudal2.harness import ncu
+    prof = ncu.read_csv(out / "profile.csv")
+    print(f"  profile.csv: {len(prof)} rows, {dict(Counter(r['status'] for r in prof))}")
+    assert not complete or any(r["status"] == "ok" for r in prof), "the profile stage profiled nothing"
+elif complete:
+    sys.exit("rehearse: the complete call left no profile.csv")
 if (out / "tests.tar.gz").exists():
     names = tarfile.open(out / "tests.tar.gz").getnames()
     print(f"  tests.tar.gz: {len(names)} entries, junit: {[n for n in names if n.endswith('.xml')]}")
@@ -125,4 +145,10 @@ if [ $KILL = 1 ]; then
   check_files "$WORK/killed"
   check_usable "$WORK/killed" 0
 fi
-echo "== rehearse: passed in $(( $(date +%s) - t0 )) s (work in $WORK)"
+carry_after=$(bash tools/gpu_session/carry_size.sh)
+if [ "$carry_after" != "$carry_before" ]; then
+  echo "rehearse: the carry was $carry_before bytes before the rehearsal and is $carry_after after it:" >&2
+  bash tools/gpu_session/carry_size.sh --parts >&2
+  exit 1
+fi
+echo "== rehearse: passed in $(( $(date +%s) - t0 )) s (work in $WORK); the carry is as it was ($(( carry_after >> 20 )) MiB)"

@@ -11,11 +11,15 @@
 #           group; a family with a failing test is kept out of the timing), then the RL queue's
 #           stage when .gpu_queue is carried (`cudal2 campaign run` of the queue pack, kernel time
 #           only, in its own slice: QUEUE_PCT percent of the call, default 5, or BUDGET_QUEUE
-#           seconds), then `cudal2 campaign run` on the carried packs until the deadline (export by
-#           the export rule, reports, the by-phase account of the whole call); both write into one
-#           results.db. Writes into $OUT as it goes, so a call killed at any point leaves usable
-#           files: provenance.txt, session.log, tests.tar.gz (after each group), results.db +
-#           summary.json (after each shape), campaign.tar.gz (at the end).
+#           seconds), then `cudal2 campaign run` on the carried packs (the device's ceilings, then
+#           the shapes in the packs' order; export by the export rule, reports, the by-phase
+#           account of the whole call) until the profile stage's reserve (BUDGET_PROFILE, 90 s),
+#           then the profile stage (profile.py: ncu over each shape's best finalist and fastest
+#           baseline, worst first); the queue and the campaign write into one results DB. Writes
+#           into $OUT as it goes, so a call killed at any point leaves usable files:
+#           provenance.txt, session.log, tests.tar.gz (after each group), results.db.gz +
+#           summary.json (after each shape), profile.csv (after each target), campaign.tar.gz
+#           (at the end): 7 files.
 # Stages for a second call (each packed into $OUT/<stage>.tar.gz at its end):
 #   tests     python -m pytest -m gpu (junit XML + log); TESTS_ARGS: pytest arguments (default: tests)
 #   overhead  python -m cudal2.runs.overhead on the kernel path (JSON + table)
@@ -27,8 +31,9 @@
 # screening (the verdict call's stage); the policy and its training stay on the CPU machine.
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign(_rc), .gpu_queue, .whl.
 # Env: GPU_SESSION_DEADLINE_S (the whole call, default 570), BUDGET_<STAGE> (seconds, never past
-# the deadline), BUDGET_TESTS (verdict: 150), CAMPAIGN_MIN_S (verdict: the tests leave the queue and
-# the campaign at least this, 120, plus the queue's slice), QUEUE_PCT, BUDGET_QUEUE, CAMPAIGN_ARGS
+# the deadline), BUDGET_TESTS (verdict: 150, each due group its share of what is left),
+# CAMPAIGN_MIN_S (verdict: the tests leave the queue, the campaign and the profile at least this,
+# 120, plus the queue's slice and BUDGET_PROFILE), QUEUE_PCT, BUDGET_QUEUE, CAMPAIGN_ARGS
 # (appended to `campaign run`), TIMER_ARGS, TRACE_ARGS, TRACE_ENV, GPU_SESSION_PACK (default
 # .gpu_campaign), GPU_SESSION_QUEUE (default .gpu_queue), GPU_SESSION_CACHE (default .gpu_cache).
 # --allow-no-gpu: run on a machine without a GPU (the plumbing; with CUDAL2_FAKE_DEVICE set the
@@ -37,8 +42,6 @@ set -uo pipefail
 T0=$(date +%s)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO"
-OUT=${OUT:?run.sh writes into \$OUT (set by the device tool; set it yourself elsewhere)}
-WORK=${GPU_SESSION_WORK:-$(mktemp -d /tmp/gpu_session.XXXXXX)}
 DEADLINE=$((T0 + ${GPU_SESSION_DEADLINE_S:-570}))
 PY=${PYTHON:-python3}
 PACK=${GPU_SESSION_PACK:-.gpu_campaign}
@@ -49,11 +52,13 @@ for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
     verdict|tests|overhead|hostile|timer|trace|campaign) STAGES+=("$a");;
-    -h|--help) sed -n '2,33p' "$0"; exit 0;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
 [ ${#STAGES[@]} -gt 0 ] || { echo "run.sh: name at least one stage (see --help)" >&2; exit 2; }
+OUT=${OUT:?run.sh writes into \$OUT (set by the device tool; set it yourself elsewhere)}
+WORK=${GPU_SESSION_WORK:-$(mktemp -d /tmp/gpu_session.XXXXXX)}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/session.log") 2>&1
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -184,12 +189,35 @@ queue_stage() {  # queue_stage SECONDS DB EXCL: the RL queue's pack screened (an
   account "RL queue" $(( $(date +%s) - t ))
 }
 
+profile_stage() {  # profile_stage SECONDS PACK...: ncu over each shape's best finalist and fastest baseline
+  local t=$(date +%s) db=$WORK/campaign/results.db secs=$1 pk args=()
+  shift
+  for pk in "$@"; do args+=(--pack "$pk"); done
+  # a rehearsal's ncu is the fake one: the real parser reads what it prints
+  [ -n "${CUDAL2_FAKE_DEVICE:-}" ] && args+=(--ncu "tools/gpu_session/fake_ncu.py")
+  echo "== profile ($secs s)"
+  timeout -k 10 -s INT $(( secs + 15 )) $PY tools/gpu_session/profile.py --db "$db" "${args[@]}" \
+    --out "$OUT/profile.csv" --budget-s "$secs"
+  echo "== profile: rc $?"
+  [ -f "$OUT/summary.json" ] && $PY -m cudal2.runs.account extend "$OUT/summary.json" profile \
+    $(( $(date +%s) - t )) --start "$T0"
+}
+
+plan() {  # plan QUEUE_S PROFILE_S: the call's time plan, printed before it starts
+  echo "== plan of the $(( DEADLINE - T0 )) s call: canary <= 90 s; GPU tests <= ${BUDGET_TESTS:-150} s," \
+    "each due group its share of what is left; RL queue $1 s; campaign (the ceilings, then the" \
+    "packs' shapes in priority order) until the profile's reserve; profile $2 s; 10 s to pack"
+}
+
 verdict() {
-  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs qs=0 keep
+  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs qs=0 keep ps
   account "call start (wheels, provenance)" $(( $(date +%s) - T0 ))
   # the RL queue's slice of the call (kept out of the tests' time like the campaign's minimum)
   [ -f "$QUEUE/manifest.json" ] && qs=${BUDGET_QUEUE:-$(( (DEADLINE - T0) * ${QUEUE_PCT:-5} / 100 ))}
-  keep=$(( ${CAMPAIGN_MIN_S:-120} + qs ))
+  # the profile stage's reserve: after the campaign, before the deadline
+  ps=${BUDGET_PROFILE:-90}
+  keep=$(( ${CAMPAIGN_MIN_S:-120} + qs + ps ))
+  plan "$qs" "$ps"
   arch=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["arch"])' "$PACK/manifest.json" 2>/dev/null || echo sm_90a)
   t=$(date +%s)
   if timeout -k 5 90 $PY tools/gpu_session/canary.py --arch "$arch" 2>&1 | tee "$WORK/canary.txt" | grep -q '^canary: \(ok\|not_measured\)'; then
@@ -200,9 +228,12 @@ verdict() {
   fi
   account canary $(( $(date +%s) - t ))
   t=$(date +%s); tests_end=$(( t + ${BUDGET_TESTS:-150} )); mkdir -p "$tdir"
-  for g in $($PY tools/gpu_session/families.py due); do
+  local groups=($($PY tools/gpu_session/families.py due)) n=0
+  for g in "${groups[@]}"; do
     test=$($PY tools/gpu_session/families.py test "$g")
-    left=$(( tests_end - $(date +%s) ))
+    # each group its share of what the tests have left (a fast group's rest goes to the later
+    # ones), so one slow group cannot starve the others
+    left=$(( (tests_end - $(date +%s)) / (${#groups[@]} - n) )); n=$((n + 1))
     # the queue and the campaign keep at least their slice and CAMPAIGN_MIN_S of the call
     [ $(( DEADLINE - $(date +%s) - keep )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - keep ))
     if [ "$left" -lt 15 ]; then echo "== tests $g: skipped, $left s left for tests" | tee -a "$tdir/skipped.txt"; continue; fi
@@ -217,7 +248,7 @@ verdict() {
   excl=$($PY tools/gpu_session/families.py excluded "$tdir")
   [ -n "$excl" ] && echo "== kept out of timing (a GPU test failed): $excl"
   mkdir -p "$WORK/campaign"
-  # one results DB for the call: the queue's rows beside the campaign's ($OUT/results.db)
+  # one results DB for the call: the queue's rows beside the campaign's ($OUT/results.db.gz)
   [ "$qs" -gt 0 ] && queue_stage "$(budget queue "$qs")" "$WORK/campaign/results.db" "$excl"
   # one run over the decode (RC) pack, then the RR pack, until the deadline
   packs=()
@@ -226,14 +257,18 @@ verdict() {
     echo "== campaign: no pack at $PACK or ${PACK}_rc (prepare.sh makes them)"
     [ "$qs" -gt 0 ] || return
   else
-    # the campaign keeps its own reserve for export and reports; 10 s more for the tarball and exit
-    budget=$(( DEADLINE - $(date +%s) - 10 ))
+    # the campaign keeps its own reserve for export and reports; the profile its own; 10 s more
+    # for the tarball and exit
+    budget=$(( DEADLINE - $(date +%s) - 10 - ps ))
     # shellcheck disable=SC2086
     timeout -k 10 -s INT $(( budget + 15 )) $PY -m cudal2 campaign run "${packs[@]}" --budget-s "$budget" \
       --finals-per-shape 1 --out "$WORK/campaign" --kernels-out "$WORK/campaign/generated_kernels" \
       --db "$WORK/campaign/results.db" --live "$OUT" --call-account "$WORK/call.json" ${excl:+--exclude-families $excl} \
       ${NO_GPU:+--allow-no-gpu} ${CAMPAIGN_ARGS:-}
     echo "== campaign: rc $?"
+    # the queue's pack too: a queued source may be a shape's best finalist
+    [ -f "$QUEUE/manifest.json" ] && packs+=("$QUEUE")
+    [ -f "$WORK/campaign/results.db" ] && profile_stage "$(budget profile "$ps")" "${packs[@]}"
   fi
   cp "$WORK/canary.txt" "$WORK/call.json" "$WORK/campaign/" 2>/dev/null
   tar czf "$OUT/campaign.tar.gz" -C "$WORK" --exclude='results.db*' --exclude='ptx' campaign
@@ -290,3 +325,8 @@ for s in "${STAGES[@]}"; do
   pack "$s"
 done
 echo "run.sh done in $(( $(date +%s) - T0 )) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+# the device tool returns no file over 16 MiB and at most 8: say so here, not by their absence
+big=$(find "$OUT" -type f -size +16M -printf '%P (%s bytes) ')
+n=$(find "$OUT" -type f | wc -l)
+if [ -n "$big" ]; then echo "run.sh: WARNING: over the 16 MiB a returned file may be, these will not come back: $big"; fi
+if [ "$n" -gt 8 ]; then echo "run.sh: WARNING: $n files in \$OUT; only 8 come back"; fi
