@@ -390,6 +390,16 @@ def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None,
             return BuildResult(TOOLCHAIN_ERROR, key, None, None, str(exc), name=spec.name)
 
 
+def build_so(spec: BuildSpec, error: type[Exception], what: str, *, cache: Path | None = None) -> str:
+    """The .so of a project-owned library (a baseline, a ceilings kernel) built through the cache;
+    `error` naming `what`, the status and the log's tail when it did not build."""
+    res = build(spec, cache=cache)
+    if not res.ok:
+        tail = "\n".join(res.log.splitlines()[-15:])
+        raise error(f"building {what} for {spec.arch} failed ({res.status}):\n{tail}")
+    return str(res.so_path)
+
+
 def lookup(spec: BuildSpec, *, cache: Path | None = None) -> BuildResult | None:
     """The cache entry `build(spec)` would return without compiling, or None when there is none
     (dispatch asks this before a build it would otherwise run inside a user's call). Raises

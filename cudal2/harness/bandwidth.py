@@ -30,7 +30,7 @@ import math
 import time
 from pathlib import Path
 
-from cudal2.core.build import BuildSpec, build
+from cudal2.core.build import BuildSpec, build_so
 from cudal2.core.identity import source_sha
 from cudal2.harness import fakedevice, floor
 from cudal2.timing import kerneltime as KT
@@ -199,11 +199,7 @@ def spec(arch: str) -> BuildSpec:
 
 def build_stream_read(arch: str, *, cache: Path | None = None) -> str:
     """Build the streaming kernel for `arch` through the build cache (no GPU needed); its .so."""
-    res = build(spec(arch), cache=cache)
-    if not res.ok:
-        tail = "\n".join(res.log.splitlines()[-15:])
-        raise BandwidthError(f"building the streaming kernel for {arch} failed ({res.status}):\n{tail}")
-    return str(res.so_path)
+    return build_so(spec(arch), BandwidthError, "the streaming kernel", cache=cache)
 
 
 _I, _V, _ULL = ctypes.c_int, ctypes.c_void_p, ctypes.c_ulonglong

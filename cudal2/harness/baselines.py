@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cudal2.core import knobs
 from cudal2.core.abi import preload_cuda_runtime
-from cudal2.core.build import BuildSpec, build
+from cudal2.core.build import BuildSpec, build_so
 from cudal2.core.toolchain import pip_cuda_roots
 from cudal2.core.vocab import gpu_key
 from cudal2.harness.types import BASELINES, EXTRA_BASELINES
@@ -63,16 +63,8 @@ def source(lib: str) -> str:
 def build_baselines(arch: str, *, cache: Path | None = None) -> dict[str, str]:
     """Build both baseline libraries for `arch` (no GPU needed); {"cublas": so, "cublaslt": so}."""
 
-    out = {}
-    for lib in SOURCES:
-        res = build(BuildSpec(source(lib), arch, libraries=LIBRARIES, name=f"baseline-{lib}"),
-                    cache=cache)
-        if not res.ok:
-            tail = "\n".join(res.log.splitlines()[-15:])
-            raise BaselineError(f"building the {lib} baseline for {arch} failed "
-                                f"({res.status}):\n{tail}")
-        out[lib] = str(res.so_path)
-    return out
+    return {lib: build_so(BuildSpec(source(lib), arch, libraries=LIBRARIES, name=f"baseline-{lib}"),
+                          BaselineError, f"the {lib} baseline", cache=cache) for lib in SOURCES}
 
 
 # ---- ctypes wrappers ------------------------------------------------------------------------------

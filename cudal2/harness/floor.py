@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from cudal2.core.build import BuildSpec, build
+from cudal2.core.build import BuildSpec, build_so
 from cudal2.harness import fakedevice
 from cudal2.timing import kerneltime as KT
 
@@ -55,11 +55,7 @@ def spec(arch: str) -> BuildSpec:
 
 def build_launch_floor(arch: str, *, cache: Path | None = None) -> str:
     """Build the floor's kernels for `arch` through the build cache (no GPU needed); its .so."""
-    res = build(spec(arch), cache=cache)
-    if not res.ok:
-        tail = "\n".join(res.log.splitlines()[-15:])
-        raise FloorError(f"building the launch-floor kernels for {arch} failed ({res.status}):\n{tail}")
-    return str(res.so_path)
+    return build_so(spec(arch), FloorError, "the launch-floor kernels", cache=cache)
 
 
 class FloorLib:
