@@ -210,7 +210,7 @@ plan() {  # plan QUEUE_S PROFILE_S: the call's time plan, printed before it star
 }
 
 verdict() {
-  local t tdir=$WORK/tests g test left excl arch budget tests_end pk packs qs=0 keep ps
+  local t tdir=$WORK/tests g test left share excl arch budget tests_end pk packs qs=0 keep ps
   account "call start (wheels, provenance)" $(( $(date +%s) - T0 ))
   # the RL queue's slice of the call (kept out of the tests' time like the campaign's minimum)
   [ -f "$QUEUE/manifest.json" ] && qs=${BUDGET_QUEUE:-$(( (DEADLINE - T0) * ${QUEUE_PCT:-5} / 100 ))}
@@ -231,9 +231,11 @@ verdict() {
   local groups=($($PY tools/gpu_session/families.py due)) n=0
   for g in "${groups[@]}"; do
     test=$($PY tools/gpu_session/families.py test "$g")
-    # each group its share of what the tests have left (a fast group's rest goes to the later
-    # ones), so one slow group cannot starve the others
-    left=$(( (tests_end - $(date +%s)) / (${#groups[@]} - n) )); n=$((n + 1))
+    # each group its share of what the tests have left, at least 15 s (a fast group's rest goes
+    # to the later ones), so one slow group cannot starve the others
+    left=$(( tests_end - $(date +%s) )); share=$(( left / (${#groups[@]} - n) )); n=$((n + 1))
+    [ "$share" -lt 15 ] && share=15
+    [ "$share" -lt "$left" ] && left=$share
     # the queue and the campaign keep at least their slice and CAMPAIGN_MIN_S of the call
     [ $(( DEADLINE - $(date +%s) - keep )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - keep ))
     if [ "$left" -lt 15 ]; then echo "== tests $g: skipped, $left s left for tests" | tee -a "$tdir/skipped.txt"; continue; fi
