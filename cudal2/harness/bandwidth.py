@@ -209,17 +209,8 @@ class StreamReadLib:
     """The built .so through ctypes (loaded the way the baselines are: cudart preloaded)."""
 
     def __init__(self, so_path: str):
-        from cudal2.harness.baselines import BaselineError, _load
-        try:
-            self.lib = L = _load(str(so_path))
-        except BaselineError as exc:
-            raise BandwidthError(str(exc)) from None
-        missing = [s for s in EXPORTS if not hasattr(L, s)]
-        if missing:
-            raise BandwidthError(f"{so_path}: missing symbol(s) {missing}")
-        L.cudal2_baseline_abi.restype = _I
-        if L.cudal2_baseline_abi() != 1:
-            raise BandwidthError(f"{so_path}: baseline ABI {L.cudal2_baseline_abi()}, want 1")
+        from cudal2.harness.baselines import load_checked
+        self.lib = L = load_checked(so_path, EXPORTS, BandwidthError)
         L.cudal2_stream_read_threads.restype = _I
         L.cudal2_stream_read_blocks_per_sm.argtypes = [ctypes.POINTER(_I)]
         L.cudal2_stream_read_blocks_per_sm.restype = _I

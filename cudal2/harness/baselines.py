@@ -108,6 +108,22 @@ def _load(path: str) -> ctypes.CDLL:
         raise BaselineError(f"cannot load baseline library {path}: {exc}") from None
 
 
+def load_checked(path: str, exports, error: type[Exception]) -> ctypes.CDLL:
+    """A project-owned library (a ceilings kernel) loaded as the baselines are, its `exports` and
+    baseline ABI 1 checked; `error` naming the file when any of it fails."""
+    try:
+        lib = _load(str(path))
+    except BaselineError as exc:
+        raise error(str(exc)) from None
+    missing = [s for s in exports if not hasattr(lib, s)]
+    if missing:
+        raise error(f"{path}: missing symbol(s) {missing}")
+    lib.cudal2_baseline_abi.restype = _I
+    if lib.cudal2_baseline_abi() != 1:
+        raise error(f"{path}: baseline ABI {lib.cudal2_baseline_abi()}, want 1")
+    return lib
+
+
 class CublasLib:
     def __init__(self, path: str):
         self.lib = _load(path)

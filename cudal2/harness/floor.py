@@ -62,17 +62,8 @@ class FloorLib:
     """The built .so through ctypes (loaded the way the baselines are)."""
 
     def __init__(self, so_path: str):
-        from cudal2.harness.baselines import BaselineError, _load
-        try:
-            self.lib = L = _load(str(so_path))
-        except BaselineError as exc:
-            raise FloorError(str(exc)) from None
-        missing = [s for s in EXPORTS if not hasattr(L, s)]
-        if missing:
-            raise FloorError(f"{so_path}: missing symbol(s) {missing}")
-        L.cudal2_baseline_abi.restype = ctypes.c_int
-        if L.cudal2_baseline_abi() != 1:
-            raise FloorError(f"{so_path}: baseline ABI {L.cudal2_baseline_abi()}, want 1")
+        from cudal2.harness.baselines import load_checked
+        self.lib = L = load_checked(so_path, EXPORTS, FloorError)
         L.cudal2_launch_floor_threads.restype = ctypes.c_int
         L.cudal2_launch_empty.argtypes = [ctypes.c_void_p]
         L.cudal2_launch_empty.restype = ctypes.c_int
