@@ -47,6 +47,9 @@ class Candidate:
     def tile(self) -> tuple[int, int]:
         if self.variant.family is not None:
             c = self.variant.config()
+            if c.get("BM") is None:   # gemv: no BM x BN knob; its meta's tile is [MAX_M, BN, 8]
+                from cudal2.templates.gemv import gemv_tile_cols
+                return int(c.get("MAX_M")), gemv_tile_cols(c.as_dict())
             return int(c.get("BM")), int(c.get("BN"))
         t = self.variant.meta()["tile"]
         return int(t[0]), int(t[1])

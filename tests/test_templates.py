@@ -172,7 +172,9 @@ def test_instantiate_is_deterministic_and_self_contained():
         assert "torch" not in text.lower().replace("no torch", "")
         for macro, value in fam.macros(cfg):
             assert f"#define {macro} {value}\n" in text
-        assert text.index("#define") < text.index("#ifndef BM")   # defines come before defaults
+        # defines come before the defaults of the family's parameters (#ifndef BM, MAX_M, ...)
+        defaults = [text.index(f"#ifndef {m}\n") for m, _ in fam.macros(cfg) if f"#ifndef {m}\n" in text]
+        assert defaults and text.index("#define") < min(defaults), cfg.label()
         assert 'extern "C" int cudal2_hgemm(' in text and 'extern "C" const char* cudal2_meta(void)' in text
         assert cfg.label() in text.splitlines()[1]
     ptx = instantiate(FAMILIES["ptx"].default())

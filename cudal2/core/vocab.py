@@ -9,9 +9,10 @@ ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (8, 0): "sm_80", (8, 6): "sm_86", (8, 9)
 # B is row-major K x N ("RR") or column-major, stored N x K ("RC": x @ W^T of nn.Linear)
 LAYOUTS = ("RR", "RC")
 ACCS = ("f32", "f16")
-# Tensor-core instructions a kernel's main loop issues, lowest throughput ceiling first (an
-# H100 runs wgmma at its dense peak; mma.sync measured at most 290 TFLOP/s there, ~0.3 of it).
-INSTRUCTIONS = ("mma.sync", "wgmma")
+# Instructions a kernel's main loop issues, lowest throughput ceiling first: fp32 FMA on CUDA
+# cores (the gemv family: M <= 8, bound by B's bytes), then tensor cores (an H100 runs wgmma at
+# its dense peak; mma.sync measured at most 290 TFLOP/s there, ~0.3 of it).
+INSTRUCTIONS = ("fma", "mma.sync", "wgmma")
 # A kernel serves a shape only when the lower end of its speedup interval against every
 # baseline clears 1 + WIN_MARGIN (export, and the runtime's first-call race).
 WIN_MARGIN = 0.02

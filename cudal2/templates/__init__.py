@@ -29,3 +29,4 @@ from cudal2.templates import wgmma as _wgmma  # noqa: F401
 from cudal2.templates.wgmma import WGMMA_OPTIONS, _wgmma_smem_bytes, wgmma_option_space  # noqa: F401
 from cudal2.templates import lowlat as _lowlat  # noqa: F401  (low-latency family)
 from cudal2.templates import skinny as _skinny  # noqa: F401  (M <= 64: skinny_hgemm.cuh)
+from cudal2.templates import gemv as _gemv  # noqa: F401  (M <= 8 on CUDA cores: gemv_hgemm.cuh)

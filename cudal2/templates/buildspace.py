@@ -20,8 +20,9 @@ from cudal2.core.toolchain import find_cuobjdump
 from cudal2.harness.audit import undefined_symbols
 from cudal2.templates.family import FAMILIES, MAX_ENUMERATE, KernelConfig, Value, enumerate_space
 
-# The SASS mnemonic of each PTX tensor-core instruction a family may claim (Family.instruction).
-SASS_MNEMONIC = {"mma.sync": "HMMA", "wgmma": "HGMMA"}
+# The SASS mnemonic of each main-loop instruction a family may claim (Family.instruction): the
+# tensor-core ones, and fp32 FMA on CUDA cores (the gemv family).
+SASS_MNEMONIC = {"mma.sync": "HMMA", "wgmma": "HGMMA", "fma": "FFMA"}
 
 COLUMNS = ("config", "label", "family", "arch", "ok", "status", "registers", "spills", "stack_bytes",
            "static_smem_bytes", "instruction", "sass_mnemonic", "sass_has_instruction",
@@ -65,11 +66,11 @@ def space_targets(families: Iterable[str], arch: str | None = None,
 
 
 def sass_mnemonics(so_path: Path, cuobjdump: str) -> set[str]:
-    """The tensor-core mnemonics (HMMA, HGMMA) in the SASS of the .so's cubins."""
+    """The main-loop mnemonics (HMMA, HGMMA, FFMA) in the SASS of the .so's cubins."""
     proc = subprocess.run([cuobjdump, "-sass", str(so_path)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or "Function" not in proc.stdout:
         raise RuntimeError(f"{cuobjdump} could not disassemble {so_path}: {proc.stderr.strip()[-500:]}")
-    return set(re.findall(r"\b(HMMA|HGMMA)\.", proc.stdout))
+    return set(re.findall(r"\b(HMMA|HGMMA|FFMA)\b", proc.stdout))
 
 
 def row_of(cfg: KernelConfig, arch: str, r: BuildResult, cuobjdump: str) -> dict:

@@ -183,8 +183,10 @@ class Family:
         accepts it, and (the ABI, docs/abi.md) a kernel that does not claim any_shape is served
         only multiples of its tile."""
         p = config.as_dict()
+        # a family without a BM x BN x BK tile (gemv) claims any_shape: its tile is not read
+        tile = [p.get("BM", 1), p.get("BN", 1), p.get("BK", 1)]
         return self.accepts(config, M, N, K, checked=checked) and meta_accepts(
-            {"any_shape": self.any_shape, "tile": [p["BM"], p["BN"], p["BK"]]}, M, N, K)
+            {"any_shape": self.any_shape, "tile": tile}, M, N, K)
 
     # -- runtime options (kernel ABI 2): values one build serves without a rebuild
     def option_decls(self, config: KernelConfig) -> list[OptionDecl]:

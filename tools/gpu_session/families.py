@@ -38,6 +38,9 @@ GROUPS: dict[str, dict] = {
                "exclude": ["skinny", "skinny_n"],
                "inputs": [T + "skinny_hgemm.cuh", T + "skinny_n_hgemm.cuh", T + "skinny.py",
                           T + "mma_hgemm.cuh", T + "splitk_fixup.cuh", T + "streamk.cuh"]},
+    # a self-contained header: no shared template, no workspace
+    "gemv": {"families": ["gemv"], "test": "tests/test_gemv.py", "exclude": ["gemv"],
+             "inputs": [T + "gemv_hgemm.cuh", T + "gemv.py"]},
     # the graph probe goes through the runtime's hot path and its workspaces
     "splitk": {"families": ["mma split-K", "ptx split-K"], "test": "tests/test_splitk.py",
                "exclude": ["split-K"],
