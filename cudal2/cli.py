@@ -23,7 +23,7 @@ from cudal2.harness.db import DBError
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "templates": ("cudal2.templates.cli", "write reference kernel files from the template families (`--list`, `--defaults DIR`, `--build-space FAMILY --csv OUT`)"),
+    "templates": ("cudal2.templates.cli", "write reference kernel files from the template families (`--list`, `--defaults DIR`, `--build-space FAMILY --csv OUT`, `--explain CONFIG --shape MxNxK`: a decode config's streaming budget)"),
     "build": ("cudal2.core.build", "compile kernel files into the build cache (nvcc, no GPU needed)"),
     "audit": ("cudal2.harness.audit", "build and audit kernel files: imports, includes, accumulator, resources"),
     "bench": ("cudal2.runs.bench", "time kernels against torch, cuBLAS and cuBLASLt; write a report (`--overhead`: host cost per call)"),
@@ -35,7 +35,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "campaign": ("cudal2.runs.campaign", "prepare a GPU campaign on a CPU machine, run it on a GPU machine"),
     "shapes": ("cudal2.runs.shapes", "a model's linear layers as a shapes CSV, from its Hugging Face config (offline)"),
     "tune-model": ("cudal2.runs.tunemodel", "a model's GEMMs tuned on this GPU in one resumable command: shapes, campaign prepare, run, export, the served table and the model replay (the CPU half without a GPU)"),
-    "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines; `--coverage`: shapes measured and exported per FLOP bucket; `--explain`: per shape, measured beside predicted and the physics, ranked by the gap)"),
+    "report": ("cudal2.runs.report", "summaries from the results DB (`--compare`: search vs RL vs baselines; `--coverage`: shapes measured and exported per FLOP bucket; `--explain`: per shape, measured beside predicted and the physics, ranked by the gap; `--budget`: the streaming budget against the committed decode rows, and its fit)"),
     "db": ("cudal2.runs.merge", "results DBs: `merge A.db B.db.gz ... --into C.db` accumulates runs without duplicates; `backfill-keys DB...` records the binary keys of rows recorded before keys"),
 }
 
@@ -51,7 +51,9 @@ def _usage() -> str:
 # (verb, flag) -> the module that serves the verb with that flag (the flag is dropped)
 FLAG_MODULES = {("bench", "--overhead"): "cudal2.runs.overhead",
                 ("report", "--coverage"): "cudal2.runs.coverage",
-                ("report", "--explain"): "cudal2.runs.explain"}
+                ("report", "--explain"): "cudal2.runs.explain",
+                ("report", "--budget"): "cudal2.runs.budgetfit",
+                ("templates", "--explain"): "cudal2.templates.explain"}
 # Options whose presence picks the module and which that module's parser takes itself.
 OPTION_MODULES = {("bench", "--model"): "cudal2.runs.modelbench"}   # a model's passes as CUDA graphs
 # (verb, first argument) -> the module that serves that action (the action is dropped).

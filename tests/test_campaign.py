@@ -44,7 +44,7 @@ def test_prepare_packs_and_dry_runs(pack):
     assert m["launch_floor"]["name"] == "launch_floor" and m["launch_floor"]["libraries"] == []
     assert ("baseline launch_floor", m["launch_floor"]) in campaign.pack_entries(m)
     for e in m["candidates"] + m["baselines"] + [m["stream_read"], m["launch_floor"]]:
-        assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu").is_file()
+        assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu.gz").is_file()
     assert 0 < m["pack_bytes"] < 64 << 20
     assert any("dry run" in l and "0 problem(s)" in l for l in lines)
     assert (out / "shapes.csv").is_file()
@@ -378,7 +378,7 @@ def test_a_model_shapes_file_packs_rc_builds(pack, tmp_path):
     assert m["layout"] == "RC" and m["shapes"] == [[64, 128, 64], [64, 64, 64]]
     assert m["candidates"]
     for c in m["candidates"]:       # the packed source is built for B column-major
-        src = (tmp_path / "pack" / c["dir"] / "kernel.cu").read_text()
+        src = campaign.read_source(tmp_path / "pack" / c["dir"])
         assert dict(c["params"])["LAYOUT"] == "RC" and "#define LAYOUT_RC 1" in src
     with pytest.raises(ValueError, match="layout RC"):
         shapes_layout(csv_path, "RR")

@@ -64,11 +64,11 @@ def test_rules():
     # splits 0 with each decomposition (heuristic, split-K, stream-K), then each split count;
     # pdl 0 only (the kernel timer would see pdl overlap a call of the same kernel)
     space = FAM.option_space(c)
-    assert space[0] == {"splits": 0, "decomposition": 0, "pdl": 0} and len(space) == 10
+    assert space[0] == {"splits": 0, "decomposition": 0, "pdl": 0} and len(space) == 3 + 16
     assert {"splits": 0, "decomposition": 3, "pdl": 0} in space
     assert {"splits": 4, "decomposition": 3, "pdl": 0} not in space   # stream-K ignores splits
     assert all(o["pdl"] == 0 for o in space)
-    assert FAM.option_problems(c, {"splits": 3})
+    assert FAM.option_problems(c, {"splits": 9}) and not FAM.option_problems(c, {"splits": 3})
     assert FAM.option_problems(c, {"splits": 0, "decomposition": 1})
     assert len(_space()) > 100
 
@@ -180,7 +180,7 @@ def test_meta_and_refusals(cfg, arch):
     assert call(BM, wsb=want - 1) == INVALID_VALUE             # too small a workspace
     assert call(BM, ws=P + 4) == INVALID_VALUE                 # misaligned workspace
     assert call(BM, ws=0) == INVALID_VALUE
-    bad = (__import__("ctypes").c_int * 3)(3, 0, 0)
+    bad = (__import__("ctypes").c_int * 3)(9, 0, 0)
     assert call(BM, options=bad) == INVALID_VALUE              # not a listed split count
     bad = (__import__("ctypes").c_int * 3)(0, 1, 0)
     assert call(BM, options=bad) == INVALID_VALUE              # not a listed decomposition

@@ -13,6 +13,7 @@ import pytest
 from cudal2 import templates
 from cudal2.search import tune
 from cudal2.harness.types import Evaluation, Shape
+from cudal2.templates.budget import is_decode
 
 SMALL = [Shape(64, 64, 64), Shape(256, 256, 256), Shape(1024, 512, 256)]
 
@@ -265,10 +266,15 @@ def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
         serving = {n: [c for c in cfgs if FAMILIES[n].serves(c, s.M, s.N, s.K, checked=True)]
                    for n, cfgs in spaces.items()}
         serving = {n: cfgs for n, cfgs in serving.items() if cfgs}
+        # a decode row (cudal2.templates.budget): mma / ptx are not planned, and a streaming
+        # family only with configs whose budget holds (test_budget.py holds that rule)
+        decode = {n for n in serving if is_decode(n, s.M, s.N, s.K)}
+        if decode:
+            serving = {n: v for n, v in serving.items() if n not in tune.DECODE_SKIP}
         packed = p.per_shape[s]
-        assert {c.family for c in packed} == set(serving), (s, sorted(serving))
-        assert len(packed) >= min(least, sum(len(v) for v in serving.values())), s
-        for n in serving:
+        assert set(serving) - decode <= {c.family for c in packed} <= set(serving), (s, sorted(serving))
+        assert len(packed) >= min(least, sum(len(v) for n, v in serving.items() if n not in decode)), s
+        for n in set(serving) - decode:
             mine = [c.config for c in packed if c.family == n]
             assert len(mine) >= min(quota, len(serving[n])), (s, n)
             default = FAMILIES[n].default().with_(LAYOUT=layout)
@@ -288,7 +294,8 @@ def test_plan_packs_the_mirror_for_few_output_features_with_b_column_major():
     for s in (lora, router):
         fams = [c.family for c in rc.per_shape[s]]
         assert fams.count("skinny_n") >= 2 and "skinny" not in fams, (s, fams)
-        assert all(FAMILIES["skinny_n"].serves(c.config, s.M, s.N, s.K)
+        assert all(FAMILIES["skinny_n"].valid(c.config, "sm_90a")
+                   and FAMILIES["skinny_n"].serves(c.config, s.M, s.N, s.K, checked=True)
                    for c in rc.per_shape[s] if c.family == "skinny_n")
     assert "skinny_n" not in {c.family for c in rc.per_shape[wide]}
     rr = tune.plan([lora], "sm_90a", limit_per_shape=8, per_family=2, model=_CheapModel(),

@@ -87,6 +87,30 @@ def _pack_entry(result, dest: Path) -> dict:
                           "spills": result.spills}}
 
 
+SOURCE = "kernel.cu.gz"    # a pack entry's source: gzipped (an instantiation inlines ~20-70 KB of headers)
+
+
+def write_source(d: Path, text: str) -> None:
+    """A pack entry's source, into its folder `d`."""
+    d.mkdir(parents=True, exist_ok=True)
+    with gzip.open(d / SOURCE, "wt", encoding="utf-8", compresslevel=9) as f:
+        f.write(text)
+
+
+def source_path(d: Path) -> Path:
+    """Where a pack entry's source lies: kernel.cu.gz, or an older pack's kernel.cu."""
+    return d / SOURCE if (d / SOURCE).is_file() or not (d / "kernel.cu").is_file() else d / "kernel.cu"
+
+
+def read_source(d: Path) -> str:
+    """The source of the pack entry in folder `d` (either form)."""
+    p = source_path(d)
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return f.read()
+    return p.read_text()
+
+
 def _baselines() -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """The harness's baseline libraries: {lib: (source, link libraries, exported symbols)}."""
     return {lib: (hb.source(lib), tuple(hb.LIBRARIES), tuple(hb.EXPORTS[lib])) for lib in hb.SOURCES}
@@ -173,9 +197,14 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         if reasons:
             log(f"  dropped {c.label}: audit: {'; '.join(reasons)}")
             continue
+        over = c.keep_within_budget(arch)        # the decode budget, with ptxas's registers
+        if over:
+            log(f"  {c.label}: {over} decode screening(s) over the streaming budget dropped")
+        if not c.shapes:
+            continue
         sha = source_sha(c.source)
         fields = _pack_entry(c.build, out / "builds" / sha[:16])
-        (out / "builds" / sha[:16] / "kernel.cu").write_text(c.source)
+        write_source(out / "builds" / sha[:16], c.source)
         cands.append({"sha": sha, "dir": f"builds/{sha[:16]}", "family": c.family, "label": c.label,
                       "params": [[k, v] for k, v in c.config.params],
                       # per served shape, the runtime options screening tries (the plan's sweep)
@@ -198,7 +227,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
             entry = by_sha.get(sha)
             if entry is None:
                 fields = _pack_entry(r, out / "builds" / sha[:16])
-                (out / "builds" / sha[:16] / "kernel.cu").write_text(spec.source)
+                write_source(out / "builds" / sha[:16], spec.source)
                 entry = by_sha[sha] = {"sha": sha, "dir": f"builds/{sha[:16]}",
                                        "family": rows[0].family, "label": f"tuned:{rows[0].file}",
                                        "params": [], "sweeps": [], "shapes": [], **fields}
@@ -328,7 +357,7 @@ def _pack_queued(groups: list[dict], builds: list, out: Path, room: int | None, 
             continue
         d = out / "builds" / g["sha"][:16]
         fields = _pack_entry(b, d)
-        (d / "kernel.cu").write_text(g["source"])
+        write_source(d, g["source"])
         if room is not None and _dir_bytes(d) > room:
             shutil.rmtree(d)
             left_out.append(g)
@@ -409,7 +438,7 @@ def _pack_baselines(out: Path, arch: str, *, jobs, progress, log) -> tuple[list,
             raise RuntimeError(f"baseline {lib} failed to build: {r.status}\n{r.log[-2000:]}")
         d = f"baselines/{lib}"
         fields = _pack_entry(r, out / d)
-        (out / d / "kernel.cu").write_text(src)
+        write_source(out / d, src)
         bases.append({"name": lib, "sha": source_sha(src), "dir": d, "libraries": list(libs),
                       "exports": list(exports), **fields})
     return bases, stream, launch
@@ -438,7 +467,7 @@ def _pack_kernel(result, out: Path, mod) -> dict:
     d = f"baselines/{mod.NAME}"
     fields = _pack_entry(result, out / d)
     src = mod.source()
-    (out / d / "kernel.cu").write_text(src)
+    write_source(out / d, src)
     return {"name": mod.NAME, "sha": source_sha(src), "dir": d, "libraries": [],
             "exports": list(mod.EXPORTS), **fields}
 
@@ -508,12 +537,12 @@ def pack_entries(m: dict) -> list[tuple[str, dict]]:
 def file_problem(pack: Path, what: str, e: dict) -> str | None:
     """Why an entry's files are not as its manifest says (library there, its bytes' sha256, its
     source's identity); None when they are."""
-    so, src = pack / e["dir"] / "kernel.so", pack / e["dir"] / "kernel.cu"
+    so, src = pack / e["dir"] / "kernel.so", source_path(pack / e["dir"])
     if not so.is_file():
         return f"{what}: {so} missing"
     if file_sha(so) != e["so_sha256"]:
         return f"{what}: {so} does not match its sha256 in the manifest"
-    if not src.is_file() or source_sha(src.read_text()) != e["sha"]:
+    if not src.is_file() or source_sha(read_source(src.parent)) != e["sha"]:
         return f"{what}: source missing or not matching {e['sha'][:12]}"
     return None
 
@@ -994,7 +1023,7 @@ def _audit_builds(r: _Run) -> None:
     """Every build audited once, up front and in parallel (CPU work the GPU would wait for)."""
     r.builds = {c["sha"]: pack_build_result(r.pack, c, r.run_dir / "ptx") for c in r.m["candidates"]}
     probe_req = EvalRequest(source="", shape=Shape(1, 1, 1), arch=r.m["arch"], acc=r.m.get("acc"))
-    srcs = {c["sha"]: (r.pack / c["dir"] / "kernel.cu").read_text() for c in r.m["candidates"]}
+    srcs = {c["sha"]: read_source(r.pack / c["dir"]) for c in r.m["candidates"]}
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as ex:
         futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, r.builds[sha])
@@ -1124,7 +1153,7 @@ def _tick(r: _Run) -> None:
 
 def _entrants(r: _Run, S: Shape, pairs: list, request: dict) -> list:
     """The shape's (build, options) entrants, with the screening rows an earlier run recorded."""
-    sources = {c["sha"]: (r.pack / c["dir"] / "kernel.cu").read_text() for c, _ in pairs}
+    sources = {c["sha"]: read_source(r.pack / c["dir"]) for c, _ in pairs}
     prior = {(ev.source_sha, tuple(sorted(ev.options.items()))): ev
              for ev in r.db.rows(shape=S, stage="screen", gpu=r.gpu if r.has_gpu else "")}
     # each request keeps its own timeout: the tournament cuts what the deadline leaves (a cut is
@@ -1270,11 +1299,11 @@ def _finish(r: _Run, *, kernels_root, margin: float) -> None:
 
 def _export(r: _Run, rows: list, kernels_root, margin: float) -> None:
     src_for = export_mod.sources_from(r.db, [r.pack / c["dir"] for c in r.m["candidates"]])
-    by_sha = {c["sha"]: r.pack / c["dir"] / "kernel.cu" for c in r.m["candidates"]}
+    by_sha = {c["sha"]: r.pack / c["dir"] for c in r.m["candidates"]}
 
     def source_for(sha):
-        p = by_sha.get(sha)
-        return p.read_text() if p else src_for(sha)
+        d = by_sha.get(sha)
+        return read_source(d) if d else src_for(sha)
 
     res = export_mod.export(rows, source_for, root=kernels_root, mode="offline", margin=margin,
                             report=str(r.run_dir), gpu=r.gpu)

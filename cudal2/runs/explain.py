@@ -9,7 +9,7 @@ Per (M, N, K, layout) of a results DB's final rows (offline kernel time):
   (fastest / ours, median over rounds) with its interval;
 - the cost model's prediction for our best (CostModel.default for the row's GPU, else its arch),
   from the kernel's meta and ptxas resources: the DB row's, else the pack manifest's entry (its
-  family and params, its resources), else the source banner of the pack's kernel.cu
+  family and params, its resources), else the source banner of the pack's kernel source
   (cudal2.templates.config_of); measured / predicted;
 - the physics: fp16 bytes of A, B, C and the FLOP; for a decode row (bandwidth.is_decode) the
   GB/s on the large operand of ours and of the baseline (bandwidth.decode_figures) and their
@@ -21,8 +21,9 @@ Per (M, N, K, layout) of a results DB's final rows (offline kernel time):
 Ranked by the gap, worst first; a second ranking by |log(measured / predicted)|.
 
 Every number comes from the files read; an unknown cell is empty in the CSV and says why on the
-page. The decode / deep-K budget terms (waves, bytes in flight per SM, reduction bytes; issues
-50/51) are not built yet: their column group is absent, and the page says so.
+page. For a row our streaming family won, the streaming budget of that build at the shape
+(cudal2.templates.budget, replayed as cudal2.runs.budgetfit replays a committed row); the deep-K
+budget of issue 51 is not built, and the page says so.
 """
 from __future__ import annotations
 
@@ -34,11 +35,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cudal2.core.devices import gpu_for
 from cudal2.harness import bandwidth as bw, ncu
 from cudal2.harness.db import DBError
 from cudal2.harness.types import BASELINES, medians
+from cudal2.runs import budgetfit
+from cudal2.runs.campaign import read_source, source_path
 from cudal2.runs.report import BUCKETS, collect, fmt, geomean, origin_group, read_rows
 from cudal2.search.costmodel import CostModel
+from cudal2.templates.budget import STREAMING, budget
 from cudal2.templates.family import KernelConfig, config_of
 
 MODE = "offline"
@@ -47,9 +52,12 @@ DEEP_K_RATIO = 8                           # a grouping label: K >= 8 x max(M, N
 PROFILE_COLUMNS = ncu.COLUMNS               # the profile stage's CSV (cudal2.harness.ncu)
 PROFILE_FIELDS = ("kernel", "launches", "duration_us", "dram_pct_peak", "occupancy_pct",
                   "registers", "smem_bytes", "grid", "block", "stalls", "note")
-BUDGET_NOTE = ("The decode / deep-K budget terms (waves, bytes in flight per SM, reduction bytes: "
-               "issues 50/51) are not built yet: that column group is absent, no number stands in "
-               "for it.")
+BUDGET_NOTE = ("The streaming budget (cudal2.templates.budget, issue 50: CTAs per SM, waves, bytes "
+               "in flight per SM against the GPU's need, the reduction's bytes, its time) is given "
+               "for rows our streaming families (skinny, skinny_n, gemv) won; the deep-K budget of "
+               "issue 51 is not built, and no number stands in for it.")
+BUDGET_FIELDS = ("budget_us", "budget_inflight_kib", "budget_needed_kib", "budget_waves",
+                 "budget_last_wave_fill", "budget_reduction", "budget_reduction_bytes", "budget_note")
 
 
 # ---- inputs ----------------------------------------------------------------------------------
@@ -209,9 +217,9 @@ def kernel_description(ev, cand: dict | None, pack_dir: Path | None):
         except ValueError as exc:
             return None, None, "", f"pack manifest entry unusable ({exc})"
         return cfg, cand.get("resources"), "pack manifest", ""
-    src = pack_dir / cand["dir"] / "kernel.cu" if cand and pack_dir and cand.get("dir") else None
+    src = source_path(pack_dir / cand["dir"]) if cand and pack_dir and cand.get("dir") else None
     if src is not None and src.is_file():
-        cfg = config_of(src.read_text())
+        cfg = config_of(read_source(src.parent))
         if cfg is not None:
             return cfg, (cand or {}).get("resources"), "source banner", ""
         return None, None, "", f"{src}: no config banner of our families"
@@ -241,6 +249,33 @@ def prediction_cells(ev, best, cand: dict | None, pack_dir: Path | None) -> dict
         return dict(out, prediction_note=f"cost model gave {p!r}")
     return dict(out, predicted_us=p, prediction_error=best.median_us / p,
                 prediction_note=f"CostModel.default({model.gpu}) prior")
+
+
+def budget_cells(ev, cand: dict | None, pack_dir: Path | None) -> dict:
+    """The streaming budget of our best kernel at the row's shape on the row's GPU, replayed as
+    the build ran (cudal2.runs.budgetfit's rule), or why there is none."""
+    out = dict.fromkeys(BUDGET_FIELDS)
+    meta, res, _, why = kernel_description(ev, cand, pack_dir)
+    if meta is None:
+        return dict(out, budget_note=why)
+    cfg = meta if isinstance(meta, KernelConfig) else None
+    if cfg is None and meta.get("family") in STREAMING and isinstance(meta.get("params"), dict):
+        cfg = KernelConfig(meta["family"], tuple(meta["params"].items()))
+    if cfg is None or cfg.family not in STREAMING:
+        return dict(out, budget_note="not a streaming family")
+    try:
+        gpu = gpu_for(gpu=(ev.env or {}).get("gpu") or None, arch=ev.arch)
+        options = (budgetfit.replay_options(meta, ev.options or {}) if isinstance(meta, dict)
+                   else dict(ev.options or {}))       # a config of today's templates
+        b = budget(cfg, ev.shape, gpu, options=options, registers=int((res or {}).get("registers") or 0),
+                   cluster=bool(meta.get("cluster_splitk_max", 1)) if isinstance(meta, dict) else True)
+    except ValueError as exc:
+        return dict(out, budget_note=f"budget failed: {exc}")
+    return {"budget_us": b.t_us, "budget_inflight_kib": b.inflight_per_sm / 1024,
+            "budget_needed_kib": b.inflight_needed_per_sm / 1024, "budget_waves": b.waves,
+            "budget_last_wave_fill": b.last_wave_fill, "budget_reduction": b.reduction,
+            "budget_reduction_bytes": b.reduction_bytes,
+            "budget_note": "; ".join(b.problems()) or f"met on {gpu.name}"}
 
 
 def decode_cells(M: int, N: int, K: int, ours_us: float, base_us: float | None, ceil: Ceilings) -> dict:
@@ -336,6 +371,7 @@ def explain(evs: list, *, ceil: Ceilings, profile: dict | None = None, profile_w
             rec.update(ours_cells(ev, best, cands.get(ev.source_sha)))
             rec.update(fastest_cells(ev, best))
             rec.update(prediction_cells(ev, best, cands.get(ev.source_sha), pack_dir))
+            rec.update(budget_cells(ev, cands.get(ev.source_sha), pack_dir))
             rec.update(decode_cells(M, N, K, best.median_us, rec["fastest_us"], ceil))
             rec.update(floor_cells(rec["flop"], best.median_us, rec["fastest_us"], ceil))
             rec.update(profile_cells(profile, profile_why, (M, N, K, layout), rec["fastest_baseline"],
@@ -359,7 +395,7 @@ CSV_COLUMNS = (["M", "N", "K", "layout", "class", "flop", "a_bytes", "b_bytes", 
                 "speedup_lo", "speedup_hi", "predicted_us", "prediction_source", "prediction_error",
                 "prediction_note", "weight_bytes", "ours_gbs", "base_gbs", "ceiling_gbs",
                 "ceiling_bytes", "ours_of_ceiling", "base_of_ceiling", "ceiling_note", "floor_us",
-                "ours_above_floor_us", "base_above_floor_us", "floor_note"]
+                "ours_above_floor_us", "base_above_floor_us", "floor_note", *BUDGET_FIELDS]
                + [f"{w}_prof_{k}" for w in ("ours", "baseline") for k in PROFILE_FIELDS])
 
 
@@ -416,6 +452,21 @@ def gap_table(recs: list[dict]) -> list[str]:
                   f"| {r['fastest_baseline']} {fmt(r['fastest_us'], 2)} | {fmt(r['gap'])} "
                   f"| {_iv(r['speedup'], r['speedup_lo'], r['speedup_hi'], 3)} | {pred} "
                   f"| {fmt(r['prediction_error'])} |")
+    return md
+
+
+def budget_table(recs: list[dict]) -> list[str]:
+    mine = [r for r in recs if r["budget_us"] is not None]
+    if not mine:
+        return ["(no row won by a streaming family)"]
+    md = ["| shape | ours | measured us | budget us | in flight KiB/SM (needed) | waves | last wave "
+          "| reduction (MiB) | budget |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in mine:
+        md.append(f"| {_shape(r)} | {r['ours_family']} | {fmt(r['ours_us'], 2)} | {fmt(r['budget_us'], 2)} "
+                  f"| {fmt(r['budget_inflight_kib'], 1)} ({fmt(r['budget_needed_kib'], 1)}) "
+                  f"| {r['budget_waves']} | {fmt(r['budget_last_wave_fill'])} "
+                  f"| {r['budget_reduction']} ({fmt(r['budget_reduction_bytes'] / 2**20, 2)}) "
+                  f"| {r['budget_note']} |")
     return md
 
 
@@ -496,7 +547,8 @@ def write_md(recs: list[dict], path: Path, *, sources: list[str], ceil: Ceilings
           "## Physics: bytes, FLOP, bandwidth of decode rows, time above the launch floor", "",
           "fp16 operands: A = 2MK, B = 2KN, C = 2MN bytes; weight = the large operand (bandwidth."
           "large_operand_bytes) of a decode row; GB/s = 1e9 B/s; floor columns for shapes under 1e9 FLOP.",
-          "", *physics_table(recs), "", "## Profile", ""]
+          "", *physics_table(recs), "", "## The streaming budget of our best kernel", "",
+          *budget_table(recs), "", "## Profile", ""]
     md += profile_table(recs) if profile_line.startswith("profile:") else [profile_line]
     md += ["", "## Our kernels", "", *config_table(recs), "", f"Made by: `{command}`"]
     path.write_text("\n".join(md) + "\n")

@@ -17,33 +17,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from cudal2.core.devices import ARCH_GPU, GPUS, GpuSpec, gpu_for  # noqa: F401  (the device table)
+from cudal2.templates.budget import STREAMING, budget, is_decode
+from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_splits
+from cudal2.templates.skinny import STREAMK_MAX_CTAS, skinny_plan, skinny_splits  # noqa: F401
 from cudal2.templates.wgmma import wgmma_splits
 
 SCHEMA = "cudal2.costmodel/1"  # a format name: kept when the module moved
 
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    tflops: float            # dense fp16 tensor peak, TFLOP/s
-    tbps: float              # DRAM bandwidth, TB/s
-    sms: int
-    smem_per_sm: int         # bytes usable by CTAs
-    regs_per_sm: int = 65536
-    max_threads_per_sm: int = 2048
-    max_ctas_per_sm: int = 32
-    launch_us: float = 4.0   # launch + tail cost seen by a stream-timed call
-    l2_bytes: int = 50 * 2**20
-
-
-# Datasheet peaks (NVIDIA's H100 and A100 datasheets; cudal2.harness.bounds holds the same figures).
-GPUS = {
-    "H100": GpuSpec("H100", 989.4, 3.35, 132, 227 * 1024),
-    "H200": GpuSpec("H200", 989.4, 4.8, 132, 227 * 1024, l2_bytes=60 * 2**20),
-    "A100": GpuSpec("A100", 312.0, 2.039, 108, 163 * 1024, max_ctas_per_sm=32, l2_bytes=40 * 2**20),
-}
-ARCH_GPU = {"sm_90a": "H100", "sm_90": "H100", "sm_80": "A100", "sm_86": "A100", "sm_89": "A100"}
 
 # Fraction of tensor peak a family's main loop reaches at full occupancy (the prior only; the
 # fitted correction learns the rest). wgmma-based CUTLASS ~ cuBLAS; mma.sync tops out lower.
@@ -92,25 +74,10 @@ SK_MIN_ITERS = 8             # CUTLASS's min_iters_per_sk_unit_: fewer k tiles a
 DSMEM_SM_GBPS = 320.0
 CLUSTER_SPLITS_MAX = 8
 CLUSTER_GPUS = ("H100", "H200")
-STREAMK_MAX_CTAS = 2048      # streamk.cuh's kMaxCtas
 
 FEATURES = ("bias", "log_prior", "log_wave_eff", "log_occupancy", "spills", "log_stages",
             "log_splitk", "log_intensity", "compute_bound", "style_mma", "style_ptx")
 BASELINE_FEATURES = ("bias", "log_prior", "log_intensity", "compute_bound")
-
-
-def gpu_for(arch: str | None = None, gpu: str | None = None) -> GpuSpec:
-    """The spec for a GPU name ("NVIDIA H100 80GB HBM3" works) or, failing that, an arch."""
-    if gpu:
-        for key, spec in GPUS.items():
-            if key.lower() in gpu.lower():
-                return spec
-    if arch in ARCH_GPU:
-        return GPUS[ARCH_GPU[arch]]
-    if gpu or arch:
-        raise ValueError(f"no GPU spec for gpu={gpu!r} arch={arch!r}; known: {sorted(GPUS)}, "
-                         f"arches {sorted(ARCH_GPU)}")
-    return GPUS["H100"]
 
 
 def _shape(shape) -> tuple[int, int, int]:
@@ -147,6 +114,8 @@ class KernelFacts:
     lowlat: bool = False     # lowlat/lowlat_mma: split count chosen per call (lowlat_splits)
     dsmem_fixup: bool = False   # split-K reduced inside a thread-block cluster (set per call)
     cluster_split: bool = False  # wgmma (CLUSTER_M 1): split count chosen per call (wgmma_splits)
+    # a streaming family's config and call options: its prior is the streaming budget's time
+    budgeted: tuple = ()     # (family, params pairs, options pairs, cluster reduction)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -248,41 +217,18 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
                        scheduler, max(int(opts.get("splits", 1) or 1), 1) if streamk else 1,
                        int(opts.get("decomposition", 0) or 0) if streamk or skinny else 0,
                        fixup or skinny or lowlat or cluster_split, skinny, asked, mirror, lowlat,
-                       cluster_split=cluster_split)
+                       cluster_split=cluster_split, budgeted=_budgeted(family, meta, params, opts))
 
 
-def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
-    """The split count a skinny kernel runs (skinny_hgemm.cuh's plan(), replayed): about two
-    CTAs per SM over the N tiles, at most 64, whole BK tiles per split, no empty split."""
-    tiles_n = max(1, -(-N // BN))
-    k_tiles = -(-K // BK)
-    s = asked if asked > 0 else -(-2 * sms // tiles_n)
-    s = max(1, min(s, 64))
-    if s > k_tiles:
-        s = max(k_tiles, 1)
-    if K <= 0:
-        return 1
-    chunk = -(-k_tiles // s) * BK
-    return -(-K // chunk)
-
-
-def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: int = 0,
-                decomposition: int = 0) -> tuple[str, int]:
-    """How a skinny call runs (skinny_hgemm.cuh's decide(), replayed): ("streamk", grid) or
-    ("splitk", splits). `slots`: the resident CTAs (per SM x SMs). Stream-K when asked
-    (decomposition 3), or by the heuristic (splits and decomposition 0) where it walks fewer
-    k-tiles per CTA than split-K's waves do."""
-    tiles = max(1, -(-N // BN))
-    k_tiles = max(1, -(-K // BK))
-    grid = max(1, min(slots, STREAMK_MAX_CTAS, tiles * k_tiles))
-    n = skinny_splits(N, K, BN, BK, sms, splits)
-    if decomposition == 3:
-        return "streamk", grid
-    if decomposition == 0 and splits == 0:
-        chunk = -(-k_tiles // n)                  # k-tiles per split (plan()'s k_chunk / BK)
-        if -(-tiles * k_tiles // grid) < -(-tiles * n // max(slots, 1)) * chunk:
-            return "streamk", grid
-    return "splitk", n
+def _budgeted(family, meta: dict, params: dict, opts: dict) -> tuple:
+    """KernelFacts.budgeted of a streaming family's meta or config (() otherwise): a build's
+    meta nests its config in "params", a config's dict is the params itself."""
+    if family not in STREAMING:
+        return ()
+    p = params or {k: v for k, v in meta.items() if k.isupper()}
+    # a build says whether it reduces splits in a cluster; a config of today's templates does
+    cluster = bool(meta.get("cluster_splitk_max", 1)) if family != "gemv" else True
+    return (family, tuple(sorted(p.items())), tuple(sorted(opts.items())), cluster)
 
 
 def _dsmem_reduces(f: KernelFacts, gpu: GpuSpec, splits: int) -> bool:
@@ -461,6 +407,7 @@ def _cutlass_compute(f: KernelFacts, shape, gpu: GpuSpec, sm_tflops: float) -> t
 def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     """(prior_us, feature vector in FEATURES order)."""
     M, N, K = _shape(shape)
+    shape_in = shape
     if f.mirror:        # skinny_n runs the skinny kernel on C^T = B^T A^T
         M, N = N, M
         shape = (M, N, K)
@@ -527,6 +474,11 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         extra_us += PERSISTENT_SETUP_US
     prior = (gpu.launch_us + extra_us + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
+    if f.budgeted and is_decode(f.budgeted[0], *_shape(shape_in)):
+        # a decode row of a streaming family: the calibrated budget (cudal2.templates.budget)
+        family, params, opts, cluster = f.budgeted
+        prior = budget(KernelConfig(family, params), _shape(shape_in), gpu, options=dict(opts),
+                       registers=f.registers, smem_bytes=f.shared_bytes, cluster=cluster).t_us
     intensity = 2.0 * M * N * K / bytes_moved
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([

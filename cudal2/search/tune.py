@@ -33,9 +33,19 @@ from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
 from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
 from cudal2.search.costmodel import CostModel, kernel_facts
+from cudal2.templates.budget import is_decode, problems_on_arch
 from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
+# A decode shape (the streaming families' small dimension <= 64): each streaming family's builds
+# whose budget holds for some option, best budget time first, join the shape's picks, each with
+# every option whose budget holds (issue 50: hundreds of candidates per decode row for one call).
+DECODE_BUILDS = 24
+# Families a decode shape is not planned for: the general mma.sync kernels pad M to 64+ rows and
+# read B by tiles. On the H200's 24 RC decode rows (2026-11-26, rc-call1, screening kernel time)
+# the best mma screening was 1.47-3.77x the row's best (median 2.05x), ptx 1.53-5.45x (median 2.22x);
+# the streaming families and the low-latency ones won every row.
+DECODE_SKIP = ("mma", "ptx")
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -108,6 +118,26 @@ class Candidate:
     def label(self) -> str:
         return self.config.label()
 
+    def keep_within_budget(self, arch: str) -> int:
+        """Once built: drop the decode shapes' options whose streaming budget fails with ptxas's
+        registers (the plan screened them with the family's estimate), and the shapes left with
+        none. Returns how many (shape, options) screenings were dropped."""
+        if self.build is None or not self.build.ok:
+            return 0
+        dropped = 0
+        for shape in list(self.shapes):
+            if not is_decode(self.family, shape.M, shape.N, shape.K):
+                continue
+            kept = [o for o in self.options.get(shape, [{}]) if not problems_on_arch(
+                self.config, shape, arch, options=o, registers=self.build.max_registers)]
+            dropped += len(self.options.get(shape, [{}])) - len(kept)
+            if kept:
+                self.options[shape] = kept
+            else:
+                self.shapes.remove(shape)
+                self.options.pop(shape, None)
+        return dropped
+
 
 @dataclass
 class BuildPlan:
@@ -129,7 +159,8 @@ class BuildPlan:
 def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = None,
          limit_per_shape: int | None = None, model: CostModel | None = None,
          acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS,
-         per_family: int | None = None, progress: Callable | None = None) -> BuildPlan:
+         per_family: int | None = None, progress: Callable | None = None,
+         decode_builds: int = DECODE_BUILDS) -> BuildPlan:
     """Candidates for every shape, deduplicated: one Candidate per distinct source, planned for
     one (accumulator, layout) target. Runtime options are not build parameters, so a build is
     planned once and carries, per shape it serves, the option combinations worth timing:
@@ -141,7 +172,9 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     the shape), and `limit_per_shape` becomes the least a shape gets, filled with the best of the
     rest: the prior's error is largest across families, so none is left untimed. `progress(shape)`
     is called as each shape is planned (ranking the options is the slow part: ~85 s for a
-    Llama-3 8B file)."""
+    Llama-3 8B file). On a decode shape the streaming families (cudal2.templates.budget) keep
+    only the options whose budget holds (in flight per SM, the last wave's fill), and their best
+    `decode_builds` configs of each family by budget time join the picks with all of those options."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
@@ -158,6 +191,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs
                    if fam.serves(c, shape.M, shape.N, shape.K, checked=True)]
+        if any(is_decode(fam.name, shape.M, shape.N, shape.K) for fam, _ in fitting):
+            fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
         ranked: dict[Any, list[tuple[float, dict]]] = {}
         for fam, cfg in fitting:
             if cfg not in metas:
@@ -169,12 +204,21 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                                                  facts=facts[cfg])
             else:                                  # nothing to rank: one way to call it
                 ranked[cfg] = [(float("nan"), dict(option_spaces[cfg][0]))]
+            if is_decode(fam.name, shape.M, shape.N, shape.K):
+                ranked[cfg] = [(t, o) for t, o in ranked[cfg]
+                               if not problems_on_arch(cfg, shape, arch, options=o)]
+        fitting = [fc for fc in fitting if ranked[fc[1]]]
+        decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
         if per_family:
             fitting = _pick_per_family(fitting, shape, model, per_family, limit_per_shape or 0,
-                                       src_of, times={cfg: r[0][0] for cfg, r in ranked.items()})
+                                       src_of, times={cfg: r[0][0] for cfg, r in ranked.items() if r})
         elif limit_per_shape:
             fitting = _pick(fitting, shape, model, limit_per_shape, src_of,
-                            times={cfg: r[0][0] for cfg, r in ranked.items()})
+                            times={cfg: r[0][0] for cfg, r in ranked.items() if r})
+        for fam_name in dict.fromkeys(f.name for f, _ in decode):     # each family its quota
+            mine = sorted((fc for fc in decode if fc[0].name == fam_name),
+                          key=lambda fc: ranked[fc[1]][0][0])[:decode_builds]
+            fitting += [fc for fc in mine if fc not in fitting]
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -186,7 +230,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             if shape not in cand.shapes:
                 cand.shapes.append(shape)
             opts = [o for _, o in ranked[cfg]]
-            cand.options[shape] = opts[:max_options] if max_options else opts
+            keep_all = not max_options or is_decode(fam.name, shape.M, shape.N, shape.K)
+            cand.options[shape] = opts if keep_all else opts[:max_options]
             evaluations += len(cand.options[shape])
             cands.append(cand)
         per_shape[shape] = cands

@@ -25,9 +25,55 @@ from cudal2.templates.mma import _mma_problems
 # each call right behind a call of the same kernel, where pdl would overlap its own predecessor,
 # a path no baseline gets. CUDAL2_PDL=1 turns it on in dispatch, and `cudal2 bench --model`
 # measures it behind a model's own kernels.
-SKINNY_OPTIONS = (("splits", (0, 1, 2, 4, 8, 16, 32, 64), 0),
+SKINNY_OPTIONS = (("splits", (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64), 0),
                   ("decomposition", (0, 2, 3), 0),
                   ("pdl", (0,), 0))
+
+
+STREAMK_MAX_CTAS = 2048      # streamk.cuh's kMaxCtas: the most CTAs a stream-K grid runs
+
+
+def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
+    """The split count a skinny kernel runs (skinny_hgemm.cuh's plan(), replayed): about two
+    CTAs per SM over the N tiles, at most 64, whole BK tiles per split, no empty split."""
+    tiles_n = max(1, -(-N // BN))
+    k_tiles = -(-K // BK)
+    s = asked if asked > 0 else -(-2 * sms // tiles_n)
+    s = max(1, min(s, 64))
+    if s > k_tiles:
+        s = max(k_tiles, 1)
+    if K <= 0:
+        return 1
+    chunk = -(-k_tiles // s) * BK
+    return -(-K // chunk)
+
+
+def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: int = 0,
+                decomposition: int = 0) -> tuple[str, int]:
+    """How a skinny call runs (skinny_hgemm.cuh's decide(), replayed): ("streamk", grid) or
+    ("splitk", splits). `slots`: the resident CTAs (per SM x SMs). Stream-K when asked
+    (decomposition 3), or by the heuristic (splits and decomposition 0) where it walks fewer
+    k-tiles per CTA than split-K's waves do."""
+    tiles = max(1, -(-N // BN))
+    k_tiles = max(1, -(-K // BK))
+    grid = max(1, min(slots, STREAMK_MAX_CTAS, tiles * k_tiles))
+    n = skinny_splits(N, K, BN, BK, sms, splits)
+    if decomposition == 3:
+        return "streamk", grid
+    if decomposition == 0 and splits == 0:
+        chunk = -(-k_tiles // n)                  # k-tiles per split (plan()'s k_chunk / BK)
+        if -(-tiles * k_tiles // grid) < -(-tiles * n // max(slots, 1)) * chunk:
+            return "streamk", grid
+    return "splitk", n
+
+
+
+def skinny_smem_bytes(p: dict) -> int:
+    """Dynamic shared memory of a skinny build (mma_hgemm.cuh's kSmemBytes): STAGES stages of
+    the A tile and the B tile, each row padded by 8 halves."""
+    a = p["BM"] * (p["BK"] + 8)
+    b = p["BN"] * (p["BK"] + 8) if p["LAYOUT"] == "RC" else p["BK"] * (p["BN"] + 8)
+    return p["STAGES"] * (a + b) * 2
 
 
 def _skinny_option_redundant(p: dict, o: dict) -> bool:
@@ -78,8 +124,8 @@ def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
 
 
 # BM: the largest small dimension served (M for skinny, N for skinny_n)
-_SKINNY_SPACE = {"BM": (16, 32, 64), "BN": (64, 128, 256), "BK": (64, 128), "WM": (16, 32),
-                 "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6)}
+_SKINNY_SPACE = {"BM": (16, 32, 64), "BN": (32, 64, 128, 256), "BK": (32, 64, 128), "WM": (16, 32),
+                 "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6, 8)}
 _SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC")
 
 

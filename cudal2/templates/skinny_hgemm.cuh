@@ -92,7 +92,9 @@ namespace cudal2_skinny {
 using namespace cudal2_hgemm_impl;
 
 constexpr int kMaxSplits = 64;
-constexpr int kSplitValues[] = {0, 1, 2, 4, 8, 16, 32, 64};   // runtime option "splits" (0 = auto)
+// runtime option "splits" (0 = auto): every count up to the cluster's 8 (a wave of tiles x splits
+// CTAs that fills the SMs is a count the shape picks, not a power of two), then coarser to 64
+constexpr int kSplitValues[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64};
 // runtime option "decomposition" (docs/abi.md's shared name): 0 heuristic (stream-K where the
 // split-K grid would leave a tail, else split-K), 2 split-K, 3 stream-K (ignores "splits")
 constexpr int kDecompositionValues[] = {0, 2, 3};
@@ -231,7 +233,7 @@ static KernelShape kernel_shape(int M, int N) {
 }
 
 static const char* build_meta() {
-  static char buf[1792];
+  static char buf[2048];
   // the tile in C's terms: the mirror's BM bounds N and its BN tiles M
   snprintf(buf, sizeof(buf),
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"abi\": 2, \"acc\": \"f32\", "
@@ -241,7 +243,7 @@ static const char* build_meta() {
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
            "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
            "\"options\": [{\"name\": \"splits\", "
-           "\"values\": [0, 1, 2, 4, 8, 16, 32, 64], \"default\": 0}, "
+           "\"values\": [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64], \"default\": 0}, "
            "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}, "
            "{\"name\": \"pdl\", \"values\": [0, 1], \"default\": 0}], \"pdl\": %s, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "

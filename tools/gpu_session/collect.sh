@@ -59,10 +59,12 @@ export_from() {  # export_from DB RUN_DIR PACK...: the export rule over the DB, 
   for pk in "$@"; do
     [ -f "$pk/manifest.json" ] || continue
     $PY - "$pk" "$srcs" <<'EOF'
-import json, shutil, sys
+import json, sys
+from pathlib import Path
+from cudal2.runs.campaign import read_source
 pack, out = sys.argv[1:]
 for c in json.load(open(f"{pack}/manifest.json"))["candidates"]:
-    shutil.copy(f"{pack}/{c['dir']}/kernel.cu", f"{out}/{c['sha']}.cu")
+    Path(f"{out}/{c['sha']}.cu").write_text(read_source(Path(pack) / c["dir"]))
 EOF
   done
   $PY -m cudal2 export --db "$db" --report "${run#"$REPO"/}" --sources "$srcs" --out "$KERNELS" || true
