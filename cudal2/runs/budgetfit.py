@@ -32,7 +32,7 @@ import numpy as np
 from cudal2.core.devices import GpuSpec, gpu_for
 from cudal2.harness.db import ResultsDB
 from cudal2.search.costmodel import spearman
-from cudal2.templates.budget import STREAMING, budget, replayable
+from cudal2.templates.budget import STREAMING, as_built, budget, replayable
 from cudal2.templates.family import KernelConfig
 
 # The grid the fit searches: (latency ns, floor us, reducer round trip us, split store us).
@@ -75,16 +75,6 @@ def db_paths(paths) -> list[Path]:
     return out
 
 
-def replay_options(meta: dict, options: dict) -> dict:
-    """A row's options as its build ran them: a build whose meta declares no "decomposition"
-    predates stream-K and ran split-K."""
-    declared = {o.get("name") for o in meta.get("options") or [] if isinstance(o, dict)}
-    out = dict(options)
-    if "decomposition" not in declared:          # an older build: split-K only
-        out["decomposition"] = 2
-    return out
-
-
 def decode_rows(paths) -> list[Row]:
     """Every committed Hopper decode row of a streaming family (see the module's docstring)."""
     rows = []
@@ -100,10 +90,10 @@ def decode_rows(paths) -> list[Row]:
             if not t:
                 continue
             cfg = KernelConfig(fam, tuple(ev.meta["params"].items()))
+            options, cluster = as_built(ev.meta, ev.options)
             rows.append(Row(gpu_for(gpu=gpu).name, cfg, (ev.shape.M, ev.shape.N, ev.shape.K),
-                            ev.layout, replay_options(ev.meta, ev.options),
-                            int(ev.build.get("registers") or 0), int(ev.meta.get("smem_bytes") or 0),
-                            bool(ev.meta.get("cluster_splitk_max")), float(t), ev.stage))
+                            ev.layout, options, int(ev.build.get("registers") or 0),
+                            int(ev.meta.get("smem_bytes") or 0), cluster, float(t), ev.stage))
     return rows
 
 

@@ -22,7 +22,7 @@ Ranked by the gap, worst first; a second ranking by |log(measured / predicted)|.
 
 Every number comes from the files read; an unknown cell is empty in the CSV and says why on the
 page. For a row our streaming family won, the streaming budget of that build at the shape
-(cudal2.templates.budget, replayed as cudal2.runs.budgetfit replays a committed row); the deep-K
+(cudal2.templates.budget, the build replayed as it ran: budget.as_built); the deep-K
 budget of issue 51 is not built, and the page says so.
 """
 from __future__ import annotations
@@ -39,11 +39,10 @@ from cudal2.core.devices import gpu_for
 from cudal2.harness import bandwidth as bw, ncu
 from cudal2.harness.db import DBError
 from cudal2.harness.types import BASELINES, medians
-from cudal2.runs import budgetfit
 from cudal2.runs.campaign import read_source, source_path
 from cudal2.runs.report import BUCKETS, collect, fmt, geomean, origin_group, read_rows
 from cudal2.search.costmodel import CostModel
-from cudal2.templates.budget import STREAMING, budget
+from cudal2.templates.budget import STREAMING, as_built, budget
 from cudal2.templates.family import KernelConfig, config_of
 
 MODE = "offline"
@@ -253,7 +252,7 @@ def prediction_cells(ev, best, cand: dict | None, pack_dir: Path | None) -> dict
 
 def budget_cells(ev, cand: dict | None, pack_dir: Path | None) -> dict:
     """The streaming budget of our best kernel at the row's shape on the row's GPU, replayed as
-    the build ran (cudal2.runs.budgetfit's rule), or why there is none."""
+    the build ran (budget.as_built), or why there is none."""
     out = dict.fromkeys(BUDGET_FIELDS)
     meta, res, _, why = kernel_description(ev, cand, pack_dir)
     if meta is None:
@@ -265,10 +264,9 @@ def budget_cells(ev, cand: dict | None, pack_dir: Path | None) -> dict:
         return dict(out, budget_note="not a streaming family")
     try:
         gpu = gpu_for(gpu=(ev.env or {}).get("gpu") or None, arch=ev.arch)
-        options = (budgetfit.replay_options(meta, ev.options or {}) if isinstance(meta, dict)
-                   else dict(ev.options or {}))       # a config of today's templates
+        options, cluster = as_built(meta if isinstance(meta, dict) else {}, ev.options or {})
         b = budget(cfg, ev.shape, gpu, options=options, registers=int((res or {}).get("registers") or 0),
-                   cluster=bool(meta.get("cluster_splitk_max", 1)) if isinstance(meta, dict) else True)
+                   cluster=cluster)
     except ValueError as exc:
         return dict(out, budget_note=f"budget failed: {exc}")
     return {"budget_us": b.t_us, "budget_inflight_kib": b.inflight_per_sm / 1024,

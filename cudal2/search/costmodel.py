@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cudal2.core.devices import ARCH_GPU, GPUS, GpuSpec, gpu_for  # noqa: F401  (the device table)
-from cudal2.templates.budget import STREAMING, budget, is_decode
+from cudal2.templates.budget import STREAMING, as_built, budget, is_decode
 from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_splits
 from cudal2.templates.skinny import STREAMK_MAX_CTAS, skinny_plan, skinny_splits  # noqa: F401
@@ -226,8 +226,7 @@ def _budgeted(family, meta: dict, params: dict, opts: dict) -> tuple:
     if family not in STREAMING:
         return ()
     p = params or {k: v for k, v in meta.items() if k.isupper()}
-    # a build says whether it reduces splits in a cluster; a config of today's templates does
-    cluster = bool(meta.get("cluster_splitk_max", 1)) if family != "gemv" else True
+    opts, cluster = as_built(meta, opts)
     return (family, tuple(sorted(p.items())), tuple(sorted(opts.items())), cluster)
 
 

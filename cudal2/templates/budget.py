@@ -293,6 +293,21 @@ def _persistent_fill(g: _Grid, gpu: GpuSpec) -> float:
     return min(1.0, last_ctas / gpu.sms)
 
 
+def as_built(meta: dict, options: dict) -> tuple[dict, bool]:
+    """How a build of a streaming family runs a call, from its meta: (the options as it runs
+    them, whether it reduces splits in a cluster). A build's meta (one with "params") that
+    declares no "decomposition" option predates stream-K and runs split-K; one without
+    "cluster_splitk_max" reduces through the workspace. A config's dict (no "params") is today's
+    templates: the options as given, a cluster where the GPU has one."""
+    if not isinstance(meta.get("params"), dict):
+        return dict(options), True
+    declared = {o.get("name") for o in meta.get("options") or [] if isinstance(o, dict)}
+    out = dict(options)
+    if meta.get("family") != "gemv" and "decomposition" not in declared:
+        out["decomposition"] = 2
+    return out, bool(meta.get("cluster_splitk_max"))
+
+
 def problems_on_arch(config: KernelConfig, shape, arch: str, *, options: dict | None = None,
                      registers: int = 0, smem_bytes: int = 0) -> list[str]:
     """The budget's problems on every GPU a build for `arch` may run on (an sm_90a build meets
