@@ -36,13 +36,22 @@ def _space(fam=FAM) -> list:
 def _covering() -> list:
     if os.environ.get("CUDAL2_SKINNY_ALL"):
         return _space(FAM) + _space(MIRROR)
-    # BM = 32 (no default has it) with the deepest, widest-K pipeline of the space
+    # BM = 32 (no default has it) with the deepest, widest-K pipeline of the space; A through
+    # registers (A_LOAD regs): a B-only ring of 10 stages, the mirror's, and one that fits sm_80
     return list(FAM.defaults()) + [FAM.config(BM=32, WM=32, BN=64, WN=16, BK=128, STAGES=6,
-                                              LAYOUT="RR")] + list(MIRROR.defaults())
+                                              LAYOUT="RR")] + list(MIRROR.defaults()) + REGS
+
+
+REGS = [FAM.config(BM=64, WM=16, BN=128, WN=32, BK=64, STAGES=10, A_LOAD="regs"),
+        FAM.config(BM=32, WM=16, BN=64, WN=32, BK=64, STAGES=6, LAYOUT="RR", A_LOAD="regs"),
+        MIRROR.config(BM=64, WM=32, BN=64, WN=32, BK=128, STAGES=8, A_LOAD="regs")]
 
 
 def _first_default(cfg) -> bool:
-    return cfg == FAMILIES[cfg.family].default()
+    """Built for every arch the family claims: its first default, and A_LOAD regs where sm_80's
+    shared memory holds it."""
+    return cfg == FAMILIES[cfg.family].default() or (
+        cfg.get("A_LOAD") == "regs" and FAMILIES[cfg.family].valid(cfg, "sm_80"))
 
 
 # every config for sm_90a; sm_80 (claimed too) for each family's first default, or everything
@@ -53,7 +62,8 @@ CASES = [pytest.param(c, a, id=f"{c.family}-{c.label().split(':')[1]}-{a}") for 
 
 def test_rules():
     assert FAM.valid(FAM.default()) and FAM.default().get("LAYOUT") == "RC"
-    assert all(FAMILIES[c.family].valid(c) for c in _covering())
+    assert all(any(FAMILIES[c.family].valid(c, a) for a in FAMILIES[c.family].arches)
+               for c in _covering())
     assert "BM=128" in " ".join(FAM.problems(FAM.config(BM=128))) or FAM.problems(FAM.config(BM=128))
     assert FAM.problems(FAM.config(BM=16, WM=32))            # warp tile taller than the tile
     assert FAM.problems(FAM.config(BM=16, BK=128, BN=64, WN=16, STAGES=6)) == []
@@ -71,6 +81,14 @@ def test_rules():
     assert FAM.option_problems(c, {"splits": 9}) and not FAM.option_problems(c, {"splits": 3})
     assert FAM.option_problems(c, {"splits": 0, "decomposition": 1})
     assert len(_space()) > 100
+    # A through registers (A_LOAD regs): the ring holds B alone, two A buffers beside it; a
+    # 64x128x64 tile keeps 10 stages (9 of B in flight, 144 KiB) where A in the ring fits 8
+    from cudal2.templates.skinny import skinny_smem_bytes
+    deep = REGS[0]
+    assert FAM.valid(deep, "sm_90a") and not FAM.valid(deep, "sm_80")
+    assert skinny_smem_bytes(deep.as_dict()) == (2 * 64 * 72 + 10 * 128 * 72) * 2
+    assert FAM.problems(deep.with_(A_LOAD="ring"), "sm_90a")            # 10 stages of A and B
+    assert deep.name() == "skinny_sm90a_f32_rc_64x128x64_w16x32_s10_ar"
 
 
 def test_the_mirror_serves_small_n_with_b_column_major():
@@ -112,7 +130,10 @@ def test_builds_one_kernel_without_spills(cfg, arch):
     assert "createpolicy.fractional.L2::evict_first.b64" in ptx
     hinted = len(re.findall(r"cp\.async\.cg\.shared\.global\.L2::cache_hint \[", ptx))
     plain = len(re.findall(r"cp\.async\.cg\.shared\.global \[", ptx))
-    assert hinted > 0 and plain > 0 and hinted * cfg.get("BM") == plain * cfg.get("BN"), (hinted, plain)
+    if cfg.get("A_LOAD") == "regs":   # the ring holds B alone; A comes through L2 into registers
+        assert hinted > 0 and plain == 0 and "ld.global.cg.v4" in ptx, (hinted, plain)
+    else:
+        assert hinted > 0 and plain > 0 and hinted * cfg.get("BM") == plain * cfg.get("BN"), (hinted, plain)
     imports = undefined_symbols(r.so_path)
     assert not [s for s in imports if "Memset" in s or "Memcpy" in s], imports
     tool = _cuobjdump()
@@ -236,7 +257,7 @@ GPU_SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (7, 11008, 4096), (1, 1000, 8),
               (13, 136, 264), (1, 8, 8), (16, 64, 0), (0, 64, 64)]
 
 
-GPU_CASES = list(FAM.defaults()) + list(MIRROR.defaults())   # (tools/gpu_session/prefill.py)
+GPU_CASES = list(FAM.defaults()) + list(MIRROR.defaults()) + REGS   # (tools/gpu_session/prefill.py)
 
 
 @pytest.mark.gpu

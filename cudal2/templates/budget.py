@@ -2,9 +2,9 @@
 GPU, what its reduction moves, and the time those imply, before any GPU sees it (issue 50).
 
 A decode GEMM (M <= 64) is a read of its weight. Little's law says how much of it each SM must
-keep requested and not yet arrived for the chip to stream at its reachable peak: bandwidth x
-DRAM latency / SMs (GpuSpec.inflight_needed_per_sm; on an H200, 4.8 TB/s x 0.93 x 1.2 us / 132 =
-40.6 KB per SM; on an H100 28.3 KB). A config answers it with:
+keep requested and not yet arrived for the chip to stream at 80% of its reachable peak P, with a
+latency that grows with the load: 4 x L x P / SMs (GpuSpec.inflight_needed_per_sm; on an H200,
+4 x 0.75 us x 4.464 TB/s / 132 = 99.1 KiB per SM; on an H100 69.1 KiB). A config answers it with:
 
 - CTAs resident per SM: the occupancy rule (threads, registers per warp in 256-register units,
   shared memory plus the driver's per-CTA reserve, the CTA cap), from ptxas registers when the
@@ -13,7 +13,8 @@ DRAM latency / SMs (GpuSpec.inflight_needed_per_sm; on an H200, 4.8 TB/s x 0.93 
 - the grid as waves of CTAs: work units (a CTA of a split-K grid, a stream-K CTA, a persistent
   GEMV's tile rounds), how many run at once, and how full the last wave keeps the SMs;
 - bytes of the streamed operand in flight per CTA and per SM at steady state: the skinny
-  families' cp.async pipeline keeps STAGES - 1 stages of B requested; the GEMV's threads each
+  families' cp.async pipeline keeps STAGES - 1 stages of B requested (with A_LOAD "regs" the
+  ring holds B alone, so more stages fit the same shared memory); the GEMV's threads each
   keep `unroll` 16-byte loads per weight row (cudal2.templates.gemv);
 - the reduction: none, inside a thread-block cluster (distributed shared memory), or through an
   L2 workspace (split-K's and stream-K's partial tiles), its bytes and its time;

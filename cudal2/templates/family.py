@@ -87,6 +87,7 @@ _ENUM_MACROS: dict[str, tuple[str, dict[str, int]]] = {
     "LAYOUT": ("LAYOUT_RC", {"RR": 0, "RC": 1}),
     "SCHEDULE": ("SCHEDULE_PINGPONG", {"cooperative": 0, "pingpong": 1}),
     "SCHEDULER": ("SCHEDULER_STREAMK", {"persistent": 0, "streamk": 1}),
+    "A_LOAD": ("A_REGS", {"ring": 0, "regs": 1}),
 }
 
 # A runtime option a build declares (kernel ABI 2, docs/abi.md): (name, values, default).
@@ -173,8 +174,9 @@ class Family:
     def accepts(self, config: KernelConfig, M: int, N: int, K: int, *, checked: bool = False) -> bool:
         """Whether a (valid) config computes C[M,N] = A[M,K] @ B for this shape (dense, aligned
         operands with ld == the logical width: what dispatch hands it). checked=True: the
-        caller has validated the config already (a planner over an enumerated space)."""
-        if min(M, N, K) < 0 or not (checked or self.valid(config)):
+        caller has validated the config already (a planner over an enumerated space). Valid
+        means for some arch the family claims (a deep ring may fit sm_90a only)."""
+        if min(M, N, K) < 0 or not (checked or any(self.valid(config, a) for a in self.arches)):
             return False
         return self._accepts(config.as_dict(), M, N, K)
 

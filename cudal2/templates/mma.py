@@ -7,9 +7,12 @@ from cudal2.templates.family import _ACC_LAYOUT, SMEM_LIMIT, Family, _register
 
 
 def _mma_smem_bytes(p: dict) -> int:
+    """mma_hgemm.cuh's kSmemBytes: STAGES stages of the B tile and of the A tile (two A buffers
+    when A is staged through registers, skinny's A_LOAD "regs"), rows padded by 8 halves."""
     a = p["BM"] * (p["BK"] + 8)
     b = p["BN"] * (p["BK"] + 8) if p["LAYOUT"] == "RC" else p["BK"] * (p["BN"] + 8)
-    return p["STAGES"] * (a + b) * 2
+    a_bufs = 2 if p.get("A_LOAD") == "regs" else p["STAGES"]
+    return (a_bufs * a + p["STAGES"] * b) * 2
 
 
 def _mma_problems(family: Family, p: dict, arch: str | None) -> list[str]:

@@ -62,6 +62,13 @@
 #ifndef CUDAL2_STREAM_EVICT_FIRST
 #define CUDAL2_STREAM_EVICT_FIRST 0   // 1: B, read once (skinny), loaded with an L2 evict-first policy
 #endif
+#ifndef A_REGS
+// 1 (skinny's A_LOAD "regs"): A, the small operand read through L2, skips the cp.async ring. Each
+// k-tile of A is loaded into registers one k-tile ahead and stored into one of two A buffers, so
+// the STAGES ring holds B alone: more of the streamed operand in flight per byte of shared memory
+// (a 64-row A took a third of each 64x128 stage). L2's latency hides behind one k-tile.
+#define A_REGS 0
+#endif
 #ifndef CUDAL2_PDL
 #define CUDAL2_PDL 0   // 1: launches may ask for programmatic dependent launch (skinny's option pdl)
 #endif
@@ -113,7 +120,9 @@ constexpr int kBRows = BK, kBCols = BN;        // B tile: BK rows of BN (n conti
 constexpr int kBStride = kBCols + kPad;
 constexpr int kAStage = BM * kAStride;         // halfs per stage
 constexpr int kBStage = kBRows * kBStride;
-constexpr size_t kSmemBytes = (size_t)STAGES * (kAStage + kBStage) * sizeof(half);
+constexpr int kABufs = A_REGS ? 2 : STAGES;    // A buffers: the ring's stages, or two (A_REGS)
+constexpr size_t kSmemBytes = ((size_t)kABufs * kAStage + (size_t)STAGES * kBStage) * sizeof(half);
+constexpr int kAChunks = BM * BK / 8 / kThreads;   // 16-byte chunks of an A k-tile per thread
 
 static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide the block tile");
 static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16x16");
@@ -211,6 +220,44 @@ __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g
     }
   }
 }
+
+#if A_REGS
+// A_REGS: this thread's chunks of the A k-tile at (r0, c0), in load_tile's order and zero fill,
+// loaded through L2 (ld.global.cg) into registers that store_a_regs later writes to a buffer.
+template <bool VEC>
+__device__ __forceinline__ void load_a_regs(uint4 (&r)[kAChunks], const half* g, int ld, int r0,
+                                            int row_lim, int c0, int col_lim, int tid) {
+  constexpr int kChunksPerRow = BK / 8;
+#pragma unroll
+  for (int i = 0; i < kAChunks; ++i) {
+    const int idx = tid + i * kThreads;
+    const int gr = r0 + idx / kChunksPerRow, gc = c0 + (idx % kChunksPerRow) * 8;
+    const bool row_ok = gr < row_lim;
+    if (VEC && row_ok && gc + 8 <= col_lim) {
+      r[i] = __ldcg(reinterpret_cast<const uint4*>(g + (size_t)gr * (size_t)ld + gc));
+    } else {   // a K residue, or unaligned operands: guarded 2-byte loads
+      const unsigned short* p =
+          reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = (row_ok && gc + 2 * j < col_lim) ? p[2 * j] : 0u;
+        const uint32_t hi = (row_ok && gc + 2 * j + 1 < col_lim) ? p[2 * j + 1] : 0u;
+        w[j] = lo | (hi << 16);
+      }
+      r[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+__device__ __forceinline__ void store_a_regs(half* smem, const uint4 (&r)[kAChunks], int tid) {
+  constexpr int kChunksPerRow = BK / 8;
+#pragma unroll
+  for (int i = 0; i < kAChunks; ++i) {
+    const int idx = tid + i * kThreads;
+    *reinterpret_cast<uint4*>(smem + (idx / kChunksPerRow) * kAStride + (idx % kChunksPerRow) * 8) = r[i];
+  }
+}
+#endif
 
 #if defined(CUDAL2_PTX_KSTEP)
 // The ptx family supplies cudal2_ptx_kstep (one asm block per k16 step) before including us.
@@ -336,7 +383,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
                  int k_chunk, int c_vec2, int streamk) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
-  half* sB = sA + STAGES * kAStage;
+  half* sB = sA + kABufs * kAStage;
 #if CUDAL2_PDL_LAUNCH && defined(__CUDA_ARCH__)
   // Launched early (pdl): the previous grid's writes (A, B, the workspace) are visible only after
   // this; it returns at once for a launch without the attribute. No launch_dependents: the next
@@ -389,7 +436,9 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #else
       const uint64_t b_policy = 0;
 #endif
+#if !A_REGS
       load_tile<BM, BK, VEC>(sA + stage * kAStage, kAStride, A, lda, m0, M, k0, k_end, tid);
+#endif
 #if LAYOUT_RC
       load_tile<BN, BK, VEC, CUDAL2_STREAM_EVICT_FIRST>(sB + stage * kBStage, kBStride, B, ldb, n0,
                                                         N, k0, k_end, tid, b_policy);
@@ -404,8 +453,18 @@ __global__ void CUDAL2_HGEMM_BOUNDS
       if (s < k_tiles) load_stage(s, s);
       cp_async_commit();   // always commit so group counting stays uniform
     }
+#if A_REGS
+    uint4 a_regs[kAChunks];
+    if (k_tiles > 0) {   // A's k-tile 0 into buffer 0: visible after the loop's first barrier
+      load_a_regs<VEC>(a_regs, A, lda, m0, M, k_begin, k_end, tid);
+      store_a_regs(sA, a_regs, tid);
+    }
+#endif
 
     for (int kt = 0; kt < k_tiles; ++kt) {
+#if A_REGS   // A's next k-tile in flight to registers while this one is computed
+      if (kt + 1 < k_tiles) load_a_regs<VEC>(a_regs, A, lda, m0, M, k_begin + (kt + 1) * BK, k_end, tid);
+#endif
       cp_async_wait<STAGES - 2>();
       __syncthreads();   // stage kt visible to all; stage kt-1 fully consumed by all warps
       const int next = kt + STAGES - 1;
@@ -413,7 +472,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
       cp_async_commit();
 
       const int stage = kt % STAGES;
-      const uint32_t a_stage = sA_base + stage * kAStage * 2 + a_lane;
+      const uint32_t a_stage = sA_base + (A_REGS ? kt & 1 : stage) * kAStage * 2 + a_lane;
       const uint32_t b_stage = sB_base + stage * kBStage * 2 + b_lane;
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
@@ -429,6 +488,9 @@ __global__ void CUDAL2_HGEMM_BOUNDS
         warp_kstep(acc, a_addr, b_addr);
 #endif
       }
+#if A_REGS   // buffer (kt + 1) & 1 was last read in k-tile kt - 1, before this k-tile's barrier
+      if (kt + 1 < k_tiles) store_a_regs(sA + ((kt + 1) & 1) * kAStage, a_regs, tid);
+#endif
     }
     cp_async_wait<0>();   // no copies may be in flight when the block exits
   };

@@ -13,7 +13,7 @@ storing C transposed. Importing this module registers both families
 from __future__ import annotations
 
 from cudal2.templates.family import Family, _register
-from cudal2.templates.mma import _mma_problems
+from cudal2.templates.mma import _mma_problems, _mma_smem_bytes
 
 # Runtime options of every skinny build (call order, values, default): 0 = the kernel's choice.
 # decomposition (docs/abi.md's shared name): 0 heuristic (stream-K where the split-K grid would
@@ -69,11 +69,9 @@ def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: 
 
 
 def skinny_smem_bytes(p: dict) -> int:
-    """Dynamic shared memory of a skinny build (mma_hgemm.cuh's kSmemBytes): STAGES stages of
-    the A tile and the B tile, each row padded by 8 halves."""
-    a = p["BM"] * (p["BK"] + 8)
-    b = p["BN"] * (p["BK"] + 8) if p["LAYOUT"] == "RC" else p["BK"] * (p["BN"] + 8)
-    return p["STAGES"] * (a + b) * 2
+    """Dynamic shared memory of a skinny build (mma_hgemm.cuh's kSmemBytes; an old build's meta
+    without A_LOAD ran A through the ring)."""
+    return _mma_smem_bytes(p)
 
 
 def _skinny_option_redundant(p: dict, o: dict) -> bool:
@@ -124,14 +122,19 @@ def _skinny_accepts(p: dict, M: int, N: int, K: int) -> bool:
 
 
 # BM: the largest small dimension served (M for skinny, N for skinny_n)
+# A_LOAD: "ring", A's k-tiles ride the cp.async ring beside B's; "regs", A goes through registers
+# into two buffers, so the ring holds B alone (a 64-row A took a third of a 64x128 stage: deeper
+# B rings, 10 to 16 stages, fit where they did not).
 _SKINNY_SPACE = {"BM": (16, 32, 64), "BN": (32, 64, 128, 256), "BK": (32, 64, 128), "WM": (16, 32),
-                 "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6, 8)}
-_SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC")
+                 "WN": (16, 32, 64), "STAGES": (2, 3, 4, 6, 8, 10, 12, 16), "A_LOAD": ("ring", "regs")}
+_SKINNY_DEFAULT = dict(BM=16, BN=128, BK=64, WM=16, WN=32, STAGES=4, LAYOUT="RC", A_LOAD="ring")
 
 
 def _skinny_name(p: dict) -> str:
-    """BMxBNxBK, warp tile, stages (the split count is a runtime option, not in the name)."""
-    return f"{p['BM']}x{p['BN']}x{p['BK']}_w{p['WM']}x{p['WN']}_s{p['STAGES']}"
+    """BMxBNxBK, warp tile, stages, "_ar" when A goes through registers (the split count is a
+    runtime option, not in the name)."""
+    name = f"{p['BM']}x{p['BN']}x{p['BK']}_w{p['WM']}x{p['WN']}_s{p['STAGES']}"
+    return name + ("_ar" if p.get("A_LOAD") == "regs" else "")
 
 
 _register(Family(

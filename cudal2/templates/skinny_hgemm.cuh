@@ -5,7 +5,8 @@
 // large operand B (K x N) is read from HBM exactly once, by 16-byte cp.async.cg (L2 only, no L1
 // allocation; an L2 evict-first policy, since each byte is read once) into a STAGES-deep
 // shared-memory pipeline; the small operand A (M x K, at most 64 x K x 2 bytes) is read through
-// L2 by every N tile. Tensor cores: mma.sync m16n8k16 with fp32
+// L2 by every N tile: through the same ring (A_LOAD "ring"), or (A_LOAD "regs", A_REGS 1) into
+// registers one k-tile ahead and two shared buffers, so the ring's STAGES hold B alone. Tensor cores: mma.sync m16n8k16 with fp32
 // accumulation; rows beyond M are zero and cost tensor issue slots only, which a bandwidth-bound
 // kernel has to spare (M = 1 at BM = 16: 16 flop per byte of B, ~54 TFLOP/s at 3.35 TB/s, within
 // mma.sync's measured ~290 TFLOP/s on an H100).
@@ -57,6 +58,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 4        // cp.async pipeline depth
+#endif
+#ifndef A_REGS
+#define A_REGS 0        // A_LOAD "regs" (1): A through registers into two buffers, the ring holds B only
 #endif
 #ifndef LAYOUT_RC
 #define LAYOUT_RC 1     // 1: B column-major (nn.Linear weight, stored N x K); 0: B row-major
@@ -247,7 +251,7 @@ static const char* build_meta() {
            "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}, "
            "{\"name\": \"pdl\", \"values\": [0, 1], \"default\": 0}], \"pdl\": %s, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "
-           "\"STAGES\": %d, \"LAYOUT\": \"%s\"}}",
+           "\"STAGES\": %d, \"LAYOUT\": \"%s\", \"A_LOAD\": \"%s\"}}",
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR",
            CUDAL2_SKINNY_N ? BN : BM, CUDAL2_SKINNY_N ? BM : BN, BK, WM, WN,
            kWarpsM * kWarpsN, kThreads, STAGES, (int)kSmemBytes,
@@ -258,7 +262,7 @@ static const char* build_meta() {
            SPLITK_DETERMINISTIC ? "deterministic" : "atomic",
            CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, CUDAL2_PDL_LAUNCH ? "true" : "false",
            BM, BN, BK, WM, WN, STAGES,
-           LAYOUT_RC ? "RC" : "RR");
+           LAYOUT_RC ? "RC" : "RR", A_REGS ? "regs" : "ring");
   return buf;
 }
 
