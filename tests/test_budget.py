@@ -139,9 +139,9 @@ def test_the_plan_packs_only_decode_candidates_within_the_budget():
     """`campaign prepare`'s plan of the decode rows (every family, RC, the verdict call's limits):
     every streaming candidate's options meet the budget on both Hoppers, and each streaming
     family packs every (config, options) of its space that meets it, up to DECODE_BUILDS
-    configs. (That is fewer than 200 screenings on some rows: skinny's pipeline keeps at most
-    (STAGES - 1) / STAGES of its shared memory's B in flight and its 64-row tile spends a third
-    to a half of each stage on A; the GEMV's unrolled loads cost registers, hence CTAs per SM.)"""
+    configs, and every row holds at least DECODE_SCREENINGS screenings. (Before skinny's A could
+    go through registers, A_LOAD regs, the 64-row rows held 37-59: A took a third to a half of
+    each ring stage, and no 64-row ring but 8 stages on one CTA kept an H200's 99 KiB in flight.)"""
     from cudal2.search import tune
     from cudal2.templates import enumerate_space
     rows = _decode_rows()
@@ -169,6 +169,11 @@ def test_the_plan_packs_only_decode_candidates_within_the_budget():
             else:
                 assert len({c for c, _ in mine}) >= tune.DECODE_BUILDS, (s, name)
     assert any(name == "gemv" for (_, name) in packed)
+    for s in rows:
+        total = sum(len(c.options[s]) for c in p.per_shape[s])
+        assert total >= tune.DECODE_SCREENINGS, (s, total)
+    tall = [c.get("A_LOAD") for (s, _), pairs in packed.items() if s.M == 64 for c, _ in pairs]
+    assert tall.count("regs") > 3 * tall.count("ring"), (tall.count("regs"), tall.count("ring"))
 
 
 def test_the_device_terms_are_the_fit_of_the_committed_rows():

@@ -41,6 +41,12 @@ MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (s
 # whose budget holds for some option, best budget time first, join the shape's picks, each with
 # every option whose budget holds (issue 50: hundreds of candidates per decode row for one call).
 DECODE_BUILDS = 24
+# ... and while a decode row holds fewer than DECODE_SCREENINGS (config, options) pairs, the next
+# admissible streaming configs by budget time join too, at most DECODE_MAX_BUILDS per family: a
+# row whose best configs admit few options (few split counts fill its waves) still gets the
+# search the issue asks for.
+DECODE_SCREENINGS = 200
+DECODE_MAX_BUILDS = 64
 # Families a decode shape is not planned for: the general mma.sync kernels pad M to 64+ rows and
 # read B by tiles. On the H200's 24 RC decode rows (2026-11-26, rc-call1, screening kernel time)
 # the best mma screening was 1.47-3.77x the row's best (median 2.05x), ptx 1.53-5.45x (median 2.22x);
@@ -174,7 +180,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     is called as each shape is planned (ranking the options is the slow part: ~85 s for a
     Llama-3 8B file). On a decode shape the streaming families (cudal2.templates.budget) keep
     only the options whose budget holds (in flight per SM, the last wave's fill), and their best
-    `decode_builds` configs of each family by budget time join the picks with all of those options."""
+    `decode_builds` configs of each family by budget time join the picks with all of those
+    options, then more while the row holds fewer than DECODE_SCREENINGS (`_decode_picks`)."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
@@ -215,10 +222,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
         elif limit_per_shape:
             fitting = _pick(fitting, shape, model, limit_per_shape, src_of,
                             times={cfg: r[0][0] for cfg, r in ranked.items() if r})
-        for fam_name in dict.fromkeys(f.name for f, _ in decode):     # each family its quota
-            mine = sorted((fc for fc in decode if fc[0].name == fam_name),
-                          key=lambda fc: ranked[fc[1]][0][0])[:decode_builds]
-            fitting += [fc for fc in mine if fc not in fitting]
+        if decode:
+            fitting = _decode_picks(fitting, decode, ranked, decode_builds, max_options)
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -240,6 +245,36 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             progress(shape)
     return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs, evaluations,
                      acc, layout)
+
+
+def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
+                  max_options: int | None) -> list:
+    """A decode row's picks: `fitting` plus each streaming family's best `builds` configs by
+    budget time, then the next best across the families (at most DECODE_MAX_BUILDS a family)
+    while the row holds fewer than DECODE_SCREENINGS (config, options) pairs."""
+    streaming = {fam.name for fam, _ in decode}      # every option kept (plan's keep_all)
+
+    def screenings(picks):
+        return sum(len(ranked[cfg]) if fam.name in streaming or not max_options
+                   else min(len(ranked[cfg]), max_options) for fam, cfg in picks)
+
+    order = sorted(decode, key=lambda fc: ranked[fc[1]][0][0])
+    taken: dict[str, int] = {}
+    picks = list(fitting)
+    for fc in order:
+        n = taken.get(fc[0].name, 0)
+        if n < builds:
+            taken[fc[0].name] = n + 1
+            if fc not in picks:
+                picks.append(fc)
+    for fc in order:
+        if screenings(picks) >= DECODE_SCREENINGS:
+            break
+        n = taken.get(fc[0].name, 0)
+        if fc not in picks and n < DECODE_MAX_BUILDS:
+            taken[fc[0].name] = n + 1
+            picks.append(fc)
+    return picks
 
 
 def _pick(fitting: list, shape: Shape, model: CostModel, limit: int, chosen_elsewhere,
