@@ -3,6 +3,8 @@
 Compiles real mma candidates and the two cuBLAS baseline libraries with nvcc (marked compile);
 the pack is built once per module and shared by the tests.
 """
+import gzip
+import hashlib
 import json
 import shutil
 
@@ -44,7 +46,13 @@ def test_prepare_packs_and_dry_runs(pack):
     assert m["launch_floor"]["name"] == "launch_floor" and m["launch_floor"]["libraries"] == []
     assert ("baseline launch_floor", m["launch_floor"]) in campaign.pack_entries(m)
     for e in m["candidates"] + m["baselines"] + [m["stream_read"], m["launch_floor"]]:
-        assert (out / e["dir"] / "kernel.so").is_file() and (out / e["dir"] / "kernel.cu.gz").is_file()
+        assert (out / e["dir"] / "kernel.cu.gz").is_file()
+    # a candidate's library travels gzipped (a decode pack carries hundreds), the others as built
+    for e in m["candidates"]:
+        assert (out / e["dir"] / "kernel.so.gz").is_file() and not (out / e["dir"] / "kernel.so").exists()
+        assert campaign.file_sha(campaign.library_path(out / e["dir"])) == e["so_sha256"]
+    for e in m["baselines"] + [m["stream_read"], m["launch_floor"]]:
+        assert (out / e["dir"] / "kernel.so").is_file()
     assert 0 < m["pack_bytes"] < 64 << 20
     assert any("dry run" in l and "0 problem(s)" in l for l in lines)
     assert (out / "shapes.csv").is_file()
@@ -99,12 +107,15 @@ def test_dry_run_catches_a_corrupt_pack(pack, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     m = json.loads((bad / "manifest.json").read_text())
-    so = bad / m["candidates"][0]["dir"] / "kernel.so"
-    so.write_bytes(b"\x7fELF not really")
+    gz = bad / m["candidates"][0]["dir"] / "kernel.so.gz"
+    gz.write_bytes(b"not gzip")
+    problems = campaign.dry_run(bad, log=lambda *a: None)
+    assert any("does not unpack" in p for p in problems), problems
+    gz.write_bytes(gzip.compress(b"\x7fELF not really"))
     problems = campaign.dry_run(bad, log=lambda *a: None)
     assert any("does not match its sha256" in p for p in problems)
     # a library that hashes right but is not a shared object fails to load in the worker
-    m["candidates"][0]["so_sha256"] = campaign.file_sha(so)
+    m["candidates"][0]["so_sha256"] = hashlib.sha256(b"\x7fELF not really").hexdigest()
     (bad / "manifest.json").write_text(json.dumps(m))
     problems = campaign.dry_run(bad, log=lambda *a: None)
     assert any("loading" in p and "error" in p for p in problems)
@@ -117,7 +128,9 @@ def test_pack_build_result_is_the_carried_binary(pack, tmp_path):
     out, m, _, _ = pack
     c = m["candidates"][0]
     br = campaign.pack_build_result(out, c, tmp_path / "ptx")
-    assert br.ok and br.cached and br.so_path == (out / c["dir"] / "kernel.so").resolve()
+    # the gzipped library unpacked into the run's folder, the pack left as carried
+    assert br.ok and br.cached and br.so_path.is_relative_to(tmp_path / "ptx")
+    assert campaign.file_sha(br.so_path) == c["so_sha256"] and not (out / c["dir"] / "kernel.so").exists()
     assert br.ptx_path is not None and "mma.sync" in br.ptx_path.read_text()
     assert br.max_registers == c["resources"]["registers"] > 0
 

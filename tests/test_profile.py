@@ -282,10 +282,11 @@ def test_a_stopped_stage_leaves_a_whole_csv_and_no_process(call, tmp_path):
     out = tmp_path / "p.csv"
     p = subprocess.Popen([sys.executable, str(KIT / "profile.py"), "--db", str(root / "results.db"),
                           "--pack", str(root / "pack"), "--out", str(out), "--ncu", str(KIT / "fake_ncu.py")],
-                         env=dict(os.environ, CUDAL2_FAKE_DEVICE="0.02", CUDAL2_FAKE_NCU="hang"),
+                         env=dict(os.environ, CUDAL2_FAKE_DEVICE="0.02", CUDAL2_FAKE_NCU="hang",
+                                  TMPDIR=str(tmp_path)),   # where the packed libraries unpack
                          stdout=subprocess.PIPE, text=True, cwd=REPO)
     deadline = time.monotonic() + 60
-    while not _running("fake_ncu.py", "profile_target", str(root / "pack")):   # a target started
+    while not _running("fake_ncu.py", "profile_target", str(tmp_path)):   # a target started
         assert time.monotonic() < deadline and p.poll() is None
         time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
@@ -293,7 +294,8 @@ def test_a_stopped_stage_leaves_a_whole_csv_and_no_process(call, tmp_path):
     assert [r["status"] for r in ncu.read_csv(out)] == ["budget"] * 2
     assert "SIGTERM" in ncu.read_csv(out)[0]["detail"]
     time.sleep(0.5)
-    assert not _running("fake_ncu.py", "profile_target", str(root / "pack"))
+    assert not _running("fake_ncu.py", "profile_target", str(tmp_path))
+    assert not list(tmp_path.glob("cudal2-pack-*"))      # the unpacked libraries removed at exit
 
 
 def _running(*words) -> bool:

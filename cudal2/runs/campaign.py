@@ -25,13 +25,16 @@ run (GPU machine; needs torch + numpy + stdlib, matplotlib optional, no nvcc): f
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import datetime as _dt
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,18 +76,66 @@ def _git_commit() -> str:
         return ""
 
 
-def _pack_entry(result, dest: Path) -> dict:
-    """Copy one build-cache entry into the pack (PTX gzipped). Returns its manifest fields."""
+LIBRARY, LIBRARY_GZ = "kernel.so", "kernel.so.gz"   # a pack entry's library: as built, or gzipped
+
+
+def _gzip(src: Path, dest: Path) -> None:
+    with src.open("rb") as f, gzip.open(dest, "wb", compresslevel=6) as g:
+        shutil.copyfileobj(f, g)
+
+
+def _pack_entry(result, dest: Path, *, gz: bool = False) -> dict:
+    """Copy one build-cache entry into the pack (PTX gzipped; the library too with `gz`: a
+    candidate's .so shrinks ~4x, and a decode pack carries hundreds). Returns its manifest
+    fields (so_sha256: the library's own bytes)."""
     entry = result.so_path.parent
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(result.so_path, dest / "kernel.so")
+    if gz:
+        _gzip(result.so_path, dest / LIBRARY_GZ)
+    else:
+        shutil.copy2(result.so_path, dest / LIBRARY)
     shutil.copy2(entry / "build.json", dest / "build.json")
     if result.ptx_path and result.ptx_path.exists():
-        with result.ptx_path.open("rb") as f, gzip.open(dest / "kernel.ptx.gz", "wb", compresslevel=6) as g:
-            shutil.copyfileobj(f, g)
-    return {"key": result.key, "so_sha256": file_sha(dest / "kernel.so"),
+        _gzip(result.ptx_path, dest / "kernel.ptx.gz")
+    return {"key": result.key, "so_sha256": file_sha(result.so_path),
             "resources": {"registers": result.max_registers, "shared_bytes": result.max_shared_bytes,
                           "spills": result.spills}}
+
+
+_UNPACKED: dict[tuple, Path] = {}   # (a gzipped library, its size and time) -> where it was unpacked
+
+
+def library_path(d: Path, workdir=None) -> Path:
+    """The loadable library of the pack entry in folder `d`: its kernel.so, or its kernel.so.gz
+    unpacked once into `workdir` (default: a temporary folder of this process), so the pack
+    stays as it was carried. A missing library is d / kernel.so (a caller's check names it)."""
+    d = Path(d).resolve()
+    if (d / LIBRARY).is_file() or not (d / LIBRARY_GZ).is_file():
+        return d / LIBRARY
+    st = (d / LIBRARY_GZ).stat()
+    key = (d, st.st_size, st.st_mtime_ns, str(workdir))
+    if key not in _UNPACKED or not _UNPACKED[key].is_file():
+        root = Path(workdir) if workdir is not None else _scratch()
+        dest = root / hashlib.sha256(str(key).encode()).hexdigest()[:16] / LIBRARY
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_suffix(".part")
+        with gzip.open(d / LIBRARY_GZ, "rb") as g, part.open("wb") as f:
+            shutil.copyfileobj(g, f)
+        part.chmod(0o755)
+        part.replace(dest)
+        _UNPACKED[key] = dest
+    return _UNPACKED[key]
+
+
+_SCRATCH: list[Path] = []
+
+
+def _scratch() -> Path:
+    """This process's folder for unpacked libraries, removed at exit."""
+    if not _SCRATCH:
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="cudal2-pack-")))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return _SCRATCH[0]
 
 
 SOURCE = "kernel.cu.gz"    # a pack entry's source: gzipped (an instantiation inlines ~20-70 KB of headers)
@@ -203,7 +254,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
         if not c.shapes:
             continue
         sha = source_sha(c.source)
-        fields = _pack_entry(c.build, out / "builds" / sha[:16])
+        fields = _pack_entry(c.build, out / "builds" / sha[:16], gz=True)
         write_source(out / "builds" / sha[:16], c.source)
         cands.append({"sha": sha, "dir": f"builds/{sha[:16]}", "family": c.family, "label": c.label,
                       "params": [[k, v] for k, v in c.config.params],
@@ -226,7 +277,7 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
                 continue
             entry = by_sha.get(sha)
             if entry is None:
-                fields = _pack_entry(r, out / "builds" / sha[:16])
+                fields = _pack_entry(r, out / "builds" / sha[:16], gz=True)
                 write_source(out / "builds" / sha[:16], spec.source)
                 entry = by_sha[sha] = {"sha": sha, "dir": f"builds/{sha[:16]}",
                                        "family": rows[0].family, "label": f"tuned:{rows[0].file}",
@@ -356,7 +407,7 @@ def _pack_queued(groups: list[dict], builds: list, out: Path, room: int | None, 
             log(f"  left out {g['file']}: {why}")
             continue
         d = out / "builds" / g["sha"][:16]
-        fields = _pack_entry(b, d)
+        fields = _pack_entry(b, d, gz=True)
         write_source(d, g["source"])
         if room is not None and _dir_bytes(d) > room:
             shutil.rmtree(d)
@@ -537,10 +588,22 @@ def pack_entries(m: dict) -> list[tuple[str, dict]]:
 def file_problem(pack: Path, what: str, e: dict) -> str | None:
     """Why an entry's files are not as its manifest says (library there, its bytes' sha256, its
     source's identity); None when they are."""
-    so, src = pack / e["dir"] / "kernel.so", source_path(pack / e["dir"])
-    if not so.is_file():
+    so, src = pack / e["dir"] / LIBRARY, source_path(pack / e["dir"])
+    if not so.is_file() and (pack / e["dir"] / LIBRARY_GZ).is_file():
+        so = pack / e["dir"] / LIBRARY_GZ
+        try:
+            h = hashlib.sha256()
+            with gzip.open(so, "rb") as g:
+                for chunk in iter(lambda: g.read(1 << 20), b""):
+                    h.update(chunk)
+            sha = h.hexdigest()
+        except (OSError, EOFError) as exc:
+            return f"{what}: {so} does not unpack: {exc}"
+    elif not so.is_file():
         return f"{what}: {so} missing"
-    if file_sha(so) != e["so_sha256"]:
+    else:
+        sha = file_sha(so)
+    if sha != e["so_sha256"]:
         return f"{what}: {so} does not match its sha256 in the manifest"
     if not src.is_file() or source_sha(read_source(src.parent)) != e["sha"]:
         return f"{what}: source missing or not matching {e['sha'][:12]}"
@@ -562,7 +625,7 @@ def dry_run(pack, *, log=print) -> list[str]:
             if bad:
                 problems.append(bad)
                 continue
-            so = pack / e["dir"] / "kernel.so"
+            so = library_path(pack / e["dir"])
             probe = probe_library if what.startswith("candidate") else probe_baseline
             args = (str(so.resolve()),) if probe is probe_library else (str(so.resolve()), e["exports"])
             out = pool.run(probe, *args, timeout_s=60)
@@ -619,7 +682,7 @@ def pack_build_result(pack, entry: dict, workdir):
             ptx.parent.mkdir(parents=True, exist_ok=True)
             with gzip.open(d / "kernel.ptx.gz", "rb") as g, ptx.open("wb") as f:
                 shutil.copyfileobj(g, f)
-    return result_from_json(info, so_path=(d / "kernel.so").resolve(), ptx_path=ptx,
+    return result_from_json(info, so_path=library_path(d, workdir), ptx_path=ptx,
                             name=entry.get("label", "kernel"))
 
 

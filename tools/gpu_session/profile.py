@@ -108,18 +108,19 @@ def our_name(sha: str, options: dict) -> str:
 
 @dataclass
 class Packs:
-    kernels: dict                  # source sha -> kernel.so
+    kernels: dict                  # source sha -> kernel.so (a gzipped one unpacked: library_path)
     baselines: dict                # "cublas" / "cublaslt" -> .so
     lt_choices: dict               # autotune key -> entry (the manifests')
 
 
 def read_packs(paths) -> Packs:
-    from cudal2.runs.campaign import load_manifest
+    from cudal2.runs.campaign import library_path, load_manifest
     kernels, bases, lt = {}, {}, {}
     for p in map(Path, paths):
         m = load_manifest(p)
         for c in m["candidates"]:
-            kernels.setdefault(c["sha"], str((p / c["dir"] / "kernel.so").resolve()))
+            if c["sha"] not in kernels:
+                kernels[c["sha"]] = str(library_path(p / c["dir"]))
         for b in m.get("baselines") or ():
             bases.setdefault(b["name"], str((p / b["dir"] / "kernel.so").resolve()))
         lt.update(m.get("lt_choices") or {})
