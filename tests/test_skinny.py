@@ -118,8 +118,11 @@ def _build(cfg, arch):
 def test_builds_one_kernel_without_spills(cfg, arch):
     from test_wgmma import _cuobjdump
     from cudal2.harness.audit import undefined_symbols
+    from cudal2.templates.skinny import skinny_register_estimate
     r = _build(cfg, arch)
     assert r.spills == 0 and max(x.stack_bytes for x in r.resources) == 0, r.resources
+    # the planner's estimate bounds ptxas's figure (an option it admits is not dropped later)
+    assert r.max_registers <= skinny_register_estimate(cfg.as_dict()), r.max_registers
     ptx = r.ptx_path.read_text()
     entries = re.findall(r"\.entry\s+(\w+)", ptx)
     assert len(entries) == 1 and "hgemm_kernelILb1" in entries[0], entries   # 16-byte loads only

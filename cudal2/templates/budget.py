@@ -37,15 +37,13 @@ from dataclasses import dataclass, field
 from cudal2.core.devices import GPUS, GPUS_OF_ARCH, GpuSpec
 from cudal2.templates import gemv
 from cudal2.templates.family import KernelConfig
-from cudal2.templates.skinny import STREAMK_MAX_CTAS, skinny_plan, skinny_smem_bytes
+from cudal2.templates.skinny import (STREAMK_MAX_CTAS, skinny_plan, skinny_register_estimate,
+                                     skinny_smem_bytes)
 
 STREAMING = ("skinny", "skinny_n", "gemv")   # the families the budget models
 DECODE_MAX_M = 64                            # a decode row: the small dimension <= 64 ...
 DECODE_MIN_BYTES = 16 << 20                  # ... streaming at least what an H200 keeps in flight (13 MB)
 WAVE_FILL_MIN = 0.90                         # the last wave keeps at least this share of the SMs busy
-# Registers a skinny thread takes when no build says (a plan before building): about the most
-# its decode builds took (115 at 16x64 warp tiles on the H200 rows); gemv: gemv_register_estimate.
-SKINNY_REGISTER_ESTIMATE = 128
 
 
 @dataclass(frozen=True)
@@ -255,7 +253,8 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         threads = 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
         smem = smem_bytes or skinny_smem_bytes(p)
         arith = gpu.mma_sync_tflops
-    regs = registers or (gemv.gemv_register_estimate(p) if family == "gemv" else SKINNY_REGISTER_ESTIMATE)
+    # before a build says: the family's estimate (an upper bound for skinny)
+    regs = registers or (gemv.gemv_register_estimate(p) if family == "gemv" else skinny_register_estimate(p))
     occ, limit = ctas_per_sm(threads, regs, smem, gpu)
     slots = occ * gpu.sms
     cluster = cluster and gpu.cluster_max > 0

@@ -74,6 +74,20 @@ def skinny_smem_bytes(p: dict) -> int:
     return _mma_smem_bytes(p)
 
 
+def skinny_register_estimate(p: dict) -> int:
+    """Registers a skinny build takes, before it is built: an upper bound, not a fit. ptxas's
+    figures on the 154 skinny and skinny_n builds of the RC decode pack (sm_90a, 2026-11-29: 89-205)
+    sit 0-73 under it (median 37): the planner must not admit an option that ptxas's figure then
+    drops (campaign prepare rechecks). Grows with the accumulators, the A chunks held in registers
+    (A_LOAD regs) and the unrolled B loads; capped by __launch_bounds__(threads, 1)."""
+    threads = 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
+    acc = (p["WM"] // 16) * (p["WN"] // 8) * 4
+    a_chunks = p["BM"] * p["BK"] // 8 // threads if p.get("A_LOAD") == "regs" else 0
+    b_chunks = p["BN"] * p["BK"] // 8 // threads
+    cap = min(255, 65536 // threads // 8 * 8)
+    return min(cap, int(138 + 0.75 * acc + 6.5 * a_chunks + 3.5 * b_chunks))
+
+
 def _skinny_option_redundant(p: dict, o: dict) -> bool:
     """A split count other than 0 runs split-K whatever the decomposition (3 ignores it): only
     (splits 0, decomposition 0 / 2 / 3) and (splits s, decomposition 0) behave differently."""
