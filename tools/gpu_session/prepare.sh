@@ -82,12 +82,14 @@ if [ $VERDICT = 1 ]; then
   $PY tools/gpu_session/prefill.py --arch "$ARCH" --only "$only"
   prio=$(mktemp -d)
   $PY tools/gpu_session/priority.py "$prio"
-  for p in .gpu_campaign:priority_rr.csv .gpu_campaign_rc:priority_rc.csv; do
-    echo "== campaign pack $ROOT/${p%%:*}"
-    rm -rf "${ROOT:?}/${p%%:*}"
+  # pack:shapes:MiB; the RC pack's decode rows carry >= 200 screenings each (~200 builds)
+  for p in .gpu_campaign:priority_rr.csv:16 .gpu_campaign_rc:priority_rc.csv:24; do
+    dir=${p%%:*} rest=${p#*:}
+    echo "== campaign pack $ROOT/$dir"
+    rm -rf "${ROOT:?}/$dir"
     CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
-      $PY -m cudal2 campaign prepare --shapes "$prio/${p#*:}" --arch "$ARCH" --out "$ROOT/${p%%:*}" \
-        --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-16}" --run-order file
+      $PY -m cudal2 campaign prepare --shapes "$prio/${rest%%:*}" --arch "$ARCH" --out "$ROOT/$dir" \
+        --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-${rest#*:}}" --run-order file
   done
   rm -rf "$prio" "$ROOT/.whl"
   WHEELS=0
