@@ -970,12 +970,15 @@ def run(pack, out, *, budget_s: float = float("inf"), modes=("offline", "e2e", "
             f"(server gaps {list(gaps)} ms) x {len(baselines)} baselines on {r.gpu}, "
             f"{'no time budget' if budget_s == float('inf') else f'budget {budget_s:.0f} s'}; "
             f"output {r.run_dir}")
-    with r.acct.phase("audit"):
-        _audit_builds(r)
+    # the ceilings first: they need no candidate, and the audit's CPU time (~0.1 s a build on 2
+    # cores) must not leave them under their minimum; the lanes read the audits, filled in place,
+    # from the first shape on
     with r.acct.phase("campaign start"):
         _open_lanes(r, devices, ray_mod)
     with r.acct.phase("bandwidth"):
         _bandwidth(r)
+    with r.acct.phase("audit"):
+        _audit_builds(r)
     request = dict(arch=r.m["arch"], acc=r.m.get("acc"), modes=modes, baselines=baselines,
                    origin="tune", server_gaps_ms=gaps, gate_margin=margin)
     r.bar = Bar(len(r.plan), "shapes", enabled=progress, unit="shape", log=log)
@@ -1091,7 +1094,7 @@ def _audit_builds(r: _Run) -> None:
     with ThreadPoolExecutor(8) as ex:
         futs = {sha: ex.submit(audit_verdict, replace(probe_req, source=srcs[sha]), sha, r.builds[sha])
                 for sha in r.builds}
-        r.audits = {sha: f.result() for sha, f in futs.items()}
+        r.audits.update({sha: f.result() for sha, f in futs.items()})   # the lanes' dict
     r.log(f"audited {len(r.audits)} builds in {time.monotonic() - t0:.1f} s "
           f"({sum(not a['ok'] for a in r.audits.values())} rejected)")
 
