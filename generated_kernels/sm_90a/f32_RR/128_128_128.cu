@@ -562,6 +562,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// 8 halves from global (gr, gc) by guarded 2-byte loads: zero where !row_ok or col >= col_lim.
+__device__ __forceinline__ uint4 load_chunk_guarded(const half* g, int ld, int gr, int gc,
+                                                    bool row_ok, int col_lim) {
+  const unsigned short* p =
+      reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t lo = (row_ok && gc + 2 * j < col_lim) ? p[2 * j] : 0u;
+    const uint32_t hi = (row_ok && gc + 2 * j + 1 < col_lim) ? p[2 * j + 1] : 0u;
+    w[j] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // Copies a ROWS x COLS tile (COLS contiguous in global and shared memory) starting at global
 // (r0, c0); elements at row >= row_lim or col >= col_lim read as zero. VEC: 16-byte cp.async
 // (needs 16-byte aligned base and ld % 8 == 0); else guarded 2-byte loads and 16-byte smem stores.
@@ -588,17 +603,7 @@ __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g
       else
         cp_async_16(smem_u32(dst), src, valid * 2);
     } else {
-      const unsigned short* p =
-          reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
-      const bool row_ok = gr < row_lim;
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = (row_ok && gc + 2 * j < col_lim) ? p[2 * j] : 0u;
-        const uint32_t hi = (row_ok && gc + 2 * j + 1 < col_lim) ? p[2 * j + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(dst) = load_chunk_guarded(g, ld, gr, gc, gr < row_lim, col_lim);
     }
   }
 }
@@ -617,17 +622,8 @@ __device__ __forceinline__ void load_a_regs(uint4 (&r)[kAChunks], const half* g,
     const bool row_ok = gr < row_lim;
     if (VEC && row_ok && gc + 8 <= col_lim) {
       r[i] = __ldcg(reinterpret_cast<const uint4*>(g + (size_t)gr * (size_t)ld + gc));
-    } else {   // a K residue, or unaligned operands: guarded 2-byte loads
-      const unsigned short* p =
-          reinterpret_cast<const unsigned short*>(g) + (size_t)gr * (size_t)ld + gc;
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = (row_ok && gc + 2 * j < col_lim) ? p[2 * j] : 0u;
-        const uint32_t hi = (row_ok && gc + 2 * j + 1 < col_lim) ? p[2 * j + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
-      r[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {   // a K residue, or unaligned operands
+      r[i] = load_chunk_guarded(g, ld, gr, gc, row_ok, col_lim);
     }
   }
 }
