@@ -47,7 +47,7 @@ DECODE_BUILDS = 24
 # search the issue asks for.
 # The plan aims DECODE_MARGIN over it: campaign prepare's recheck with ptxas's registers drops a
 # few (fewer registers than the estimate can put one more CTA on an SM, and a split-K grid then
-# ends in a partial wave: 6 of 1101 on the 2026-11-29 RC pack).
+# ends in a partial wave: 6 of 5811 planned screenings of the 2026-11-29 RC pack).
 DECODE_SCREENINGS = 200
 DECODE_MARGIN = 1.05
 DECODE_MAX_BUILDS = 64

@@ -12,10 +12,10 @@ import sys
 
 from cudal2.core.devices import GPUS, gpu_for
 from cudal2.templates.budget import STREAMING, budget
-from cudal2.templates.family import FAMILIES
+from cudal2.templates.family import FAMILIES, KernelConfig
 
 
-def parse_config(text: str, sets: list[str]) -> "KernelConfig":
+def parse_config(text: str, sets: list[str]) -> KernelConfig:
     """A config from a label or a family name, with NAME=VALUE changes; ValueError naming the
     problem."""
     family, _, rest = text.partition(":")
