@@ -28,6 +28,7 @@ import argparse
 import atexit
 import csv
 import datetime as _dt
+import functools
 import gzip
 import hashlib
 import json
@@ -127,15 +128,12 @@ def library_path(d: Path, workdir=None) -> Path:
     return _UNPACKED[key]
 
 
-_SCRATCH: list[Path] = []
-
-
+@functools.cache
 def _scratch() -> Path:
     """This process's folder for unpacked libraries, removed at exit."""
-    if not _SCRATCH:
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="cudal2-pack-")))
-        atexit.register(shutil.rmtree, _SCRATCH[0], True)
-    return _SCRATCH[0]
+    path = Path(tempfile.mkdtemp(prefix="cudal2-pack-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 SOURCE = "kernel.cu.gz"    # a pack entry's source: gzipped (an instantiation inlines ~20-70 KB of headers)
@@ -592,11 +590,7 @@ def file_problem(pack: Path, what: str, e: dict) -> str | None:
     if not so.is_file() and (pack / e["dir"] / LIBRARY_GZ).is_file():
         so = pack / e["dir"] / LIBRARY_GZ
         try:
-            h = hashlib.sha256()
-            with gzip.open(so, "rb") as g:
-                for chunk in iter(lambda: g.read(1 << 20), b""):
-                    h.update(chunk)
-            sha = h.hexdigest()
+            sha = hashlib.sha256(gzip.decompress(so.read_bytes())).hexdigest()
         except (OSError, EOFError) as exc:
             return f"{what}: {so} does not unpack: {exc}"
     elif not so.is_file():
