@@ -15,7 +15,7 @@ import pytest
 from cudal2.core.devices import GPUS
 from cudal2.harness.types import Shape
 from cudal2.templates import FAMILIES
-from cudal2.templates.budget import (WAVE_FILL_MIN, budget, ctas_per_sm, is_decode,
+from cudal2.templates.budget import (BUDGETED, WAVE_FILL_MIN, budget, ctas_per_sm, is_decode,
                                      problems_on_arch)
 from cudal2.templates.skinny import skinny_plan
 
@@ -116,6 +116,38 @@ def test_the_mirror_is_budgeted_on_the_transposed_shape():
         budget(FAMILIES["mma"].default(), (1, 4096, 4096), H200)
 
 
+def test_the_tile_grids_are_the_kernels_plans():
+    """lowlat's grid is its tiles times lowlat_splits' count, reduced through the workspace;
+    wgmma's a persistent grid over the tiles without a split, else tiles x wgmma_splits reduced
+    in a cluster. The streamed operand is the large one (B here); a 3-stage lowlat keeps 32 KiB
+    in flight, an 8-stage one 7 x 16 KiB, over an H200 SM's 99 KiB."""
+    from cudal2.templates.lowlat import lowlat_splits
+    from cudal2.templates.wgmma import wgmma_splits
+    shape = (64, 4096, 4096)
+    ll = FAMILIES["lowlat"].default().with_(LAYOUT="RC", STAGES=8)        # 64x128x64
+    b = budget(ll, shape, H200, options={"splits": 0})
+    n = lowlat_splits(*shape, 64, 128, 64, H200.sms)[0]
+    assert (b.grid, b.splits, b.reduction) == (32 * n, n, "workspace") and n == 4
+    assert b.inflight_per_cta == 7 * 128 * 64 * 2 and b.problems() == []
+    assert b.stream_bytes == 2 * 4096 * 4096
+    shallow = budget(ll.with_(STAGES=3), shape, H200, options={"splits": 0})
+    assert shallow.inflight_per_sm == 32 * 1024 and "in flight" in shallow.problems()[0]
+    wg = FAMILIES["wgmma"].default().with_(BM=64, BN=128, STAGES=8, CONSUMERS=1, CLUSTER_M=1,
+                                           EPILOGUE="direct", LAYOUT="RC")
+    persistent = budget(wg, shape, H200, options={"splits": 1, "sm_count": 0})
+    assert (persistent.decomposition, persistent.grid, persistent.units) == ("persistent", 32, 32)
+    assert persistent.last_wave_fill == pytest.approx(32 / 132)
+    split = budget(wg, shape, H200, options={"splits": 4})
+    assert wgmma_splits(*shape, 64, 128, 64, H200.sms, 4) == 4
+    assert (split.grid, split.reduction, split.problems()) == (128, "cluster", [])
+    # a 2-CTA cluster pairs row tiles: a 64-row decode row has one
+    pair = budget(wg.with_(CLUSTER_M=2), shape, H200, options={"splits": 1})
+    assert "CLUSTER_M=2" in pair.problems()[0]
+    # the tile grids stream the large operand: B on a decode row, A on its mirror
+    assert is_decode("lowlat", 64, 4096, 4096) and is_decode("wgmma", 4096, 64, 4096)
+    assert not is_decode("cutlass_sm90", 64, 4096, 4096)
+
+
 def test_an_sm90a_build_meets_both_hoppers():
     """problems_on_arch asks the H100's and the H200's need: 96 KiB in flight meets the H100's
     69 KiB, not the H200's 99."""
@@ -137,7 +169,8 @@ def _decode_rows() -> list[Shape]:
 @pytest.mark.slow
 def test_the_plan_packs_only_decode_candidates_within_the_budget():
     """`campaign prepare`'s plan of the decode rows (every family, RC, the verdict call's limits):
-    every streaming candidate's options meet the budget on both Hoppers, and each streaming
+    every candidate is of a budgeted family (the tile grids' too: lowlat, lowlat_mma, wgmma) and
+    its options meet the budget on both Hoppers, and each streaming
     family packs every (config, options) of its space that meets it, up to DECODE_BUILDS
     configs, and every row holds at least DECODE_SCREENINGS screenings. (Before skinny's A could
     go through registers, A_LOAD regs, the 64-row rows held 37-59: A took a third to a half of
@@ -149,6 +182,8 @@ def test_the_plan_packs_only_decode_candidates_within_the_budget():
     packed: dict = {}
     for c in p.candidates:
         for s, opts in c.options.items():
+            if s in rows:                 # every candidate of a decode row declares its budget
+                assert c.family in BUDGETED, (c.label, s)
             if is_decode(c.family, s.M, s.N, s.K):
                 for o in opts:
                     assert not problems_on_arch(c.config, s, "sm_90a", options=o), (c.label, s, o)
@@ -178,10 +213,12 @@ def test_the_plan_packs_only_decode_candidates_within_the_budget():
 
 def test_the_device_terms_are_the_fit_of_the_committed_rows():
     """cudal2.core.devices' latency, floor and split-K terms are the least RMS log error over the
-    committed H200 decode rows among their grid neighbours (`cudal2 report --budget` runs the
+    committed H200 decode rows of the streaming families among their grid neighbours (`cudal2 report --budget` runs the
     whole grid: reports/cpu/2026-11-29-decode-budget)."""
     from cudal2.runs import budgetfit
     rows = [r for r in budgetfit.decode_rows([REPO / "reports"]) if r.gpu == "H200"]
+    assert {r.config.family for r in rows} > {"skinny", "lowlat"}
+    rows = budgetfit.streaming_rows(rows)
     assert len(rows) >= 400
     terms = budgetfit.terms_of(H200)
     grid = []

@@ -1,5 +1,5 @@
 """`cudal2 report --budget`: the streaming budget (cudal2.templates.budget) against every
-committed Hopper decode row a streaming family ran, and the fit of its device terms.
+committed Hopper decode row a budgeted family ran, and the fit of its device terms.
 
 Rows: every ok row of a results DB (results.db or .db.gz, searched under the given paths) whose
 family is one the budget models, whose small dimension is <= 64, measured on an H100 or H200 by
@@ -10,7 +10,8 @@ split-K (decomposition 2), one that declares no cluster reduction reduced throug
 
 The fit: the four device terms (DRAM latency, stream floor, the workspace reducer's round trip
 and a split CTA's store-and-arrive cost) that minimise the RMS of log(measured / predicted)
-over every point of a grid (FIT_GRID), per GPU with rows. The report: per row predicted beside measured and the log
+over every point of a grid (FIT_GRID), per GPU, on the streaming families' rows (the tile grids'
+few committed rows, lowlat's default configs, are reported beside them, not fitted). The report: per row predicted beside measured and the log
 error; per group (family, M, split count, stage) the median error; the rank correlation and the
 median and 90th-percentile |log error|; the worst rows.
 
@@ -32,7 +33,7 @@ import numpy as np
 from cudal2.core.devices import GpuSpec, gpu_for
 from cudal2.harness.db import ResultsDB
 from cudal2.search.costmodel import spearman
-from cudal2.templates.budget import STREAMING, as_built, budget, replayable
+from cudal2.templates.budget import BUDGETED, STREAMING, TILED, as_built, budget, replayable
 from cudal2.templates.family import KernelConfig
 
 # The grid the fit searches: (latency ns, floor us, reducer round trip us, split store us).
@@ -76,12 +77,12 @@ def db_paths(paths) -> list[Path]:
 
 
 def decode_rows(paths) -> list[Row]:
-    """Every committed Hopper decode row of a streaming family (see the module's docstring)."""
+    """Every committed Hopper decode row of a budgeted family (see the module's docstring)."""
     rows = []
     for path in db_paths(paths):
         for ev in ResultsDB(path, readonly=True).rows():
             fam, gpu = ev.meta.get("family"), ev.env.get("gpu") or ""
-            if ev.status != "ok" or fam not in STREAMING or not ("H100" in gpu or "H200" in gpu):
+            if ev.status != "ok" or fam not in BUDGETED or not ("H100" in gpu or "H200" in gpu):
                 continue
             if not replayable(fam, ev.shape.M, ev.shape.N) or not isinstance(ev.meta.get("params"), dict):
                 continue
@@ -95,6 +96,11 @@ def decode_rows(paths) -> list[Row]:
                             ev.layout, options, int(ev.build.get("registers") or 0),
                             int(ev.meta.get("smem_bytes") or 0), cluster, float(t), ev.stage))
     return rows
+
+
+def streaming_rows(rows: list[Row]) -> list[Row]:
+    """The rows the device terms are fitted on: the streaming families'."""
+    return [r for r in rows if r.config.family in STREAMING]
 
 
 def with_terms(gpu: GpuSpec, terms) -> GpuSpec:
@@ -153,10 +159,13 @@ def report(rows: list[Row], out: Path, *, refit: bool = True, command: str = "")
         for name in sorted({r.gpu for r in rows}):
             mine = [r for r in rows if r.gpu == name]
             gpu = gpu_for(gpu=name)
-            if refit:
-                terms, err = fit(mine, gpu)
-                lines += [f"## {name}: {len(mine)} rows", "",
-                          f"Fit over FIT_GRID: latency {terms[0]} ns, floor {terms[1]} us, reducer round "
+            lines += [f"## {name}: {len(mine)} rows", ""]
+            if refit and not streaming_rows(mine):
+                lines += ["No streaming-family rows: no fit.", ""]
+            elif refit:
+                terms, err = fit(streaming_rows(mine), gpu)
+                lines += [f"Fit over FIT_GRID on the {len(streaming_rows(mine))} streaming-family "
+                          f"rows: latency {terms[0]} ns, floor {terms[1]} us, reducer round "
                           f"trip {terms[2]} us, split store {terms[3]} us (RMS log error {err:.3f}); "
                           f"the table's terms: {terms_of(gpu)}.", ""]
             e = log_errors(mine, gpu)
@@ -166,6 +175,13 @@ def report(rows: list[Row], out: Path, *, refit: bool = True, command: str = "")
                       f"median |log error| {np.median(np.abs(e)):.3f} ({math.exp(np.median(np.abs(e))):.2f}x), "
                       f"90th percentile {np.percentile(np.abs(e), 90):.3f} "
                       f"({math.exp(np.percentile(np.abs(e), 90)):.2f}x).", ""]
+            for label, part in (("streaming families", STREAMING), ("tile grids", TILED)):
+                idx = [i for i, r in enumerate(mine) if r.config.family in part]
+                if idx and len(idx) < len(mine):
+                    pe = e[idx]
+                    pr = spearman([preds[i].t_us for i in idx], [mine[i].measured_us for i in idx])
+                    lines.append(f"- the {label}' {len(idx)} rows: rank correlation {pr:.3f}, RMS log "
+                                 f"error {rms(pe):.3f}, median |log error| {np.median(np.abs(pe)):.3f}")
             lines += _group_lines(mine, e) + ["", "Worst rows:", ""]
             for i in np.argsort(-np.abs(e))[:12]:
                 r, p = mine[i], preds[i]
@@ -193,7 +209,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run_cli(args) -> int:
     rows = decode_rows(args.paths)
     if not rows:
-        raise ValueError(f"no Hopper decode rows of {', '.join(STREAMING)} in {' '.join(args.paths)}")
+        raise ValueError(f"no Hopper decode rows of {', '.join(BUDGETED)} in {' '.join(args.paths)}")
     command = "cudal2 report --budget " + " ".join(map(str, args.paths)) + f" --out {args.out}" + (
         " --no-fit" if args.no_fit else "")
     print(report(rows, args.out, refit=not args.no_fit, command=command), end="")

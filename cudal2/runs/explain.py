@@ -42,7 +42,7 @@ from cudal2.harness.types import BASELINES, medians
 from cudal2.runs.campaign import read_source, source_path
 from cudal2.runs.report import BUCKETS, collect, fmt, geomean, origin_group, read_rows
 from cudal2.search.costmodel import CostModel
-from cudal2.templates.budget import STREAMING, as_built, budget
+from cudal2.templates.budget import BUDGETED, as_built, budget
 from cudal2.templates.family import KernelConfig, config_of
 
 MODE = "offline"
@@ -258,10 +258,10 @@ def budget_cells(ev, cand: dict | None, pack_dir: Path | None) -> dict:
     if meta is None:
         return dict(out, budget_note=why)
     cfg = meta if isinstance(meta, KernelConfig) else None
-    if cfg is None and meta.get("family") in STREAMING and isinstance(meta.get("params"), dict):
+    if cfg is None and meta.get("family") in BUDGETED and isinstance(meta.get("params"), dict):
         cfg = KernelConfig(meta["family"], tuple(meta["params"].items()))
-    if cfg is None or cfg.family not in STREAMING:
-        return dict(out, budget_note="not a streaming family")
+    if cfg is None or cfg.family not in BUDGETED:
+        return dict(out, budget_note="not a budgeted family")
     try:
         gpu = gpu_for(gpu=(ev.env or {}).get("gpu") or None, arch=ev.arch)
         options, cluster = as_built(meta if isinstance(meta, dict) else {}, ev.options or {})

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cudal2.core.devices import ARCH_GPU, GPUS, GpuSpec, gpu_for  # noqa: F401  (the device table)
-from cudal2.templates.budget import STREAMING, as_built, budget, is_decode
+from cudal2.templates.budget import BUDGETED, as_built, budget, is_decode
 from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_splits
 from cudal2.templates.skinny import STREAMK_MAX_CTAS, skinny_plan, skinny_splits  # noqa: F401
@@ -223,7 +223,7 @@ def kernel_facts(meta: Any, resources: Any = None, options: dict | None = None) 
 def _budgeted(family, meta: dict, params: dict, opts: dict) -> tuple:
     """KernelFacts.budgeted of a streaming family's meta or config (() otherwise): a build's
     meta nests its config in "params", a config's dict is the params itself."""
-    if family not in STREAMING:
+    if family not in BUDGETED:
         return ()
     p = params or {k: v for k, v in meta.items() if k.isupper()}
     opts, cluster = as_built(meta, opts)

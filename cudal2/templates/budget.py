@@ -11,11 +11,13 @@ latency that grows with the load: 4 x L x P / SMs (GpuSpec.inflight_needed_per_s
   build is known, else the family's register estimate (a planner that has not built yet;
   `campaign prepare` checks again with ptxas's figure);
 - the grid as waves of CTAs: work units (a CTA of a split-K grid, a stream-K CTA, a persistent
-  GEMV's tile rounds), how many run at once, and how full the last wave keeps the SMs;
+  GEMV's tile rounds, a persistent wgmma grid's tiles), how many run at once, and how full the
+  last wave keeps the SMs;
 - bytes of the streamed operand in flight per CTA and per SM at steady state: the skinny
   families' cp.async pipeline keeps STAGES - 1 stages of B requested (with A_LOAD "regs" the
   ring holds B alone, so more stages fit the same shared memory); the GEMV's threads each
-  keep `unroll` 16-byte loads per weight row (cudal2.templates.gemv);
+  keep `unroll` 16-byte loads per weight row (cudal2.templates.gemv); the tile grids (lowlat,
+  lowlat_mma, wgmma: TILED) keep STAGES - 1 stages of the large operand's tile;
 - the reduction: none, inside a thread-block cluster (distributed shared memory), or through an
   L2 workspace (split-K's and stream-K's partial tiles), its bytes and its time;
 - the predicted time: the stream floor, then per wave the latency of the first request plus the
@@ -37,10 +39,17 @@ from dataclasses import dataclass, field
 from cudal2.core.devices import GPUS, GPUS_OF_ARCH, GpuSpec
 from cudal2.templates import gemv
 from cudal2.templates.family import KernelConfig
+from cudal2.templates.lowlat import lowlat_smem_bytes, lowlat_splits
 from cudal2.templates.skinny import (STREAMK_MAX_CTAS, skinny_plan, skinny_register_estimate,
                                      skinny_smem_bytes)
+from cudal2.templates.wgmma import _wgmma_smem_bytes, wgmma_splits
 
-STREAMING = ("skinny", "skinny_n", "gemv")   # the families the budget models
+STREAMING = ("skinny", "skinny_n", "gemv")   # the streaming families: a decode row is their work
+TILED = ("lowlat", "lowlat_mma", "wgmma")    # tile grids that also serve decode rows
+BUDGETED = STREAMING + TILED                 # the families the budget models
+# Before a build: the most registers ptxas gave any committed build of the family (lowlat 166,
+# lowlat_mma 128, wgmma 168: its launch bound; setmaxnreg moves them between warpgroups).
+TILED_REGISTER_ESTIMATE = {"lowlat": 168, "lowlat_mma": 128, "wgmma": 168}
 DECODE_MAX_M = 64                            # a decode row: the small dimension <= 64 ...
 DECODE_MIN_BYTES = 16 << 20                  # ... streaming at least what an H200 keeps in flight (13 MB)
 WAVE_FILL_MIN = 0.90                         # the last wave keeps at least this share of the SMs busy
@@ -78,6 +87,7 @@ class Budget:
     t_stream_us: float            # the waves (stream or arithmetic, whichever is longer per wave)
     t_reduce_us: float
     wave_terms: tuple = field(default=(), repr=False)   # per wave: (units, bytes/unit, rate, us)
+    refusal: str = ""             # a reason the config cannot serve the shape, whatever its budget
 
     @property
     def t_us(self) -> float:
@@ -90,7 +100,7 @@ class Budget:
 
     def problems(self) -> list[str]:
         """Why this config cannot stream this shape at the device's rate; empty when it can."""
-        out = []
+        out = [self.refusal] if self.refusal else []
         if self.inflight_per_sm < self.inflight_needed_per_sm:
             out.append(f"{self.inflight_per_sm / 1024:.1f} KiB in flight per SM < the "
                        f"{self.inflight_needed_per_sm / 1024:.1f} KiB {self.gpu} needs")
@@ -208,6 +218,37 @@ def _gemv_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, option
                  persistent=True)
 
 
+def _tile_grid(family: str, p: dict, M: int, N: int, K: int, gpu: GpuSpec, options: dict) -> _Grid:
+    """lowlat's and wgmma's grid: an output tile per CTA, K split in the same launch by the
+    kernel's own plan (lowlat_splits, wgmma_splits, replayed); without a split wgmma runs a
+    persistent grid of sm_count CTAs (0: every SM) over the tiles. lowlat's splits reduce through
+    the workspace, the last arriver reading every split's fragment with the loads of one split
+    in flight: a round trip per split; wgmma's in a cluster (a slice of every peer's through
+    DSMEM). The streamed operand is the large one: B when M is the small dimension, else A."""
+    BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    k_tiles = -(-K // BK)
+    cm = p.get("CLUSTER_M", 1)
+    tiles = -(-M // (BM * cm)) * cm * -(-N // BN)     # a cluster along M takes whole pairs
+    kt_bytes = 2.0 * (BN if M <= N else BM) * BK
+    kt_flops = 2.0 * BM * BN * BK                      # padded rows cost tensor issue
+    inflight = int((S - 1) * kt_bytes)
+    tile_partial = 4.0 * min(M, BM) * min(N, BN)
+    if family == "wgmma":
+        splits = wgmma_splits(M, N, K, BM, BN, BK, gpu.sms, int(options.get("splits", 1)), cm)
+        per = -(-k_tiles // splits)
+        if splits == 1:
+            grid = min(tiles, int(options.get("sm_count", 0)) or gpu.sms)
+            return _Grid("persistent", 1, grid, tiles, per * kt_bytes, per * kt_flops, inflight,
+                         "none", 0.0, 0, persistent=True)
+        return _Grid("split-K", splits, tiles * splits, tiles * splits, per * kt_bytes,
+                     per * kt_flops, inflight, "cluster", 2.0 * tile_partial * tiles * (splits - 1),
+                     splits)
+    splits, per = lowlat_splits(M, N, K, BM, BN, BK, gpu.sms, int(options.get("splits", 0)))
+    return _Grid("split-K", splits, tiles * splits, tiles * splits, per * kt_bytes,
+                 per * kt_flops, inflight, "workspace" if splits > 1 else "none",
+                 2.0 * tile_partial * tiles * (splits - 1), splits if splits > 1 else 0)
+
+
 def _waves(g: _Grid, slots: int, gpu: GpuSpec, ctas_sm: int, arith_tflops: float):
     """Per wave: (units, bytes per unit, GB/s per unit, us). A wave's units keep X bytes
     requested; each round trip of X takes the latency plus X at the reachable peak (the latency
@@ -234,32 +275,28 @@ def _waves(g: _Grid, slots: int, gpu: GpuSpec, ctas_sm: int, arith_tflops: float
 
 def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = None,
            registers: int = 0, smem_bytes: int = 0, cluster: bool = True) -> Budget:
-    """The budget of `config` (a STREAMING family) at `shape` (M, N, K) on `gpu`. options: the
+    """The budget of `config` (a BUDGETED family) at `shape` (M, N, K) on `gpu`. options: the
     runtime options of the call (missing: the build's defaults); registers / smem_bytes: ptxas's
     and the meta's figures (0: the family's estimate and formula); cluster: whether the build
     reduces splits in a cluster (a Hopper build of today; False replays an older build)."""
     family = config.family
-    if family not in STREAMING:
-        raise ValueError(f"the streaming budget models {', '.join(STREAMING)}, not {family}")
+    if family not in BUDGETED:
+        raise ValueError(f"the streaming budget models {', '.join(BUDGETED)}, not {family}")
     p = config.as_dict()
     M, N, K = (int(shape.M), int(shape.N), int(shape.K)) if hasattr(shape, "M") else map(int, shape)
     options = dict(options or {})
     km, kn = (N, M) if family == "skinny_n" else (M, N)       # the mirror computes C^T
-    if family == "gemv":
-        threads = gemv.gemv_threads(p)
-        smem = smem_bytes or gemv.gemv_smem_bytes(p, int(options.get("splits", 1)))
-        arith = gpu.fp32_tflops
-    else:
-        threads = 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
-        smem = smem_bytes or skinny_smem_bytes(p)
-        arith = gpu.mma_sync_tflops
-    # before a build says: the family's estimate (an upper bound for skinny)
-    regs = registers or (gemv.gemv_register_estimate(p) if family == "gemv" else skinny_register_estimate(p))
+    threads, smem, regs, arith = _cta(family, p, gpu, int(options.get("splits", 1)))
+    smem, regs = smem_bytes or smem, registers or regs
     occ, limit = ctas_per_sm(threads, regs, smem, gpu)
     slots = occ * gpu.sms
     cluster = cluster and gpu.cluster_max > 0
-    g = (_gemv_grid(p, km, kn, K, gpu, slots, options) if family == "gemv"
-         else _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads))
+    if family == "gemv":
+        g = _gemv_grid(p, km, kn, K, gpu, slots, options)
+    elif family in TILED:
+        g = _tile_grid(family, p, km, kn, K, gpu, options)
+    else:
+        g = _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads)
     waves, at_once = _waves(g, slots, gpu, occ, arith)
     first_per_sm = min(occ, waves[0][0] / min(gpu.sms, waves[0][0]))
     last = waves[-1][0]
@@ -270,6 +307,7 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         # the partials' bytes cross L2 (DRAM once they outgrow it): at the streaming peak
         moved = g.reduction_bytes if g.reduction == "workspace" else 0.0
         t_reduce = g.reduce_trips * per_peer + moved / gpu.stream_bytes_per_us
+    big, small = (max(km, kn), min(km, kn)) if family in TILED else (kn, km)
     return Budget(
         family=family, label=config.label(), shape=(M, N, K), gpu=gpu.name, options=options,
         threads=threads, registers=regs, registers_known=bool(registers), smem_bytes=smem,
@@ -278,10 +316,36 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         last_wave_fill=_persistent_fill(g, gpu) if g.persistent else min(1.0, last / gpu.sms),
         inflight_per_cta=g.inflight, inflight_per_sm=g.inflight * first_per_sm,
         inflight_needed_per_sm=gpu.inflight_needed_per_sm(),
-        stream_bytes=2.0 * kn * K, other_bytes=2.0 * (km * K + km * kn),
+        stream_bytes=2.0 * big * K, other_bytes=2.0 * (small * K + km * kn),
         reduction=g.reduction, reduction_bytes=g.reduction_bytes,
         t_floor_us=gpu.stream_floor_us, t_stream_us=sum(w[3] for w in waves), t_reduce_us=t_reduce,
-        wave_terms=tuple(waves))
+        wave_terms=tuple(waves), refusal=_refusal(family, p, km, kn))
+
+
+def _cta(family: str, p: dict, gpu: GpuSpec, splits: int) -> tuple[int, int, int, float]:
+    """A config's CTA before a build says: (threads, shared bytes, registers, the TFLOP/s of its
+    instruction). Registers: the family's estimate (an upper bound for skinny); the GEMV's
+    shared memory grows with its `splits` option."""
+    if family == "gemv":
+        return (gemv.gemv_threads(p), gemv.gemv_smem_bytes(p, splits), gemv.gemv_register_estimate(p),
+                gpu.fp32_tflops)
+    if family == "wgmma":
+        return (128 * (p["CONSUMERS"] + 1), _wgmma_smem_bytes(p), TILED_REGISTER_ESTIMATE[family],
+                gpu.tflops)
+    if family in TILED:
+        wg = p["BM"] >= 64                     # lowlat: a warpgroup per 64 rows; else BN/32 warps
+        return (128 * (p["BM"] // 64) if wg else 32 * (p["BN"] // 32), lowlat_smem_bytes(p),
+                TILED_REGISTER_ESTIMATE[family], gpu.tflops if wg else gpu.mma_sync_tflops)
+    return (32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]), skinny_smem_bytes(p),
+            skinny_register_estimate(p), gpu.mma_sync_tflops)
+
+
+def _refusal(family: str, p: dict, M: int, N: int) -> str:
+    """Why a config cannot serve a decode row whatever its budget: wgmma's 2-CTA cluster shares
+    B between two row tiles, and a row of M <= BM rows has one (its pair computes nothing)."""
+    if family == "wgmma" and p.get("CLUSTER_M", 1) > 1 and M <= p["BM"] and M <= N:
+        return f"CLUSTER_M={p['CLUSTER_M']} pairs row tiles, and {M} rows are one tile"
+    return ""
 
 
 def _persistent_fill(g: _Grid, gpu: GpuSpec) -> float:
@@ -303,7 +367,7 @@ def as_built(meta: dict, options: dict) -> tuple[dict, bool]:
         return dict(options), True
     declared = {o.get("name") for o in meta.get("options") or [] if isinstance(o, dict)}
     out = dict(options)
-    if meta.get("family") != "gemv" and "decomposition" not in declared:
+    if meta.get("family") in ("skinny", "skinny_n") and "decomposition" not in declared:
         out["decomposition"] = 2
     return out, bool(meta.get("cluster_splitk_max"))
 
@@ -322,13 +386,21 @@ def problems_on_arch(config: KernelConfig, shape, arch: str, *, options: dict | 
 
 
 def replayable(family: str, M: int, N: int) -> bool:
-    """A shape the budget can replay: a streaming family's small dimension is at most
-    DECODE_MAX_M (what `cudal2 report --budget` fits on)."""
-    return family in STREAMING and (N if family == "skinny_n" else M) <= DECODE_MAX_M
+    """A shape the budget can replay: a budgeted family whose small dimension (a streaming
+    family's own; a tile grid's smaller of M and N) is at most DECODE_MAX_M (what `cudal2 report
+    --budget` fits on)."""
+    return family in BUDGETED and _small_big(family, M, N)[0] <= DECODE_MAX_M
 
 
 def is_decode(family: str, M: int, N: int, K: int) -> bool:
     """A decode row the budget rules: replayable, and its streamed operand at least
     DECODE_MIN_BYTES (a smaller one cannot hold the chip's in-flight need: it is bound by the
     launch, not by streaming)."""
-    return replayable(family, M, N) and 2 * K * (M if family == "skinny_n" else N) >= DECODE_MIN_BYTES
+    return replayable(family, M, N) and 2 * K * _small_big(family, M, N)[1] >= DECODE_MIN_BYTES
+
+
+def _small_big(family: str, M: int, N: int) -> tuple[int, int]:
+    """(the small dimension, the streamed operand's rows) of a family on (M, N)."""
+    if family in TILED:
+        return min(M, N), max(M, N)
+    return (N, M) if family == "skinny_n" else (M, N)

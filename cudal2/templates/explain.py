@@ -1,5 +1,7 @@
-"""`cudal2 templates --explain CONFIG --shape MxNxK`: a streaming config's budget at a shape
-(cudal2.templates.budget), for every runtime option of its build or the ones given.
+"""`cudal2 templates --explain CONFIG --shape MxNxK`: a budgeted config's budget at a shape
+(cudal2.templates.budget: the streaming families and the tile grids), for every runtime option
+the planner would sweep there (a decode row's wider sweep where the family has one) or the ones
+given.
 
 CONFIG is a config label (`skinny:BK=64,BM=16,...`, as `cudal2 templates --list` and the
 campaign's pack print it) or a family name (its first default), changed by `-D NAME=VALUE`.
@@ -11,7 +13,7 @@ import argparse
 import sys
 
 from cudal2.core.devices import GPUS, gpu_for
-from cudal2.templates.budget import STREAMING, budget
+from cudal2.templates.budget import BUDGETED, budget, is_decode
 from cudal2.templates.family import FAMILIES, KernelConfig
 
 
@@ -56,7 +58,7 @@ def parse_options(items: list[str]) -> dict[str, int]:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help=f"a config label or a family name ({', '.join(STREAMING)})")
+    parser.add_argument("config", help=f"a config label or a family name ({', '.join(BUDGETED)})")
     parser.add_argument("--shape", required=True, help="MxNxK")
     parser.add_argument("-D", "--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
                         help="change a parameter of the config (repeatable)")
@@ -70,8 +72,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args) -> int:
     cfg = parse_config(args.config, args.sets)
-    if cfg.family not in STREAMING:
-        raise ValueError(f"config {cfg.label()}: the streaming budget models {', '.join(STREAMING)}")
+    if cfg.family not in BUDGETED:
+        raise ValueError(f"config {cfg.label()}: the streaming budget models {', '.join(BUDGETED)}")
     shape, gpu = parse_shape(args.shape), gpu_for(gpu=args.gpu)
     fam = FAMILIES[cfg.family]
     if not fam.serves(cfg, *shape):
@@ -83,7 +85,8 @@ def run_cli(args) -> int:
         if not result.ok:
             raise ValueError(f"config {cfg.label()} failed to build for {args.arch}: {result.status}")
         registers = result.max_registers
-    combos = [parse_options(args.option)] if args.option else fam.option_space(cfg)
+    combos = ([parse_options(args.option)] if args.option
+              else fam.option_space(cfg, decode=is_decode(cfg.family, *shape)))
     met = 0
     for options in combos:
         b = budget(cfg, shape, gpu, options=options, registers=registers)
