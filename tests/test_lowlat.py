@@ -45,7 +45,7 @@ def test_families_share_one_header_and_split_by_instruction():
     ("lowlat_mma", dict(BM=64), "belongs to lowlat"),
     ("lowlat", dict(BN=256), "BN"),
     ("lowlat", dict(BK=128), "BK"),
-    ("lowlat", dict(STAGES=5), "STAGES"),
+    ("lowlat", dict(STAGES=9), "STAGES"),
     ("lowlat", dict(STAGES=1), "STAGES"),
     ("lowlat", dict(ACC="f16"), "fp32"),
     ("lowlat_mma", dict(BM=48), "BM"),
@@ -106,11 +106,13 @@ def test_split_choice_fills_the_sms_and_keeps_whole_k_tiles():
 
 def test_planner_sweeps_the_kernels_own_split_choice():
     """The meta declares every split value the kernel takes; the planner times the kernel's own
-    choice only (the cost model cannot rank the others yet: lowlat.PLANNED_SPLITS)."""
+    choice only (the cost model cannot rank the others yet: lowlat.PLANNED_SPLITS), but every
+    value on a decode row, where the streaming budget screens them."""
     for fam in (LL, LLM):
         c = fam.default()
         assert fam.option_decls(c) == [("splits", (0,), 0)]
         assert fam.option_space(c) == [{"splits": 0}]
+        assert fam.option_space(c, decode=True) == [{"splits": v} for v in SPLIT_VALUES]
 
 
 def _space(fam):
@@ -121,8 +123,9 @@ def _space(fam):
 # ---- builds (nvcc, no GPU) ----------------------------------------------------------------
 def _instantiations() -> list:
     """(config, arch): each family's defaults and, for every knob value and layout, one config
-    that has it; lowlat_mma's defaults also for sm_80. 14 builds of ~2-4 s. CUDAL2_LOWLAT_ALL=1: the whole
-    space of both families (48 configs, 72 builds)."""
+    that has it (the 6- and 8-stage rings among them); lowlat_mma's defaults also for sm_80. 18
+    builds of ~2-4 s. CUDAL2_LOWLAT_ALL=1: the whole space of both families (78 configs, 118
+    builds)."""
     out = []
     for fam in (LL, LLM):
         space = _space(fam)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from cudal2 import templates
 from cudal2.core import knobs
 from cudal2.core.build import BuildSpec, build_many
+from cudal2.core.devices import gpu_for
 from cudal2.core.identity import source_sha
 from cudal2.core.toolchain import ToolchainError, detect_arch, find_toolchain
 from cudal2.core.shapefile import check_sizes, open_csv, reader as shape_reader
@@ -33,16 +34,16 @@ from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
 from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
 from cudal2.search.costmodel import CostModel, kernel_facts
-from cudal2.templates.budget import is_decode, problems_on_arch
+from cudal2.templates.budget import TILED, budget, is_decode, problems_on_arch
 from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
-# A decode shape (the streaming families' small dimension <= 64): each streaming family's builds
+# A decode shape (a budgeted family's small dimension <= 64): each budgeted family's builds
 # whose budget holds for some option, best budget time first, join the shape's picks, each with
 # every option whose budget holds (issue 50: hundreds of candidates per decode row for one call).
 DECODE_BUILDS = 24
 # ... and while a decode row holds fewer than DECODE_SCREENINGS (config, options) pairs, the next
-# admissible streaming configs by budget time join too, at most DECODE_MAX_BUILDS per family: a
+# admissible configs by budget time join too, at most DECODE_MAX_BUILDS per family: a
 # row whose best configs admit few options (few split counts fill its waves) still gets the
 # search the issue asks for.
 # The plan aims DECODE_MARGIN over it: campaign prepare's recheck with ptxas's registers drops a
@@ -50,12 +51,14 @@ DECODE_BUILDS = 24
 # ends in a partial wave: 6 of 5811 planned screenings of the 2026-11-29 RC pack).
 DECODE_SCREENINGS = 200
 DECODE_MARGIN = 1.05
-DECODE_MAX_BUILDS = 64
+DECODE_MAX_BUILDS = 80
 # Families a decode shape is not planned for: the general mma.sync kernels pad M to 64+ rows and
 # read B by tiles. On the H200's 24 RC decode rows (2026-11-26, rc-call1, screening kernel time)
 # the best mma screening was 1.47-3.77x the row's best (median 2.05x), ptx 1.53-5.45x (median 2.22x);
-# the streaming families and the low-latency ones won every row.
-DECODE_SKIP = ("mma", "ptx")
+# the streaming families and the low-latency ones won every row. cutlass_sm90's pipeline depth is
+# CUTLASS's choice at compile time (the shared memory its epilogue leaves), so its configs
+# cannot declare the streaming budget a decode candidate must meet (issue 50).
+DECODE_SKIP = ("mma", "ptx", "cutlass_sm90")
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -196,8 +199,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
     metas: dict[Any, dict] = {}
-    option_spaces: dict[Any, list[dict]] = {}
-    facts: dict[Any, list] = {}                # each config's options' facts: shape-independent
+    option_spaces: dict[Any, list[dict]] = {}  # per (config, decode row): its options
+    facts: dict[Any, list] = {}                # ... and their facts: shape-independent
     selecting = bool(limit_per_shape or per_family)
     for shape in shapes:
         fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs
@@ -206,18 +209,20 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
         ranked: dict[Any, list[tuple[float, dict]]] = {}
         for fam, cfg in fitting:
+            decode = is_decode(fam.name, shape.M, shape.N, shape.K)
+            key = (cfg, decode)
             if cfg not in metas:
                 metas[cfg] = config_meta(cfg)
-                option_spaces[cfg] = fam.option_space(cfg)
-                facts[cfg] = [kernel_facts(metas[cfg], None, o) for o in option_spaces[cfg]]
-            if selecting or len(option_spaces[cfg]) > 1:
-                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[cfg],
-                                                 facts=facts[cfg])
+            if key not in option_spaces:
+                option_spaces[key] = fam.option_space(cfg, decode=decode)
+                facts[key] = [kernel_facts(metas[cfg], None, o) for o in option_spaces[key]]
+            if selecting or len(option_spaces[key]) > 1:
+                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[key],
+                                                 facts=facts[key])
             else:                                  # nothing to rank: one way to call it
-                ranked[cfg] = [(float("nan"), dict(option_spaces[cfg][0]))]
-            if is_decode(fam.name, shape.M, shape.N, shape.K):
-                ranked[cfg] = [(t, o) for t, o in ranked[cfg]
-                               if not problems_on_arch(cfg, shape, arch, options=o)]
+                ranked[cfg] = [(float("nan"), dict(option_spaces[key][0]))]
+            if decode:
+                ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
         fitting = [fc for fc in fitting if ranked[fc[1]]]
         decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
         if per_family:
@@ -251,15 +256,32 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                      acc, layout)
 
 
+def _within_budget(cfg, shape: Shape, arch: str, ranked: list) -> list:
+    """A decode row's ranked options of a budgeted config that meet the budget on every GPU of
+    `arch`; of a tile grid's options that the budget runs alike (wgmma's raster and swizzle on
+    a grid one tile tall order its tiles the same), the first."""
+    kept, seen = [], set()
+    for t, o in ranked:
+        if cfg.family in TILED:       # the alike first: one budget, not one per GPU
+            b = budget(cfg, shape, gpu_for(arch), options=o)
+            key = (b.grid, b.splits, b.units, round(b.t_us, 6))
+            if key in seen:
+                continue
+            seen.add(key)
+        if not problems_on_arch(cfg, shape, arch, options=o):
+            kept.append((t, o))
+    return kept
+
+
 def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
                   max_options: int | None) -> list:
-    """A decode row's picks: `fitting` plus each streaming family's best `builds` configs by
+    """A decode row's picks: `fitting` plus each budgeted family's best `builds` configs by
     budget time, then the next best across the families (at most DECODE_MAX_BUILDS a family)
     while the row holds fewer than DECODE_SCREENINGS x DECODE_MARGIN (config, options) pairs."""
-    streaming = {fam.name for fam, _ in decode}      # every option kept (plan's keep_all)
+    budgeted = {fam.name for fam, _ in decode}       # every option kept (plan's keep_all)
 
     def screenings(picks):
-        return sum(len(ranked[cfg]) if fam.name in streaming or not max_options
+        return sum(len(ranked[cfg]) if fam.name in budgeted or not max_options
                    else min(len(ranked[cfg]), max_options) for fam, cfg in picks)
 
     order = sorted(decode, key=lambda fc: ranked[fc[1]][0][0])

@@ -118,6 +118,8 @@ class Family:
     _options: Callable[[dict], list[OptionDecl]] | None = field(repr=False, default=None)
     _option_rule: Callable[[dict, dict], list[str]] | None = field(repr=False, default=None)
     _option_redundant: Callable[[dict, dict], bool] | None = field(repr=False, default=None)
+    # the options the planner sweeps on a decode row, where they are more than _options's
+    _decode_options: Callable[[dict], list[OptionDecl]] | None = field(repr=False, default=None)
     # the family-specific part of a config's canonical name (after family_arch_acc_layout_)
     _name: Callable[[dict], str] | None = field(repr=False, default=None)
 
@@ -222,11 +224,14 @@ class Family:
             out += self._option_rule(config.as_dict(), full)
         return out
 
-    def option_space(self, config: KernelConfig) -> list[dict[str, int]]:
+    def option_space(self, config: KernelConfig, decode: bool = False) -> list[dict[str, int]]:
         """Every combination of the options the build accepts, fully spelt out, in a fixed order
         (defaults first), without combinations that behave like an earlier one; [{}] for an ABI
-        1 family (one way to call it)."""
+        1 family (one way to call it). decode: the wider sweep of a decode row, where the family
+        has one."""
         decls = self.option_decls(config)
+        if decode and self._decode_options is not None:
+            decls = [(n, tuple(v), d) for n, v, d in self._decode_options(config.as_dict())]
         if not decls:
             return [{}]
         import itertools

@@ -1,6 +1,7 @@
 """The lowlat and lowlat_mma families (lowlat_hgemm.cuh): a low-latency HGEMM for launch-bound shapes. One output
 tile per CTA on a plain grid (no cluster, no persistent scheduler, no tensor maps: cp.async loads,
-so the host does one cudaLaunchKernel per call), a 2-4 stage pipeline and a register epilogue;
+so the host does one cudaLaunchKernel per call), a 2-8 stage pipeline (2-4 for launch-bound
+shapes, 6-8 to keep a decode row's weight in flight) and a register epilogue;
 wgmma (sm_90a) for tiles of 64 or 128 rows, mma.sync (sm_80 and later) for 16 or 32. Deep K on few
 tiles splits across CTAs in the same launch (kernel ABI 2, runtime option "splits", reduced in
 the kernel by splitk_fixup.cuh's deterministic fixup: a zero-init workspace). Its parameter
@@ -33,6 +34,9 @@ MIN_K_TILES = 4          # the launcher's choice gives every split at least this
 # What the planner sweeps per (shape, build): the kernel's own choice only (the cost model replays
 # it with lowlat_splits below). Other values are for explicit calls and tests; add them here
 # once measurements show where the choice misses (each one is a timing per shape and build).
+# On a decode row it sweeps every value: the choice plans one CTA per SM, and a deep ring on a
+# grid of two per SM, or a count that ends the last wave full, can meet the streaming budget
+# where the choice does not (the planner keeps those that meet it, one per distinct grid).
 PLANNED_SPLITS = (0,)
 
 
@@ -67,6 +71,11 @@ def lowlat_workspace_bytes(M: int, N: int, splits: int, BM: int, BN: int) -> int
     return -(-splits * M * N * 4 // 16) * 16 + 4 * tiles
 
 
+# 2-4: a short prologue for launch-bound shapes; 6 and 8: a decode row's weight in flight (a
+# 128-column B tile, 16 KiB a stage: 5 stages meet an H100's 69 KiB per SM, 7 an H200's 99).
+LOWLAT_STAGES = (2, 3, 4, 6, 8)
+
+
 def _problems(family: Family, p: dict, arch: str | None) -> list[str]:
     out = []
     wgmma = family.instruction == "wgmma"
@@ -81,8 +90,8 @@ def _problems(family: Family, p: dict, arch: str | None) -> list[str]:
         out.append(f"BN={p['BN']} must be 64 or 128")
     if p["BK"] != 64:
         out.append(f"BK={p['BK']} must be 64 (one 128-byte swizzle atom)")
-    if not 2 <= p["STAGES"] <= 4:
-        out.append(f"STAGES={p['STAGES']} must be 2, 3 or 4 (a short prologue is the point)")
+    if not 2 <= p["STAGES"] <= 8:
+        out.append(f"STAGES={p['STAGES']} must be 2..8 (cp.async.wait_group takes 0..7)")
     if out:
         return out
     smem = lowlat_smem_bytes(p)
@@ -108,16 +117,17 @@ def _name(p: dict) -> str:
 # lowlat_mma (mma.sync, BM 16/32, sm_80 and sm_90a).
 _COMMON = dict(header="lowlat_hgemm.cuh", flags=(), _problems=_problems,
                _accepts=_accepts, _name=_name,
-               _options=lambda p: [("splits", PLANNED_SPLITS, 0)], _fixed={"ACC": ("f32",), "LAYOUT": ("RR", "RC")})
+               _options=lambda p: [("splits", PLANNED_SPLITS, 0)],
+               _decode_options=lambda p: [("splits", SPLIT_VALUES, 0)], _fixed={"ACC": ("f32",), "LAYOUT": ("RR", "RC")})
 _DEFAULT = dict(BM=64, BN=128, BK=64, STAGES=3, ACC="f32", LAYOUT="RR")
 _register(Family(
     name="lowlat", arches=("sm_90a",), instruction="wgmma", style="lowlat",
     description="low-latency kernel for launch-bound shapes: one tile per CTA, plain grid, no "
-                "cluster, no tensor maps (cp.async into wgmma's 128-byte-swizzled layout), 2-4 "
+                "cluster, no tensor maps (cp.async into wgmma's 128-byte-swizzled layout), 2-8 "
                 "stages, wgmma m64nBNk16, register epilogue with 16-byte stores; deep K on few tiles "
                 "split across CTAs in the same launch (ABI 2 option splits, reduced in the kernel); "
                 "K % 8 == 0 and (RR) N % 8 == 0",
-    _space={"BM": (64, 128), "BN": (64, 128), "BK": (64,), "STAGES": (2, 3, 4)},
+    _space={"BM": (64, 128), "BN": (64, 128), "BK": (64,), "STAGES": LOWLAT_STAGES},
     _defaults=(_DEFAULT, {**_DEFAULT, "LAYOUT": "RC"}, {**_DEFAULT, "BN": 64},
                {**_DEFAULT, "BM": 128}), **_COMMON))
 _SKINNY = dict(_DEFAULT, BM=32)
@@ -126,5 +136,5 @@ _register(Family(
     description="the low-latency kernel for tiles of 16 or 32 rows: mma.sync m16n8k16 from "
                 "padded shared memory (cp.async, ldmatrix), BN/32 warps; deep K split across CTAs "
                 "in the same launch (option splits); K % 8 == 0 and (RR) N % 8 == 0",
-    _space={"BM": (16, 32), "BN": (64, 128), "BK": (64,), "STAGES": (2, 3, 4)},
+    _space={"BM": (16, 32), "BN": (64, 128), "BK": (64,), "STAGES": LOWLAT_STAGES},
     _defaults=(_SKINNY, {**_SKINNY, "LAYOUT": "RC"}, {**_SKINNY, "BM": 16, "BN": 64}), **_COMMON))

@@ -14,7 +14,9 @@
 //     matrix), so the host encodes nothing per call: it checks the arguments, computes the grid
 //     and calls cudaLaunchKernel once (the > 48 KiB shared-memory opt-in is made once per device,
 //     and made again if a launch finds it gone: a cudaDeviceReset drops it);
-//   * a STAGES-deep cp.async pipeline, STAGES small (2-4): the prologue loads what the tile needs;
+//   * a STAGES-deep cp.async pipeline: 2-4 stages for a launch-bound shape (the prologue loads
+//     what the tile needs), 6 or 8 to keep a decode row's weight in flight (issue 50's budget:
+//     7 stages of a 128-column B tile are 112 KiB per CTA, over the 99 KiB an H200 SM needs);
 //   * BM >= 64 (sm_90a): one warpgroup per 64 rows issues wgmma.mma_async m64nBNk16 from shared
 //     memory written by cp.async in the 128-byte-swizzled layout wgmma's SWIZZLE_128B descriptors
 //     read (the layout TMA writes in wgmma_hgemm.cuh: 16-byte unit u of row r stored at unit
@@ -70,7 +72,7 @@
 #define BK 64           // K depth of one stage (64: one 128-byte swizzle atom)
 #endif
 #ifndef STAGES
-#define STAGES 3        // cp.async pipeline depth (2..4)
+#define STAGES 3        // cp.async pipeline depth (2..8)
 #endif
 #ifndef ACC_F16
 #define ACC_F16 0       // fp32 accumulation only
@@ -111,7 +113,7 @@ static_assert(ACC_F16 == 0, "the lowlat family implements fp32 accumulation only
 static_assert(BM == 16 || BM == 32 || BM == 64 || BM == 128, "BM must be 16, 32, 64 or 128");
 static_assert(BN == 64 || BN == 128, "BN must be 64 or 128");
 static_assert(BK == 64, "BK must be 64");
-static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2, 3 or 4");
+static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8 (cp.async.wait_group takes 0..7)");
 static_assert(SPLITK_DETERMINISTIC, "lowlat reduces its splits in split-index order (one slab per split)");
 
 #if CUDAL2_LL_WGMMA
