@@ -51,7 +51,7 @@ DECODE_BUILDS = 24
 # ends in a partial wave: 6 of 5811 planned screenings of the 2026-11-29 RC pack).
 DECODE_SCREENINGS = 200
 DECODE_MARGIN = 1.05
-DECODE_MAX_BUILDS = 80
+DECODE_MAX_BUILDS = 64
 # Families a decode shape is not planned for: the general mma.sync kernels pad M to 64+ rows and
 # read B by tiles. On the H200's 24 RC decode rows (2026-11-26, rc-call1, screening kernel time)
 # the best mma screening was 1.47-3.77x the row's best (median 2.05x), ptx 1.53-5.45x (median 2.22x);
