@@ -307,7 +307,7 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         # the partials' bytes cross L2 (DRAM once they outgrow it): at the streaming peak
         moved = g.reduction_bytes if g.reduction == "workspace" else 0.0
         t_reduce = g.reduce_trips * per_peer + moved / gpu.stream_bytes_per_us
-    big, small = (max(km, kn), min(km, kn)) if family in TILED else (kn, km)
+    small, big = _small_big(family, M, N)
     return Budget(
         family=family, label=config.label(), shape=(M, N, K), gpu=gpu.name, options=options,
         threads=threads, registers=regs, registers_known=bool(registers), smem_bytes=smem,
