@@ -35,6 +35,13 @@ def _triples() -> list[tuple[int, int, int]]:
             for slots in (1, 7, 132, 264, 396, 528, I - 1, I, I + 5, 5000):
                 if slots >= 1:
                     out.add((tiles, kt, slots))
+    # the streamk family's deep-K targets (issue 51): M x N tiles over a deep K
+    for M, N, K in ((128, 64, 12288), (128, 128, 16384), (256, 128, 8192), (1024, 256, 16384),
+                    (128, 128, 2048), (100, 72, 12296)):
+        for BM, BN, BK in ((32, 64, 64), (64, 64, 64), (128, 128, 32)):
+            tiles, kt = -(-M // BM) * -(-N // BN), -(-K // BK)
+            for slots in (132, 264, 114, 456):
+                out.add((tiles, kt, min(slots, tiles * kt)))
     # corners: one tile, one k-tile, fewer iterations than slots, one CTA per tile exactly
     out |= {(1, 1, 264), (1, 64, 264), (3, 1, 264), (264, 1, 264), (7, 5, 3), (2, 3, 5)}
     return sorted(out)

@@ -46,7 +46,8 @@ def test_families_and_their_headers():
     assert {"mma", "ptx", "cutlass", "wgmma", "lowlat", "lowlat_mma"} <= {f.style for f in FAMILIES.values()}
     for f in FAMILIES.values():
         assert (template_dir() / f.header).is_file()
-        required = {"LAYOUT"} if f.name.startswith("skinny") else {"ACC", "LAYOUT"}   # f32 only
+        f32_only = f.name.startswith("skinny") or f.name == "streamk"
+        required = {"LAYOUT"} if f32_only else {"ACC", "LAYOUT"}
         assert set(f.space()) <= set(f.choices()) and required <= set(f.choices())
         assert "ACC" not in f.space() and "LAYOUT" not in f.space()   # requirements, not knobs
         for a in f.arches:

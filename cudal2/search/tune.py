@@ -34,7 +34,8 @@ from cudal2.harness.pipeline import evaluate as pipeline_evaluate, gpu_pool
 from cudal2.harness.provenance import gpu_visible
 from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
 from cudal2.search.costmodel import CostModel, kernel_facts
-from cudal2.templates.budget import TILED, budget, is_decode, problems_on_arch
+from cudal2.templates.budget import (DEEPK, TILED, budget, is_decode, is_deep_k,
+                                     problems_on_arch, ruled)
 from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
@@ -58,7 +59,19 @@ DECODE_MAX_BUILDS = 64
 # the streaming families and the low-latency ones won every row. cutlass_sm90's pipeline depth is
 # CUTLASS's choice at compile time (the shared memory its epilogue leaves), so its configs
 # cannot declare the streaming budget a decode candidate must meet (issue 50).
-DECODE_SKIP = ("mma", "ptx", "cutlass_sm90")
+DECODE_SKIP = ("mma", "ptx", "cutlass_sm90", "streamk")
+# The deep-K families (issue 51) are planned where their work is: a deep-K row
+# (budget.is_deep_k: few tiles, deep K) and a launch-bound one (under SMALL_FLOP); elsewhere a
+# grid of the whole output's tiles has the GPU to itself. On a deep-K row each keeps the options
+# whose budget covers the resident slots with a reduction no larger than the operands, one per
+# distinct grid (on a row where no option of the family can do both, 128x128x2048 among the
+# targets: those within the reduction's bound); its best DEEP_K_BUILDS configs by budget time
+# join the picks, then more until the row holds DEEP_K_SCREENINGS (config, options) pairs (at
+# most DEEP_K_MAX_BUILDS builds of the family).
+SMALL_FLOP = 1e9
+DEEP_K_BUILDS = 8
+DEEP_K_SCREENINGS = 100
+DEEP_K_MAX_BUILDS = 32
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -126,6 +139,8 @@ class Candidate:
     # per served shape: the runtime options (kernel ABI 2) worth timing, best predicted first;
     # [{}] for ABI 1 builds (one way to call them)
     options: dict[Shape, list[dict]] = field(default_factory=dict)
+    # the deep-K rows where no option of the family covers the slots: the reduction's bound alone
+    reduction_only: set = field(default_factory=set)
 
     @property
     def label(self) -> str:
@@ -139,10 +154,11 @@ class Candidate:
             return 0
         dropped = 0
         for shape in list(self.shapes):
-            if not is_decode(self.family, shape.M, shape.N, shape.K):
+            if not ruled(self.family, shape.M, shape.N, shape.K):
                 continue
             kept = [o for o in self.options.get(shape, [{}]) if not problems_on_arch(
-                self.config, shape, arch, options=o, registers=self.build.max_registers)]
+                self.config, shape, arch, options=o, registers=self.build.max_registers,
+                slots=shape not in self.reduction_only)]
             dropped += len(self.options.get(shape, [{}])) - len(kept)
             if kept:
                 self.options[shape] = kept
@@ -207,7 +223,10 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                    if fam.serves(c, shape.M, shape.N, shape.K, checked=True)]
         if any(is_decode(fam.name, shape.M, shape.N, shape.K) for fam, _ in fitting):
             fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
+        if not (is_deep_k(shape.M, shape.N, shape.K) or 2.0 * shape.M * shape.N * shape.K < SMALL_FLOP):
+            fitting = [fc for fc in fitting if fc[0].name not in DEEPK]
         ranked: dict[Any, list[tuple[float, dict]]] = {}
+        unranked: dict[Any, list[tuple[float, dict]]] = {}     # a ruled row's before the rule
         for fam, cfg in fitting:
             decode = is_decode(fam.name, shape.M, shape.N, shape.K)
             key = (cfg, decode)
@@ -221,10 +240,19 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                                                  facts=facts[key])
             else:                                  # nothing to rank: one way to call it
                 ranked[cfg] = [(float("nan"), dict(option_spaces[key][0]))]
-            if decode:
+            if ruled(fam.name, shape.M, shape.N, shape.K):
+                unranked[cfg] = ranked[cfg]
                 ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
+        relaxed = set()
+        for name in DEEPK:      # no option covers the slots: the reduction's bound alone
+            mine = [cfg for fam, cfg in fitting if fam.name == name and cfg in unranked]
+            if mine and not any(ranked[cfg] for cfg in mine):
+                relaxed.add(name)
+                for cfg in mine:
+                    ranked[cfg] = _within_budget(cfg, shape, arch, unranked[cfg], slots=False)
         fitting = [fc for fc in fitting if ranked[fc[1]]]
         decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
+        deep = [fc for fc in fitting if fc[0].name in DEEPK and is_deep_k(shape.M, shape.N, shape.K)]
         if per_family:
             fitting = _pick_per_family(fitting, shape, model, per_family, limit_per_shape or 0,
                                        src_of, times={cfg: r[0][0] for cfg, r in ranked.items() if r})
@@ -233,6 +261,9 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                             times={cfg: r[0][0] for cfg, r in ranked.items() if r})
         if decode:
             fitting = _decode_picks(fitting, decode, ranked, decode_builds, max_options)
+        if deep:
+            fitting = _decode_picks(fitting, deep, ranked, DEEP_K_BUILDS, max_options,
+                                    target=DEEP_K_SCREENINGS, most=DEEP_K_MAX_BUILDS)
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -243,8 +274,10 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                 cand = by_source[src] = Candidate(fam.name, cfg, src)
             if shape not in cand.shapes:
                 cand.shapes.append(shape)
+            if fam.name in relaxed:
+                cand.reduction_only.add(shape)
             opts = [o for _, o in ranked[cfg]]
-            keep_all = not max_options or is_decode(fam.name, shape.M, shape.N, shape.K)
+            keep_all = not max_options or ruled(fam.name, shape.M, shape.N, shape.K)
             cand.options[shape] = opts if keep_all else opts[:max_options]
             evaluations += len(cand.options[shape])
             cands.append(cand)
@@ -256,33 +289,37 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                      acc, layout)
 
 
-def _within_budget(cfg, shape: Shape, arch: str, ranked: list) -> list:
-    """A decode row's ranked options of a budgeted config that meet the budget on every GPU of
-    `arch`; of a tile grid's options that the budget runs alike (wgmma's raster and swizzle on
-    a grid one tile tall order its tiles the same), the first."""
+def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = True) -> list:
+    """A ruled row's (budget.ruled) ranked options of a budgeted config that meet the budget on
+    every GPU of `arch` (slots: problems_on_arch's); of a tile grid's options that the budget
+    runs alike (wgmma's raster and swizzle on a grid one tile tall order its tiles the same;
+    streamk's split count 0 and the one it picks), the first."""
     kept, seen = [], set()
     for t, o in ranked:
-        if cfg.family in TILED:       # the alike first: one budget, not one per GPU
+        if cfg.family in TILED + DEEPK:   # the alike first: one budget, not one per GPU
             b = budget(cfg, shape, gpu_for(arch), options=o)
-            key = (b.grid, b.splits, b.units, round(b.t_us, 6))
+            key = (b.decomposition, b.grid, b.splits, b.units, round(b.t_us, 6))
             if key in seen:
                 continue
             seen.add(key)
-        if not problems_on_arch(cfg, shape, arch, options=o):
+        if not problems_on_arch(cfg, shape, arch, options=o, slots=slots):
             kept.append((t, o))
     return kept
 
 
 def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
-                  max_options: int | None) -> list:
-    """A decode row's picks: `fitting` plus each budgeted family's best `builds` configs by
-    budget time, then the next best across the families (at most DECODE_MAX_BUILDS a family)
-    while the row holds fewer than DECODE_SCREENINGS x DECODE_MARGIN (config, options) pairs."""
+                  max_options: int | None, target: int = DECODE_SCREENINGS,
+                  most: int = DECODE_MAX_BUILDS, all_families: bool = True) -> list:
+    """A decode (or deep-K) row's picks: `fitting` plus each budgeted family's best `builds`
+    configs by budget time, then the next best across the families (at most `most` a family)
+    while the row holds fewer than `target` x DECODE_MARGIN (config, options) pairs (with
+    all_families False: of the budgeted families alone)."""
     budgeted = {fam.name for fam, _ in decode}       # every option kept (plan's keep_all)
 
     def screenings(picks):
         return sum(len(ranked[cfg]) if fam.name in budgeted or not max_options
-                   else min(len(ranked[cfg]), max_options) for fam, cfg in picks)
+                   else min(len(ranked[cfg]), max_options) for fam, cfg in picks
+                   if all_families or fam.name in budgeted)
 
     order = sorted(decode, key=lambda fc: ranked[fc[1]][0][0])
     taken: dict[str, int] = {}
@@ -294,10 +331,10 @@ def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
             if fc not in picks:
                 picks.append(fc)
     for fc in order:
-        if screenings(picks) >= DECODE_SCREENINGS * DECODE_MARGIN:
+        if screenings(picks) >= target * DECODE_MARGIN:
             break
         n = taken.get(fc[0].name, 0)
-        if fc not in picks and n < DECODE_MAX_BUILDS:
+        if fc not in picks and n < most:
             taken[fc[0].name] = n + 1
             picks.append(fc)
     return picks

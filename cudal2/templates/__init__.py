@@ -30,3 +30,4 @@ from cudal2.templates.wgmma import WGMMA_OPTIONS, _wgmma_smem_bytes, wgmma_optio
 from cudal2.templates import lowlat as _lowlat  # noqa: F401  (low-latency family)
 from cudal2.templates import skinny as _skinny  # noqa: F401  (M <= 64: skinny_hgemm.cuh)
 from cudal2.templates import gemv as _gemv  # noqa: F401  (M <= 8 on CUDA cores: gemv_hgemm.cuh)
+from cudal2.templates import streamk as _streamk  # noqa: F401  (deep K, few tiles: streamk_hgemm.cuh)

@@ -36,6 +36,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cudal2.core.devices import GPUS, GPUS_OF_ARCH, GpuSpec
 from cudal2.templates import gemv
 from cudal2.templates.family import KernelConfig
@@ -46,13 +48,21 @@ from cudal2.templates.wgmma import _wgmma_smem_bytes, wgmma_splits
 
 STREAMING = ("skinny", "skinny_n", "gemv")   # the streaming families: a decode row is their work
 TILED = ("lowlat", "lowlat_mma", "wgmma")    # tile grids that also serve decode rows
-BUDGETED = STREAMING + TILED                 # the families the budget models
+DEEPK = ("streamk",)                         # deep K on few tiles, over the resident slots (issue 51)
+BUDGETED = STREAMING + TILED + DEEPK         # the families the budget models
 # Before a build: the most registers ptxas gave any committed build of the family (lowlat 166,
 # lowlat_mma 128, wgmma 168: its launch bound; setmaxnreg moves them between warpgroups).
 TILED_REGISTER_ESTIMATE = {"lowlat": 168, "lowlat_mma": 128, "wgmma": 168}
 DECODE_MAX_M = 64                            # a decode row: the small dimension <= 64 ...
 DECODE_MIN_BYTES = 16 << 20                  # ... streaming at least what an H200 keeps in flight (13 MB)
 WAVE_FILL_MIN = 0.90                         # the last wave keeps at least this share of the SMs busy
+# A deep-K row (issue 51): few output tiles (at most DEEP_K_MAX_TILES of 128 x 128) over a K of at
+# least DEEP_K_MIN_K, so one CTA per tile would walk K serially on a few SMs. A streamk candidate
+# there keeps SLOTS_BUSY_MIN of the resident slots busy over its waves and moves no more bytes
+# in its reduction than the operands hold.
+DEEP_K_MIN_K = 2048
+DEEP_K_MAX_TILES = 32
+SLOTS_BUSY_MIN = 0.90
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,18 @@ class Budget:
     t_reduce_us: float
     wave_terms: tuple = field(default=(), repr=False)   # per wave: (units, bytes/unit, rate, us)
     refusal: str = ""             # a reason the config cannot serve the shape, whatever its budget
+    slots: int = 0                # resident CTA slots: ctas_per_sm x SMs
+
+    @property
+    def slots_busy(self) -> float:
+        """The share of the resident slots the grid's units keep busy over its waves."""
+        return self.units / max(1, self.waves * self.slots)
+
+    @property
+    def operand_bytes(self) -> float:
+        """A and B, once."""
+        M, N, K = self.shape
+        return 2.0 * (M + N) * K
 
     @property
     def t_us(self) -> float:
@@ -109,6 +131,20 @@ class Budget:
                        f"busy (< {WAVE_FILL_MIN:.0%})")
         return out
 
+    def deep_k_problems(self, slots: bool = True) -> list[str]:
+        """Why this config does not cover the GPU on a deep-K row (issue 51); empty when it
+        does: fewer than SLOTS_BUSY_MIN of the resident slots busy, or a reduction that moves
+        more bytes than the operands hold. slots False: the reduction's bound alone (a row
+        where no config can keep the slots busy within it)."""
+        out = [self.refusal] if self.refusal else []
+        if slots and self.slots_busy < SLOTS_BUSY_MIN:
+            out.append(f"{self.units} units over {self.waves} wave(s) of {self.slots} slots keep "
+                       f"{self.slots_busy:.0%} of them busy (< {SLOTS_BUSY_MIN:.0%})")
+        if self.reduction_bytes > self.operand_bytes:
+            out.append(f"the reduction moves {self.reduction_bytes / 2**20:.2f} MiB > the "
+                       f"operands' {self.operand_bytes / 2**20:.2f} MiB")
+        return out
+
     def lines(self) -> list[str]:
         """The budget as `cudal2 templates --explain` prints it."""
         M, N, K = self.shape
@@ -119,7 +155,7 @@ class Budget:
             f"{self.ctas_per_sm} per SM (bound by {self.occupancy_limit})",
             f"  grid: {self.decomposition}, {self.splits} split(s), {self.grid} CTAs, {self.units} "
             f"units, {self.at_once} at once, {self.waves} wave(s), last wave {self.last_wave_fill:.0%} "
-            f"of the SMs",
+            f"of the SMs, {self.slots_busy:.0%} of the {self.slots} slots busy",
             f"  in flight: {self.inflight_per_cta / 1024:.1f} KiB per CTA, "
             f"{self.inflight_per_sm / 1024:.1f} KiB per SM (needed {self.inflight_needed_per_sm / 1024:.1f})",
             f"  bytes: {self.stream_bytes / 2**20:.2f} MiB streamed, {self.other_bytes / 2**20:.2f} MiB "
@@ -129,7 +165,7 @@ class Budget:
         ]
         for i, (n, b, rate, us) in enumerate(self.wave_terms[:4]):
             out.append(f"    wave {i + 1}: {n} units x {b / 1024:.1f} KiB at {rate:.1f} GB/s each: {us:.2f} us")
-        problems = self.problems()
+        problems = self.deep_k_problems() if self.family in DEEPK else self.problems()
         out.append("  budget: " + ("; ".join(problems) if problems else "met"))
         return out
 
@@ -194,6 +230,38 @@ def _skinny_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opti
     return _Grid("split-K", splits, tiles * splits, tiles * splits, per * kt_bytes,
                  per * kt_flops, inflight, red, rb,
                  per_thread * (1 if in_cluster else splits) if splits > 1 else 0)
+
+
+def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict,
+                  cluster: bool) -> _Grid:
+    """The streamk family's call (skinny_hgemm.cuh's decide() over M x N tiles, streamk.cuh's
+    ranges; streamk_work enumerates the same split). Each k-tile of a tile reads BM + BN rows of
+    BK (A's and B's through L2 after their first read); the reduction: every contributor of a
+    split tile stores its fp32 partial tile and the last reads them all (stream-K, and split-K
+    through the workspace), or a cluster reads its peers' through DSMEM."""
+    BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    tiles_m = -(-M // BM)
+    tiles, k_tiles = tiles_m * -(-N // BN), -(-K // BK)
+    mode, n = skinny_plan(N, K, BN, BK, gpu.sms, slots, int(options.get("splits", 0)),
+                          int(options.get("decomposition", 0)), tiles_m)
+    kt_bytes, kt_flops = 2.0 * (BM + BN) * BK, 2.0 * BM * BN * BK
+    inflight = int((S - 1) * kt_bytes)
+    partial = 4.0 * BM * BN
+    if mode == "streamk":
+        iters, G = tiles * k_tiles, n
+        t = np.arange(tiles, dtype=np.int64)
+        first = (t * k_tiles * G + G - 1) // iters          # streamk.cuh's cta_of, per tile
+        count = ((t + 1) * k_tiles * G - 1) // iters - first + 1
+        summed = count[count > 1]
+        per = -(-iters // G)
+        return _Grid("stream-K", 1, G, G, per * kt_bytes, per * kt_flops, inflight,
+                     "workspace" if summed.size else "none", 2.0 * partial * float(summed.sum()),
+                     int(summed.max()) if summed.size else 0)
+    per = -(-k_tiles // n)
+    in_cluster = cluster and 2 <= n <= gpu.cluster_max
+    red = "none" if n == 1 else ("cluster" if in_cluster else "workspace")
+    return _Grid("split-K", n, tiles * n, tiles * n, per * kt_bytes, per * kt_flops, inflight, red,
+                 2.0 * partial * tiles * n if n > 1 else 0.0, n if n > 1 else 0)
 
 
 def _gemv_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict) -> _Grid:
@@ -295,6 +363,8 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         g = _gemv_grid(p, km, kn, K, gpu, slots, options)
     elif family in TILED:
         g = _tile_grid(family, p, km, kn, K, gpu, options)
+    elif family in DEEPK:
+        g = _streamk_grid(p, km, kn, K, gpu, slots, options, cluster)
     else:
         g = _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads)
     waves, at_once = _waves(g, slots, gpu, occ, arith)
@@ -308,6 +378,9 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         moved = g.reduction_bytes if g.reduction == "workspace" else 0.0
         t_reduce = g.reduce_trips * per_peer + moved / gpu.stream_bytes_per_us
     small, big = _small_big(family, M, N)
+    stream, other = 2.0 * big * K, 2.0 * (small * K + km * kn)
+    if family in DEEPK:      # both operands stream; C is the rest
+        stream, other = 2.0 * (M + N) * K, 2.0 * M * N
     return Budget(
         family=family, label=config.label(), shape=(M, N, K), gpu=gpu.name, options=options,
         threads=threads, registers=regs, registers_known=bool(registers), smem_bytes=smem,
@@ -316,10 +389,10 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
         last_wave_fill=_persistent_fill(g, gpu) if g.persistent else min(1.0, last / gpu.sms),
         inflight_per_cta=g.inflight, inflight_per_sm=g.inflight * first_per_sm,
         inflight_needed_per_sm=gpu.inflight_needed_per_sm(),
-        stream_bytes=2.0 * big * K, other_bytes=2.0 * (small * K + km * kn),
+        stream_bytes=stream, other_bytes=other,
         reduction=g.reduction, reduction_bytes=g.reduction_bytes,
         t_floor_us=gpu.stream_floor_us, t_stream_us=sum(w[3] for w in waves), t_reduce_us=t_reduce,
-        wave_terms=tuple(waves), refusal=_refusal(family, p, km, kn))
+        wave_terms=tuple(waves), refusal=_refusal(family, p, km, kn), slots=slots)
 
 
 def _cta(family: str, p: dict, gpu: GpuSpec, splits: int) -> tuple[int, int, int, float]:
@@ -373,15 +446,17 @@ def as_built(meta: dict, options: dict) -> tuple[dict, bool]:
 
 
 def problems_on_arch(config: KernelConfig, shape, arch: str, *, options: dict | None = None,
-                     registers: int = 0, smem_bytes: int = 0) -> list[str]:
+                     registers: int = 0, smem_bytes: int = 0, slots: bool = True) -> list[str]:
     """The budget's problems on every GPU a build for `arch` may run on (an sm_90a build meets
     the H200's larger need as well as the H100's): the rule the planner screens decode
-    candidates with."""
+    candidates with (Budget.problems), and a deep-K family's candidates on a deep-K row
+    (Budget.deep_k_problems; slots False: its reduction bound alone)."""
     out = []
     for name in GPUS_OF_ARCH.get(arch, ()):
         b = budget(config, shape, GPUS[name], options=options, registers=registers,
                    smem_bytes=smem_bytes)
-        out += [f"{name}: {p}" for p in b.problems()]
+        out += [f"{name}: {p}" for p in (b.deep_k_problems(slots) if config.family in DEEPK
+                                         else b.problems())]
     return out
 
 
@@ -399,8 +474,26 @@ def is_decode(family: str, M: int, N: int, K: int) -> bool:
     return replayable(family, M, N) and 2 * K * _small_big(family, M, N)[1] >= DECODE_MIN_BYTES
 
 
+def is_deep_k(M: int, N: int, K: int) -> bool:
+    """A deep-K row (issue 51): at most DEEP_K_MAX_TILES output tiles of 128 x 128 over a K of
+    at least DEEP_K_MIN_K."""
+    return K >= DEEP_K_MIN_K and -(-M // 128) * -(-N // 128) <= DEEP_K_MAX_TILES
+
+
+def ruled(family: str, M: int, N: int, K: int) -> bool:
+    """A row where the budget's rule screens this family's candidates (problems_on_arch): a
+    decode row of a budgeted family, a deep-K row of a deep-K family."""
+    return is_decode(family, M, N, K) or (family in DEEPK and is_deep_k(M, N, K))
+
+
+def priced_by_budget(family: str, M: int, N: int, K: int) -> bool:
+    """Where the cost model's prior is the budget's time: a decode row of a budgeted family, and
+    every shape of the deep-K families (the budget is their model)."""
+    return family in DEEPK or is_decode(family, M, N, K)
+
+
 def _small_big(family: str, M: int, N: int) -> tuple[int, int]:
     """(the small dimension, the streamed operand's rows) of a family on (M, N)."""
-    if family in TILED:
+    if family in TILED or family in DEEPK:
         return min(M, N), max(M, N)
     return (N, M) if family == "skinny_n" else (M, N)

@@ -33,12 +33,14 @@ SKINNY_OPTIONS = (("splits", (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32,
 STREAMK_MAX_CTAS = 2048      # streamk.cuh's kMaxCtas: the most CTAs a stream-K grid runs
 
 
-def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) -> int:
+def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0,
+                  tiles_m: int = 1) -> int:
     """The split count a skinny kernel runs (skinny_hgemm.cuh's plan(), replayed): about two
-    CTAs per SM over the N tiles, at most 64, whole BK tiles per split, no empty split."""
-    tiles_n = max(1, -(-N // BN))
+    CTAs per SM over the output tiles (tiles_m rows of N tiles: one row for the skinny families,
+    M's for streamk), at most 64, whole BK tiles per split, no empty split."""
+    tiles = max(1, tiles_m * -(-N // BN))
     k_tiles = -(-K // BK)
-    s = asked if asked > 0 else -(-2 * sms // tiles_n)
+    s = asked if asked > 0 else -(-2 * sms // tiles)
     s = max(1, min(s, 64))
     if s > k_tiles:
         s = max(k_tiles, 1)
@@ -49,15 +51,16 @@ def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0) ->
 
 
 def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: int = 0,
-                decomposition: int = 0) -> tuple[str, int]:
-    """How a skinny call runs (skinny_hgemm.cuh's decide(), replayed): ("streamk", grid) or
-    ("splitk", splits). `slots`: the resident CTAs (per SM x SMs). Stream-K when asked
-    (decomposition 3), or by the heuristic (splits and decomposition 0) where it walks fewer
-    k-tiles per CTA than split-K's waves do."""
-    tiles = max(1, -(-N // BN))
+                decomposition: int = 0, tiles_m: int = 1) -> tuple[str, int]:
+    """How a skinny (or streamk) call runs (skinny_hgemm.cuh's decide(), replayed): ("streamk",
+    grid) or ("splitk", splits). `slots`: the resident CTAs (per SM x SMs); tiles_m: rows of
+    output tiles (1 for the skinny families). Stream-K when asked (decomposition 3), or by the
+    heuristic (splits and decomposition 0) where it walks fewer k-tiles per CTA than split-K's
+    waves do."""
+    tiles = max(1, tiles_m * -(-N // BN))
     k_tiles = max(1, -(-K // BK))
     grid = max(1, min(slots, STREAMK_MAX_CTAS, tiles * k_tiles))
-    n = skinny_splits(N, K, BN, BK, sms, splits)
+    n = skinny_splits(N, K, BN, BK, sms, splits, tiles_m)
     if decomposition == 3:
         return "streamk", grid
     if decomposition == 0 and splits == 0:
@@ -65,7 +68,6 @@ def skinny_plan(N: int, K: int, BN: int, BK: int, sms: int, slots: int, splits: 
         if -(-tiles * k_tiles // grid) < -(-tiles * n // max(slots, 1)) * chunk:
             return "streamk", grid
     return "splitk", n
-
 
 
 def skinny_smem_bytes(p: dict) -> int:

@@ -70,13 +70,25 @@
 #define SPLITK 1
 #define SPLITK_MAX_MN 1
 #define CUDAL2_RUNTIME_SPLITK 1
+#ifndef CUDAL2_STREAMK_FAMILY
+#define CUDAL2_STREAMK_FAMILY 0   // 1: family "streamk" (streamk_hgemm.cuh): any M, a grid of M x N tiles
+#endif
+#if CUDAL2_STREAMK_FAMILY
+#define CUDAL2_STREAM_EVICT_FIRST 0   // every row tile reads B again: keep it in L2
+#else
 #define CUDAL2_STREAM_EVICT_FIRST 1   // B (the mirror: A) is read once: evict it from L2 first
+#endif
 #define CUDAL2_PDL 1                  // runtime option pdl: programmatic dependent launch (sm_90a)
 #define CUDAL2_STYLE "mma"
 #ifndef CUDAL2_SKINNY_N
 #define CUDAL2_SKINNY_N 0   // 1: the mirror (N <= BM, B column-major), family skinny_n
 #endif
+#if CUDAL2_STREAMK_FAMILY
+#define CUDAL2_FAMILY "streamk"
 #if CUDAL2_SKINNY_N
+#error "the streamk family has no mirror"
+#endif
+#elif CUDAL2_SKINNY_N
 #define CUDAL2_FAMILY "skinny_n"
 #define CUDAL2_STORE_CT 1
 #if !LAYOUT_RC
@@ -86,7 +98,7 @@
 #define CUDAL2_FAMILY "skinny"
 #endif
 
-#if BM > 64
+#if BM > 64 && !CUDAL2_STREAMK_FAMILY
 #error "the skinny family serves M <= 64 (BM 16, 32 or 64)"
 #endif
 
@@ -157,16 +169,21 @@ static bool option_ok(const int* options) {
   return split_ok && dec_ok && pdl_ok;
 }
 
-// The split count and K range per split of one call; splits * k_chunk covers K with no empty
-// split. asked: the option (0: about two CTAs per SM over the N tiles), sms: the SM count.
-static void plan(int N, int K, int asked, int sms, int& splits, int& k_chunk) {
-  const int tiles_n = (N + BN - 1) / BN;
+// Output tiles of the kernel's own (M, N): one row of N tiles for the skinny families (M <= BM).
+static long long output_tiles(int M, int N) {
+  return (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+}
+
+// The split count and K range per split of one call over `tiles` output tiles; splits * k_chunk
+// covers K with no empty split. asked: the option (0: about two CTAs per SM over the tiles), sms:
+// the SM count.
+static void plan(long long tiles, int K, int asked, int sms, int& splits, int& k_chunk) {
   const int k_tiles = (K + BK - 1) / BK;
-  int s = asked;
-  if (s <= 0) s = (2 * (sms > 0 ? sms : 132) + tiles_n - 1) / tiles_n;
+  long long s = asked;
+  if (s <= 0) s = (2LL * (sms > 0 ? sms : 132) + tiles - 1) / tiles;
   s = s < 1 ? 1 : (s > kMaxSplits ? kMaxSplits : s);
   if (s > k_tiles) s = k_tiles > 0 ? k_tiles : 1;
-  const int per = (k_tiles + s - 1) / s;        // whole BK tiles per split
+  const int per = (int)((k_tiles + s - 1) / s);   // whole BK tiles per split
   k_chunk = per * BK;
   splits = K > 0 ? (K + k_chunk - 1) / k_chunk : 1;
 }
@@ -199,14 +216,14 @@ struct Call {
 static cudaError_t decide(int M, int N, int K, const int* options, Call& c) {
   const int asked = options ? options[0] : 0;
   const int dec = options ? options[1] : 0;
-  const long long tiles = (N + BN - 1) / BN;
+  const long long tiles = output_tiles(M, N);
   const int k_tiles = (K + BK - 1) / BK;
   c = Call{kGlobal, 1, k_tiles * BK, 0, 0};
   const bool need_sms = asked == 0 || dec == 3;
   const int sms = need_sms ? sm_count() : 1;
   if (sms <= 0) return cudaErrorInvalidDevice;
   bool streamk = dec == 3;
-  if (!streamk) plan(N, K, asked, sms, c.splits, c.k_chunk);
+  if (!streamk) plan(tiles, K, asked, sms, c.splits, c.k_chunk);
   if (dec == 0 && asked == 0) {
     const int slots = resident_slots();
     if (slots <= 0) return cudaErrorInvalidDevice;
@@ -238,12 +255,15 @@ static KernelShape kernel_shape(int M, int N) {
 
 static const char* build_meta() {
   static char buf[2048];
+  // the largest M (the mirror: N) served; the streamk family serves any
+  char limit[32] = "";
+  if (!CUDAL2_STREAMK_FAMILY) snprintf(limit, sizeof(limit), "\"%s\": %d, ", CUDAL2_SKINNY_N ? "max_n" : "max_m", BM);
   // the tile in C's terms: the mirror's BM bounds N and its BN tiles M
   snprintf(buf, sizeof(buf),
            "{\"style\": \"%s\", \"family\": \"%s\", \"arch\": \"%s\", \"abi\": 2, \"acc\": \"f32\", "
            "\"layout\": \"%s\", \"tile\": [%d, %d, %d], \"warp_tile\": [%d, %d], \"warps\": %d, "
            "\"threads\": %d, \"stages\": %d, \"smem_bytes\": %d, \"any_shape\": true, "
-           "\"%s\": %d, \"divisible\": [1, %d, 8], "
+           "%s\"divisible\": [1, %d, 8], "
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
            "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
            "\"options\": [{\"name\": \"splits\", "
@@ -255,7 +275,7 @@ static const char* build_meta() {
            CUDAL2_STYLE, CUDAL2_FAMILY, arch_name(), LAYOUT_RC ? "RC" : "RR",
            CUDAL2_SKINNY_N ? BN : BM, CUDAL2_SKINNY_N ? BM : BN, BK, WM, WN,
            kWarpsM * kWarpsN, kThreads, STAGES, (int)kSmemBytes,
-           CUDAL2_SKINNY_N ? "max_n" : "max_m", BM, LAYOUT_RC ? 1 : 8,
+           limit, LAYOUT_RC ? 1 : 8,
            // for information: a 64 x 16384 x 16384 call at the most splits
            (unsigned long long)cudal2_splitk::workspace_bytes(kMaxSplits, BM, 16384,
                                                               (16384 + BN - 1) / BN),
@@ -275,7 +295,7 @@ extern "C" size_t cudal2_workspace(int M, int N, int K, const int* options) {
   Call c;
   if (decide(k.M, k.N, K, options, c) == cudaSuccess) return c.ws;
   // no device to ask: the bound over every plan the launcher could pick
-  const long long tiles = (k.N + BN - 1) / BN;
+  const long long tiles = output_tiles(k.M, k.N);
   const int k_tiles = (K + BK - 1) / BK;
   const size_t split = cudal2_splitk::workspace_bytes(kMaxSplits, k.M, k.N, tiles);
   const size_t sk = cudal2_streamk::workspace_bytes(
@@ -289,7 +309,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   using namespace cudal2_skinny;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const KernelShape k = kernel_shape(M, N);
-  if (M < 0 || N < 0 || K < 0 || k.M > BM || !option_ok(options)) return cudaErrorInvalidValue;
+  if (M < 0 || N < 0 || K < 0 || (!CUDAL2_STREAMK_FAMILY && k.M > BM) || !option_ok(options))
+    return cudaErrorInvalidValue;
   if (M == 0 || N == 0) return cudaSuccess;
   if (C == nullptr || ldc < N || reinterpret_cast<uintptr_t>(C) % 2 != 0) return cudaErrorInvalidValue;
   // 16-byte loads only: both operands aligned, leading dimensions multiples of 8 elements
@@ -297,7 +318,8 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
                 lda % 8 != 0 || ldb % 8 != 0 ||
                 (reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B)) % 16 != 0))
     return cudaErrorInvalidValue;
-  const long long tiles = (k.N + BN - 1) / BN;
+  const long long tiles = output_tiles(k.M, k.N);
+  if (tiles > 2147483647LL) return cudaErrorInvalidValue;   // grid.x
   Call c{kGlobal, 1, 0, 0, 0};   // K == 0: one split with no k-tiles writes zeros
   if (K > 0) {
     const cudaError_t err = decide(k.M, k.N, K, options, c);

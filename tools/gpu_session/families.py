@@ -38,6 +38,11 @@ GROUPS: dict[str, dict] = {
                "exclude": ["skinny", "skinny_n"],
                "inputs": [T + "skinny_hgemm.cuh", T + "skinny_n_hgemm.cuh", T + "skinny.py",
                           T + "mma_hgemm.cuh", T + "splitk_fixup.cuh", T + "streamk.cuh"]},
+    # deep K on few tiles: skinny's kernel and launcher over M x N tiles (issue 51)
+    "streamk": {"families": ["streamk"], "test": "tests/test_streamk_family.py",
+                "exclude": ["streamk"],
+                "inputs": [T + "streamk_hgemm.cuh", T + "streamk.py", T + "skinny_hgemm.cuh",
+                           T + "mma_hgemm.cuh", T + "splitk_fixup.cuh", T + "streamk.cuh"]},
     # a self-contained header: no shared template, no workspace
     "gemv": {"families": ["gemv"], "test": "tests/test_gemv.py", "exclude": ["gemv"],
              "inputs": [T + "gemv_hgemm.cuh", T + "gemv.py"]},

@@ -56,6 +56,8 @@ def specs(arch: str) -> list:
     for cfg in _test_module("test_skinny").GPU_CASES:
         if arch in FAMILIES[cfg.family].arches:
             out.append(("test_skinny", FAMILIES[cfg.family].build_spec(cfg, arch)))
+    for cfg in _test_module("test_streamk_family").GPU_CASES:
+        out.append(("test_streamk_family", FAMILIES[cfg.family].build_spec(cfg, arch)))
     if arch == "sm_90a":
         splitk = _test_module("test_splitk")
         for cfg in splitk.GPU_CASES:

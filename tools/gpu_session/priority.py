@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEEP_K = [(128, 64, 12288), (128, 128, 2048), (1024, 256, 16384)]
+DEEP_K = [(128, 64, 12288), (128, 128, 16384), (256, 128, 8192), (1024, 256, 16384), (128, 128, 2048)]
 SMALL_FLOP = 1e9
 DECODE_M = 64
 NARROW_N = [(8192, 16, 4096), (4096, 64, 4096)]   # N <= 64 (LoRA down): the skinny_n mirror's shapes

@@ -1,0 +1,306 @@
+"""The streamk family (cudal2/templates/streamk_hgemm.cuh, issue 51): deep K on few output tiles
+in one launch that covers the GPU.
+
+CPU: its rules; the work split of a call (streamk.streamk_work, the kernel's arithmetic replayed)
+run in numpy at the deep-K targets and residues: every (tile, k-tile) exactly once, no empty CTA,
+partials summed in a fixed order, equal to the product; the budget's figures are the split's; the
+planner packs >= 100 candidates per deep-K row, every streamk one within the rule (>= 90% of the
+resident slots busy, a reduction no larger than the operands); built with zero spills for sm_90a
+and sm_80; against the fake runtime, every call one launch and no memset, the workspace the
+caller's (capture-safe). GPU: matches torch at the targets and residues, bit-identical run to run,
+the workspace zero after.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from cudal2.core.devices import GPUS
+from cudal2.harness.types import Shape
+from cudal2.templates import FAMILIES
+from cudal2.templates.budget import (DEEPK, SLOTS_BUSY_MIN, budget, ctas_per_sm, is_deep_k)
+from cudal2.templates.streamk import streamk_register_estimate, streamk_work
+
+FAM = FAMILIES["streamk"]
+TARGETS = [(128, 64, 12288), (128, 128, 16384), (256, 128, 8192), (1024, 256, 16384),
+           (128, 128, 2048)]
+# residues: M, N and K off every tile and k-tile
+RESIDUES = [(100, 72, 12296), (129, 65, 2056), (1000, 264, 8200), (8, 8, 4104)]
+TILES = [(32, 32, 32), (32, 64, 64), (64, 64, 64), (128, 64, 64), (128, 128, 64)]
+OPTIONS = [(0, 3), (0, 2), (0, 0), (3, 0), (8, 0), (64, 0)]     # (splits, decomposition)
+SLOTS = [132, 264, 114, 4]                                      # H200/H100 at 1 or 2 per SM, tiny
+
+
+def _coverage(w, tiles: int, k_tiles: int):
+    seen = np.zeros((tiles, k_tiles), dtype=np.int64)
+    for segs in w.ctas:
+        assert segs and all(b < e for _, b, e in segs)            # no empty CTA or segment
+        for t, b, e in segs:
+            seen[t, b:e] += 1
+    assert (seen == 1).all()                                    # every (tile, k-tile) once
+    for t, order in enumerate(w.reducers):
+        # the contributors of a split tile, in the order they are summed: ascending k
+        starts = [next(b for tt, b, _ in w.ctas[c] if tt == t) for c in order]
+        assert starts == sorted(starts) and len(set(order)) == len(order), (t, order)
+
+
+@pytest.mark.parametrize("shape", TARGETS + RESIDUES, ids=lambda s: "x".join(map(str, s)))
+def test_the_work_split_covers_every_iteration_once_in_a_fixed_order(shape):
+    M, N, K = shape
+    for (BM, BN, BK), (splits, dec), slots in itertools.product(TILES, OPTIONS, SLOTS):
+        w = streamk_work(M, N, K, BM, BN, BK, 132, slots, splits, dec)
+        tiles, k_tiles = -(-M // BM) * -(-N // BN), -(-K // BK)
+        assert (w.tiles, w.k_tiles) == (tiles, k_tiles)
+        _coverage(w, tiles, k_tiles)
+        if w.mode == "streamk":      # the grid is the resident slots (never more than the work)
+            assert len(w.ctas) == min(slots, 2048, tiles * k_tiles)
+            sizes = [sum(e - b for _, b, e in s) for s in w.ctas]
+            assert max(sizes) - min(sizes) <= 1                 # equal contiguous ranges
+
+
+def _emulate(A: np.ndarray, B: np.ndarray, w, BM: int, BN: int, BK: int) -> np.ndarray:
+    """The kernel's work split in numpy: each CTA's fp32 partial of each segment, a tile with
+    one contributor written directly, else the partials summed from 0 in the reducers' order."""
+    M, N = A.shape[0], B.shape[1]
+    tiles_n = -(-N // BN)
+    parts: dict[tuple[int, int], np.ndarray] = {}
+    for c, segs in enumerate(w.ctas):
+        for t, b, e in segs:
+            m0, n0 = t // tiles_n * BM, t % tiles_n * BN
+            a = A[m0:m0 + BM, b * BK:e * BK]
+            parts[c, t] = a @ B[b * BK:e * BK, n0:n0 + BN]
+    C = np.zeros((M, N), dtype=np.float32)
+    for t in range(w.tiles):
+        m0, n0 = t // tiles_n * BM, t % tiles_n * BN
+        order = w.reducers[t] or [c for (c, tt) in parts if tt == t]
+        acc = np.zeros_like(parts[order[0], t])
+        for c in order:
+            acc = acc + parts[c, t]
+        C[m0:m0 + BM, n0:n0 + BN] = acc
+    return C
+
+
+@pytest.mark.parametrize("shape", [TARGETS[0], TARGETS[2], TARGETS[4], RESIDUES[0], RESIDUES[1]],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_the_emulated_split_computes_the_product(shape):
+    M, N, K = shape
+    rng = np.random.default_rng(M * 31 + N * 7 + K)
+    A = (rng.random((M, K), dtype=np.float32) * 2 - 1).astype(np.float16).astype(np.float32)
+    B = (rng.random((K, N), dtype=np.float32) * 2 - 1).astype(np.float16).astype(np.float32)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    for (BM, BN, BK), (splits, dec) in [((32, 64, 64), (0, 3)), ((64, 64, 64), (8, 0)),
+                                        ((128, 64, 32), (0, 0)), ((32, 32, 64), (64, 0))]:
+        w = streamk_work(M, N, K, BM, BN, BK, 132, 264, splits, dec)
+        C = _emulate(A, B, w, BM, BN, BK)
+        again = _emulate(A, B, w, BM, BN, BK)
+        assert np.array_equal(C, again)                         # a fixed order: the same bits
+        assert np.abs(C - ref).max() <= 1e-5 * np.abs(ref).max() * np.sqrt(K) + 1e-3
+
+
+def test_the_budget_prices_the_split_it_replays():
+    """budget()'s grid, units, k-tiles per CTA and reduction bytes are the work split's."""
+    gpu = GPUS["H200"]
+    for shape, cfg in itertools.product(TARGETS + RESIDUES, FAM.defaults()):
+        p = cfg.as_dict()
+        for splits, dec in OPTIONS:
+            o = {"splits": splits, "decomposition": dec, "pdl": 0}
+            b = budget(cfg, shape, gpu, options=o)
+            slots = b.ctas_per_sm * gpu.sms
+            assert b.slots == slots
+            w = streamk_work(*shape, p["BM"], p["BN"], p["BK"], gpu.sms, slots, splits, dec)
+            assert b.grid == b.units == len(w.ctas)
+            assert b.decomposition == {"streamk": "stream-K", "splitk": "split-K"}[w.mode]
+            per = max(sum(e - bb for _, bb, e in s) for s in w.ctas)
+            assert b.wave_terms[0][1] == per * 2.0 * (p["BM"] + p["BN"]) * p["BK"]
+            summed = sum(len(r) for r in w.reducers)
+            assert b.reduction_bytes == 2.0 * 4 * p["BM"] * p["BN"] * summed
+            assert (b.reduction == "none") == (summed == 0)
+            assert b.slots_busy == pytest.approx(len(w.ctas) / (b.waves * slots))
+
+
+def test_rules_and_where_the_planner_sends_it():
+    assert FAM.arches == ("sm_80", "sm_90a") and FAM.instruction == "mma.sync"
+    assert "streamk" in DEEPK
+    bad = FAM.default().with_(BM=16, WM=16)
+    assert any("BM=16" in m for m in FAM.problems(bad))
+    assert any("warps" in m for m in FAM.problems(FAM.default().with_(WM=64, WN=64)))
+    # any M (not skinny's M <= BM), K % 8 == 0, and N % 8 == 0 for B row-major
+    rr, rc = FAM.default(), FAM.default().with_(LAYOUT="RC")
+    assert FAM.serves(rr, 1024, 256, 16384) and FAM.serves(rr, 4096, 8, 8)
+    assert not FAM.serves(rr, 128, 64, 12290) and not FAM.serves(rr, 128, 66, 4096)
+    assert FAM.serves(rc, 128, 66, 4096)
+    assert all(is_deep_k(*s) for s in TARGETS)
+    assert not is_deep_k(4096, 4096, 4096) and not is_deep_k(128, 64, 1024)
+
+
+@pytest.mark.slow
+def test_the_plan_packs_a_wide_sweep_within_the_rule_on_every_deep_k_row():
+    """`campaign prepare`'s rule (2 configs a family, 8 a shape) over every family on the deep-K
+    targets: >= 100 (config, options) screenings a row; every streamk one keeps >= 90% of the
+    resident slots busy with a reduction no larger than the operands on both Hoppers, except
+    on a row where no option can (128x128x2048: the reduction's bound alone); none of them is
+    planned where it has no deep-K or launch-bound work."""
+    import inspect
+    from cudal2.runs import campaign
+    from cudal2.search import tune
+    prep = {k: inspect.signature(campaign.prepare).parameters[k].default
+            for k in ("limit_per_shape", "per_family")}
+    big, targets = Shape(4096, 4096, 4096), [Shape(*t) for t in TARGETS]
+    p = tune.plan(targets + [big], "sm_90a", layout="RR", **prep)
+    assert not [c for c in p.per_shape[big] if c.family == "streamk"]
+    for s in targets:
+        cands = p.per_shape[s]
+        assert sum(len(c.options[s]) for c in cands) >= tune.DEEP_K_SCREENINGS, s
+        mine = [c for c in cands if c.family == "streamk"]
+        assert len(mine) >= 8, s
+        relaxed = {s in c.reduction_only for c in mine}
+        assert len(relaxed) == 1, s                 # the row's rule, the same for every build
+        slots_rule = relaxed == {False}
+        for c, o in ((c, o) for c in mine for o in c.options[s]):
+            for gpu in ("H100", "H200"):
+                b = budget(c.config, s, GPUS[gpu], options=o)
+                assert not b.deep_k_problems(slots=slots_rule), (s, c.label, o, gpu)
+                assert b.slots_busy >= SLOTS_BUSY_MIN or not slots_rule
+                assert b.reduction_bytes <= b.operand_bytes
+    relaxed_rows = [s for s in targets if any(s in c.reduction_only for c in p.per_shape[s])]
+    assert relaxed_rows == [Shape(128, 128, 2048)]
+
+
+# ---- builds ----------------------------------------------------------------------------------
+# each default for both arches; the widest warp tiles, the deepest rings and BK 32 for sm_90a
+# (CUDAL2_STREAMK_ALL=1: the whole space, as `cudal2 templates --build-space streamk` builds it)
+_WIDE = [FAM.config(BM=128, BN=128, BK=64, WM=64, WN=32, STAGES=6),
+         FAM.config(BM=32, BN=128, BK=64, WM=16, WN=32, STAGES=8, LAYOUT="RC"),
+         FAM.config(BM=64, BN=64, BK=32, WM=16, WN=32, STAGES=8),
+         FAM.config(BM=128, BN=32, BK=64, WM=32, WN=16, STAGES=4, LAYOUT="RC")]
+CASES = ([pytest.param(c, a, id=f"{c.label().split(':')[1]}-{a}") for c in FAM.defaults()
+          for a in FAM.arches]
+         + [pytest.param(c, "sm_90a", id=f"{c.label().split(':')[1]}-sm_90a") for c in _WIDE])
+GPU_CASES = list(FAM.defaults())      # (tools/gpu_session/prefill.py)
+
+
+def _build(cfg, arch):
+    from cudal2.core.build import build
+    r = build(FAM.build_spec(cfg, arch))
+    assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-3000:]}"
+    return r
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg,arch", CASES)
+def test_builds_without_spills(cfg, arch):
+    from cudal2.harness.audit import undefined_symbols
+    r = _build(cfg, arch)
+    assert r.spills == 0 and max(x.stack_bytes for x in r.resources) == 0, r.resources
+    assert r.max_registers <= streamk_register_estimate(cfg.as_dict()), r.max_registers
+    ptx = r.ptx_path.read_text()
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    # B is read again by every row tile: no evict-first policy (skinny's streamed operand has one)
+    assert "createpolicy" not in ptx and "atom.global.add.u32" in ptx
+    assert ("mapa.shared::cluster" in ptx) == (arch == "sm_90a")   # the cluster reduction
+    imports = undefined_symbols(r.so_path)
+    assert not [s for s in imports if "Memset" in s or "Memcpy" in s or "Malloc" in s], imports
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_one_launch_no_memset_and_the_callers_workspace(arch, fake_launches):
+    """Against the fake runtime (132 SMs, 2 CTAs each): stream-K launches the resident slots,
+    split-K (tiles, splits), in a cluster of the splits on sm_90a (no workspace) and through
+    the workspace otherwise; M past the tile is served (tiles_m > 1); every call one launch and
+    no memset or allocation: what a CUDA graph captures. A split call without the workspace it
+    asks for is refused before any launch."""
+    from cudal2.core.abi import load_library
+    cfg = FAM.default()                          # 64 x 64 tiles
+    r = _build(cfg, arch)
+    meta = load_library(r.so_path).meta
+    assert meta["family"] == "streamk" and meta["workspace_zero_init"] and "max_m" not in meta
+    calls = [[128, 64, 12288, [0, 3, 0], -1], [128, 64, 12288, [8, 0, 0], -1],
+             [128, 64, 12288, [16, 0, 0], -1], [1024, 256, 16384, [0, 0, 0], -1],
+             [100, 72, 12296, [0, 3, 0], -1], [128, 64, 12288, [16, 0, 0], 0]]
+    got = fake_launches(r.so_path, calls)
+    assert all(g["memsets"] == 0 for g in got), got
+    assert all(g["rc"] == 0 and g["launches"] == 1 for g in got[:5]), got
+    assert got[0]["grid"][:2] == [264, 1] and got[0]["need"] > 0           # stream-K: the slots
+    sm90 = arch == "sm_90a"
+    assert got[1]["grid"][:2] == [2, 8]                                      # 2 tiles x 8 splits
+    assert got[1]["cluster"] == ([1, 8, 1] if sm90 else [1, 1, 1])
+    assert (got[1]["need"] == 0) == sm90                                     # DSMEM: no workspace
+    assert got[2]["grid"][:2] == [2, 16] and got[2]["need"] > 0              # > 8: the workspace
+    assert got[3]["grid"][0] in (264, 64)                                    # 16 x 4 tiles
+    assert got[4]["grid"][:2] == [264, 1]
+    assert got[5]["rc"] != 0 and got[5]["launches"] == 0                     # no workspace given
+
+
+def _gpu_arch(cfg, arch: str) -> str:
+    if not FAM.valid(cfg, arch):
+        pytest.skip(f"{cfg.label()} does not build for {arch}")
+    return arch
+
+
+GPU_SHAPES = [(128, 64, 12288), (256, 128, 8192), (128, 128, 2048), (100, 72, 12296),
+              (129, 65, 2056), (1000, 264, 8200), (8, 8, 8), (1, 8, 0), (0, 64, 64)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_CASES, ids=lambda c: c.label().split(":")[1])
+def test_matches_torch(cfg):
+    import torch
+    from cudal2.core.abi import load_library
+    from cudal2.core.toolchain import detect_arch
+    from test_templates import _run
+    lib = load_library(_build(cfg, _gpu_arch(cfg, detect_arch())).so_path)
+    meta = lib.meta
+    for M, N, K in GPU_SHAPES:
+        if FAM.accepts(cfg, M, N, K):
+            for splits, dec in OPTIONS:
+                _run(lib, meta, M, N, K, options={"splits": splits, "decomposition": dec})
+    # bit-identical run to run in every decomposition, the workspace zero after, no memset
+    M, N, K = 128, 64, 12288
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.float16)
+    b = w if meta["layout"] == "RC" else w.t().contiguous()
+    ref = a.double() @ w.double().t()
+    for splits, dec in ((0, 3), (16, 0), (8, 0)):
+        opts = lib.options({"splits": splits, "decomposition": dec})
+        ws_bytes = lib.workspace_bytes(M, N, K, opts)
+        ws = torch.zeros(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+        outs = []
+        for _ in range(3):
+            c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+            assert lib.launch(a.data_ptr(), b.data_ptr(), c.data_ptr(), M, N, K, K, b.stride(0), N,
+                              ws.data_ptr(), ws_bytes, torch.cuda.current_stream().cuda_stream,
+                              opts) == 0
+            outs.append(c)
+        torch.cuda.synchronize()
+        assert all(torch.equal(outs[0], o) for o in outs) and int(ws.count_nonzero()) == 0
+        assert (outs[0].double() - ref).abs().max().item() <= 2e-3 * ref.abs().max().item() + 1e-3
+
+
+def test_space_size_and_registers_bound():
+    """The space as enumerated for each arch; the register estimate is the occupancy the budget
+    assumes before a build (campaign prepare rechecks with ptxas's)."""
+    space = _space()
+    assert sum(FAM.valid(c, "sm_90a") for c in space) == len(space) == 680
+    assert sum(FAM.valid(c, "sm_80") for c in space) == 626
+    p = FAM.default().as_dict()
+    assert ctas_per_sm(128, streamk_register_estimate(p), 0, GPUS["H200"])[0] >= 1
+
+
+def _space() -> list:
+    names = sorted(FAM.space())
+    out = []
+    for values in itertools.product(*(FAM.space()[n] for n in names)):
+        for layout in ("RR", "RC"):
+            cfg = FAM.default().with_(**dict(zip(names, values)), LAYOUT=layout)
+            if any(FAM.valid(cfg, a) for a in FAM.arches):
+                out.append(cfg)
+    return out
+
+
+if os.environ.get("CUDAL2_STREAMK_ALL"):
+    CASES[:] = [pytest.param(c, a, id=f"{c.label().split(':')[1]}-{a}") for c in _space()
+                for a in FAM.arches if FAM.valid(c, a)]
