@@ -233,6 +233,17 @@ def test_one_launch_no_memset_and_the_callers_workspace(arch, fake_launches):
     assert got[3]["grid"][0] in (264, 64)                                    # 16 x 4 tiles
     assert got[4]["grid"][:2] == [264, 1]
     assert got[5]["rc"] != 0 and got[5]["launches"] == 0                     # no workspace given
+    # under CUDA graph capture the runtime hands each captured graph a zero-init workspace of
+    # its own, zeroed in that graph (tests/test_workspaces.py's fake capture): what the
+    # stream-K call asks for, two graphs on one capture stream
+    from test_workspaces import Graph, workspaces
+    ws, rec = workspaces()
+    g1, g2 = Graph(), Graph()
+    rec.graph = g1
+    p1 = ws.get(0, 99, got[0]["need"], zero=meta["workspace_zero_init"])
+    rec.graph = g2
+    p2 = ws.get(0, 99, got[0]["need"], zero=meta["workspace_zero_init"])
+    assert p1 != p2 and [(g, z) for g, z, _ in rec.allocs] == [(g1, True), (g2, True)]
 
 
 def _gpu_arch(cfg, arch: str) -> str:
