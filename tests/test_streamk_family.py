@@ -142,15 +142,15 @@ def test_the_plan_packs_a_wide_sweep_within_the_rule_on_every_deep_k_row():
     targets: >= 100 (config, options) screenings a row; every streamk one keeps >= 90% of the
     resident slots busy with a reduction no larger than the operands on both Hoppers, except
     on a row where no option can (128x128x2048: the reduction's bound alone); none of them is
-    planned where it has no deep-K or launch-bound work."""
+    planned on a shape that is not a deep-K row (a large one, a launch-bound one)."""
     import inspect
     from cudal2.runs import campaign
     from cudal2.search import tune
     prep = {k: inspect.signature(campaign.prepare).parameters[k].default
             for k in ("limit_per_shape", "per_family")}
-    big, targets = Shape(4096, 4096, 4096), [Shape(*t) for t in TARGETS]
-    p = tune.plan(targets + [big], "sm_90a", layout="RR", **prep)
-    assert not [c for c in p.per_shape[big] if c.family == "streamk"]
+    big, small, targets = Shape(4096, 4096, 4096), Shape(256, 256, 256), [Shape(*t) for t in TARGETS]
+    p = tune.plan(targets + [big, small], "sm_90a", layout="RR", **prep)
+    assert not [c for c in p.per_shape[big] + p.per_shape[small] if c.family == "streamk"]
     for s in targets:
         cands = p.per_shape[s]
         assert sum(len(c.options[s]) for c in cands) >= tune.DEEP_K_SCREENINGS, s

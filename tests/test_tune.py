@@ -273,9 +273,9 @@ def test_campaign_plan_packs_every_family_that_serves_each_shape(layout):
         decode = {n for n in serving if is_decode(n, s.M, s.N, s.K)}
         if decode:
             serving = {n: v for n, v in serving.items() if n not in tune.DECODE_SKIP}
-        # the deep-K families: planned on deep-K and launch-bound rows only, under the budget's
-        # rule on a deep-K row (test_plan_targets.py holds that rule)
-        if not (is_deep_k(s.M, s.N, s.K) or 2.0 * s.M * s.N * s.K < tune.SMALL_FLOP):
+        # the deep-K families: planned on deep-K rows only, under the budget's rule
+        # (tests/test_streamk_family.py holds that rule)
+        if not is_deep_k(s.M, s.N, s.K):
             serving = {n: v for n, v in serving.items() if n not in DEEPK}
         decode |= {n for n in serving if ruled(n, s.M, s.N, s.K)}
         packed = p.per_shape[s]

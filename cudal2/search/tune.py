@@ -61,17 +61,16 @@ DECODE_MAX_BUILDS = 64
 # cannot declare the streaming budget a decode candidate must meet (issue 50).
 DECODE_SKIP = ("mma", "ptx", "cutlass_sm90", "streamk")
 # The deep-K families (issue 51) are planned where their work is: a deep-K row
-# (budget.is_deep_k: few tiles, deep K) and a launch-bound one (under SMALL_FLOP); elsewhere a
-# grid of the whole output's tiles has the GPU to itself. On a deep-K row each keeps the options
+# (budget.is_deep_k: few tiles, deep K). Elsewhere a grid of the whole output's tiles has the GPU
+# to itself, and a launch-bound shape's K is short: lowlat's plain grid serves it with less. On a deep-K row each keeps the options
 # whose budget covers the resident slots with a reduction no larger than the operands, one per
 # distinct grid (on a row where no option of the family can do both, 128x128x2048 among the
 # targets: those within the reduction's bound); its best DEEP_K_BUILDS configs by budget time
 # join the picks, then more until the row holds DEEP_K_SCREENINGS (config, options) pairs (at
 # most DEEP_K_MAX_BUILDS builds of the family).
-SMALL_FLOP = 1e9
 DEEP_K_BUILDS = 8
 DEEP_K_SCREENINGS = 100
-DEEP_K_MAX_BUILDS = 32
+DEEP_K_MAX_BUILDS = 16
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -223,7 +222,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
                    if fam.serves(c, shape.M, shape.N, shape.K, checked=True)]
         if any(is_decode(fam.name, shape.M, shape.N, shape.K) for fam, _ in fitting):
             fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
-        if not (is_deep_k(shape.M, shape.N, shape.K) or 2.0 * shape.M * shape.N * shape.K < SMALL_FLOP):
+        if not is_deep_k(shape.M, shape.N, shape.K):
             fitting = [fc for fc in fitting if fc[0].name not in DEEPK]
         ranked: dict[Any, list[tuple[float, dict]]] = {}
         unranked: dict[Any, list[tuple[float, dict]]] = {}     # a ruled row's before the rule
