@@ -34,7 +34,7 @@ def pack(tmp_path_factory):
 
 
 def test_prepare_packs_and_dry_runs(pack):
-    out, manifest, lines, _ = pack
+    out, manifest, lines, root = pack
     m = campaign.load_manifest(out)
     assert m["arch"] == "sm_90a" and m["shapes"] == [[64, 64, 64], [256, 128, 512]]
     # per shape: the family's best two by the cost model, its default among them (tune.plan's
@@ -47,6 +47,9 @@ def test_prepare_packs_and_dry_runs(pack):
     assert ("baseline launch_floor", m["launch_floor"]) in campaign.pack_entries(m)
     for e in m["candidates"] + m["baselines"] + [m["stream_read"], m["launch_floor"]]:
         assert (out / e["dir"] / "kernel.cu.gz").is_file()
+        # the build record gzipped (its dependency list is most of it), read back whole
+        assert (out / e["dir"] / "build.json.gz").is_file() and not (out / e["dir"] / "build.json").exists()
+        assert campaign.pack_build_result(out, {"sha": "0" * 16, **e}, root / "ptx").deps
     # a candidate's library travels gzipped (a decode pack carries hundreds), the others as built
     for e in m["candidates"]:
         assert (out / e["dir"] / "kernel.so.gz").is_file() and not (out / e["dir"] / "kernel.so").exists()

@@ -139,9 +139,9 @@ def test_rules_and_where_the_planner_sends_it():
 @pytest.mark.slow
 def test_the_plan_packs_a_wide_sweep_within_the_rule_on_every_deep_k_row():
     """`campaign prepare`'s rule (2 configs a family, 8 a shape) over every family on the deep-K
-    targets: >= 100 (config, options) screenings a row, or the family's most builds
-    (tune.DEEP_K_MAX_BUILDS: what the verdict call's carry holds); every streamk one keeps >= 90% of the
-    resident slots busy with a reduction no larger than the operands on both Hoppers, except
+    targets: >= 100 (config, options) screenings a row; every streamk one keeps >= 90% of the
+    resident slots busy with a reduction no larger than the operands on both Hoppers, at the
+    register estimate and DEEP_K_REGISTER_SPREAD either side (so ptxas's figure keeps it), except
     on a row where no option can (128x128x2048: the reduction's bound alone); none of them is
     planned on a shape that is not a deep-K row (a large one, a launch-bound one)."""
     import inspect
@@ -155,17 +155,16 @@ def test_the_plan_packs_a_wide_sweep_within_the_rule_on_every_deep_k_row():
     for s in targets:
         cands = p.per_shape[s]
         mine = [c for c in cands if c.family == "streamk"]
-        # the row holds DEEP_K_SCREENINGS, or the family's most builds are in (the carry's bound)
-        assert (sum(len(c.options[s]) for c in cands) >= tune.DEEP_K_SCREENINGS
-                or len(mine) >= tune.DEEP_K_MAX_BUILDS), s
-        assert len(mine) >= tune.DEEP_K_BUILDS, s
+        assert sum(len(c.options[s]) for c in cands) >= tune.DEEP_K_SCREENINGS, s
+        assert tune.DEEP_K_BUILDS <= len(mine) <= tune.DEEP_K_MAX_BUILDS, s
         relaxed = {s in c.reduction_only for c in mine}
         assert len(relaxed) == 1, s                 # the row's rule, the same for every build
         slots_rule = relaxed == {False}
         for c, o in ((c, o) for c in mine for o in c.options[s]):
-            for gpu in ("H100", "H200"):
-                b = budget(c.config, s, GPUS[gpu], options=o)
-                assert not b.deep_k_problems(slots=slots_rule), (s, c.label, o, gpu)
+            # at the estimate and the spread either side: ptxas's figure keeps it in the rule
+            for gpu, regs in itertools.product(("H100", "H200"), tune._registers_around(c.config)):
+                b = budget(c.config, s, GPUS[gpu], options=o, registers=regs)
+                assert not b.deep_k_problems(slots=slots_rule), (s, c.label, o, gpu, regs)
                 assert b.slots_busy >= SLOTS_BUSY_MIN or not slots_rule
                 assert b.reduction_bytes <= b.operand_bytes
     relaxed_rows = [s for s in targets if any(s in c.reduction_only for c in p.per_shape[s])]
@@ -186,10 +185,8 @@ GPU_CASES = list(FAM.defaults())      # (tools/gpu_session/prefill.py)
 
 
 def _build(cfg, arch):
-    from cudal2.core.build import build
-    r = build(FAM.build_spec(cfg, arch))
-    assert r.ok, f"{cfg.label()} on {arch}: {r.status}\n{r.log[-3000:]}"
-    return r
+    from test_skinny import _build as build_checked      # one way to build a case and say why not
+    return build_checked(cfg, arch)
 
 
 @pytest.mark.compile
@@ -198,7 +195,10 @@ def test_builds_without_spills(cfg, arch):
     from cudal2.harness.audit import undefined_symbols
     r = _build(cfg, arch)
     assert r.spills == 0 and max(x.stack_bytes for x in r.resources) == 0, r.resources
-    assert r.max_registers <= streamk_register_estimate(cfg.as_dict()), r.max_registers
+    # the planner's estimate is within the spread it plans over (tune._registers_around)
+    from cudal2.search.tune import DEEP_K_REGISTER_SPREAD
+    est = streamk_register_estimate(cfg.as_dict())
+    assert abs(r.max_registers - est) <= DEEP_K_REGISTER_SPREAD, (r.max_registers, est)
     ptx = r.ptx_path.read_text()
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
     # B is read again by every row tile: no evict-first policy (skinny's streamed operand has one)

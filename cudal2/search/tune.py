@@ -36,6 +36,7 @@ from cudal2.harness.types import BASELINES, MODES, EvalRequest, Shape
 from cudal2.search.costmodel import CostModel, kernel_facts
 from cudal2.templates.budget import (DEEPK, TILED, budget, is_decode, is_deep_k,
                                      problems_on_arch, ruled)
+from cudal2.templates.streamk import streamk_register_estimate
 from cudal2.templates import MAX_ENUMERATE, enumerate_space  # noqa: F401  (tune's public names)
 
 MAX_OPTIONS = 8                # runtime-option combinations a plan keeps per (shape, build)
@@ -70,7 +71,10 @@ DECODE_SKIP = ("mma", "ptx", "cutlass_sm90", "streamk")
 # most DEEP_K_MAX_BUILDS builds of the family).
 DEEP_K_BUILDS = 8
 DEEP_K_SCREENINGS = 100
-DEEP_K_MAX_BUILDS = 16
+# An option must meet the rule DEEP_K_REGISTER_SPREAD registers either side of the estimate
+# (_registers_around), so campaign prepare's recheck with ptxas's figure keeps it.
+DEEP_K_REGISTER_SPREAD = 48
+DEEP_K_MAX_BUILDS = 40
 
 
 # --- shape files -----------------------------------------------------------------------------
@@ -301,24 +305,34 @@ def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = Tru
             if key in seen:
                 continue
             seen.add(key)
-        if not problems_on_arch(cfg, shape, arch, options=o, slots=slots):
+        if not any(problems_on_arch(cfg, shape, arch, options=o, slots=slots, registers=r)
+                   for r in _registers_around(cfg)):
             kept.append((t, o))
     return kept
 
 
+def _registers_around(cfg) -> tuple[int, ...]:
+    """The register counts a deep-K family's option must meet the rule at before its build: the
+    estimate and DEEP_K_REGISTER_SPREAD either side (its fit's residuals), so that ptxas's
+    figure, somewhere in between, keeps it (a stream-K grid is the resident slots: one CTA per
+    SM more doubles its reduction). Other families: the estimate (0)."""
+    if cfg.family not in DEEPK:
+        return (0,)
+    r = streamk_register_estimate(cfg.as_dict())
+    return (r, max(32, r - DEEP_K_REGISTER_SPREAD), min(255, r + DEEP_K_REGISTER_SPREAD))
+
+
 def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
                   max_options: int | None, target: int = DECODE_SCREENINGS,
-                  most: int = DECODE_MAX_BUILDS, all_families: bool = True) -> list:
+                  most: int = DECODE_MAX_BUILDS) -> list:
     """A decode (or deep-K) row's picks: `fitting` plus each budgeted family's best `builds`
     configs by budget time, then the next best across the families (at most `most` a family)
-    while the row holds fewer than `target` x DECODE_MARGIN (config, options) pairs (with
-    all_families False: of the budgeted families alone)."""
+    while the row holds fewer than `target` x DECODE_MARGIN (config, options) pairs."""
     budgeted = {fam.name for fam, _ in decode}       # every option kept (plan's keep_all)
 
     def screenings(picks):
         return sum(len(ranked[cfg]) if fam.name in budgeted or not max_options
-                   else min(len(ranked[cfg]), max_options) for fam, cfg in picks
-                   if all_families or fam.name in budgeted)
+                   else min(len(ranked[cfg]), max_options) for fam, cfg in picks)
 
     order = sorted(decode, key=lambda fc: ranked[fc[1]][0][0])
     taken: dict[str, int] = {}

@@ -44,6 +44,7 @@ from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_smem_bytes, lowlat_splits
 from cudal2.templates.skinny import (STREAMK_MAX_CTAS, skinny_plan, skinny_register_estimate,
                                      skinny_smem_bytes)
+from cudal2.templates.streamk import streamk_register_estimate
 from cudal2.templates.wgmma import _wgmma_smem_bytes, wgmma_splits
 
 STREAMING = ("skinny", "skinny_n", "gemv")   # the streaming families: a decode row is their work
@@ -409,8 +410,9 @@ def _cta(family: str, p: dict, gpu: GpuSpec, splits: int) -> tuple[int, int, int
         wg = p["BM"] >= 64                     # lowlat: a warpgroup per 64 rows; else BN/32 warps
         return (128 * (p["BM"] // 64) if wg else 32 * (p["BN"] // 32), lowlat_smem_bytes(p),
                 TILED_REGISTER_ESTIMATE[family], gpu.tflops if wg else gpu.mma_sync_tflops)
-    return (32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]), skinny_smem_bytes(p),
-            skinny_register_estimate(p), gpu.mma_sync_tflops)
+    estimate = streamk_register_estimate if family in DEEPK else skinny_register_estimate
+    return (32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]), skinny_smem_bytes(p), estimate(p),
+            gpu.mma_sync_tflops)
 
 
 def _refusal(family: str, p: dict, M: int, N: int) -> str:

@@ -110,7 +110,22 @@ using namespace cudal2_hgemm_impl;
 constexpr int kMaxSplits = 64;
 // runtime option "splits" (0 = auto): every count up to the cluster's 8 (a wave of tiles x splits
 // CTAs that fills the SMs is a count the shape picks, not a power of two), then coarser to 64
+// streamk: every count to 64 (a deep-K row fills the slots with tiles x splits CTAs, and a few
+// tiles leave few counts that do: each one is a grid of its own)
+#if CUDAL2_STREAMK_FAMILY
+#define CUDAL2_SPLIT_VALUES "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, " \
+  "21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, " \
+  "45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64]"
+static bool split_value_ok(int v) { return v >= 0 && v <= kMaxSplits; }
+#else
+#define CUDAL2_SPLIT_VALUES "[0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64]"
 constexpr int kSplitValues[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64};
+static bool split_value_ok(int v) {
+  for (int x : kSplitValues)
+    if (v == x) return true;
+  return false;
+}
+#endif
 // runtime option "decomposition" (docs/abi.md's shared name): 0 heuristic (stream-K where the
 // split-K grid would leave a tail, else split-K), 2 split-K, 3 stream-K (ignores "splits")
 constexpr int kDecompositionValues[] = {0, 2, 3};
@@ -162,8 +177,8 @@ static int resident_slots() {
 
 static bool option_ok(const int* options) {
   if (options == nullptr) return true;
-  bool split_ok = false, dec_ok = false, pdl_ok = false;
-  for (int v : kSplitValues) split_ok = split_ok || options[0] == v;
+  const bool split_ok = split_value_ok(options[0]);
+  bool dec_ok = false, pdl_ok = false;
   for (int v : kDecompositionValues) dec_ok = dec_ok || options[1] == v;
   for (int v : kPdlValues) pdl_ok = pdl_ok || options[2] == v;
   return split_ok && dec_ok && pdl_ok;
@@ -267,7 +282,7 @@ static const char* build_meta() {
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
            "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
            "\"options\": [{\"name\": \"splits\", "
-           "\"values\": [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64], \"default\": 0}, "
+           "\"values\": " CUDAL2_SPLIT_VALUES ", \"default\": 0}, "
            "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}, "
            "{\"name\": \"pdl\", \"values\": [0, 1], \"default\": 0}], \"pdl\": %s, "
            "\"params\": {\"BM\": %d, \"BN\": %d, \"BK\": %d, \"WM\": %d, \"WN\": %d, "

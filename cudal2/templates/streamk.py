@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from cudal2.templates.family import Family, _register
 from cudal2.templates.mma import _mma_problems
 from cudal2.templates.skinny import (SKINNY_OPTIONS, STREAMK_MAX_CTAS, _as_mma,
-                                     _skinny_option_redundant, skinny_plan, skinny_register_estimate,
+                                     _skinny_option_redundant, skinny_plan,
                                      skinny_smem_bytes)
 
-# The planner's sweep on a shape of few tiles and deep K (tune.deep_k): every split count and the
-# stream-K grid; the budget keeps those that cover the slots with a reduction no larger than
-# the operands (budget.Budget.deep_k_problems).
-STREAMK_OPTIONS = SKINNY_OPTIONS
+# Runtime options: skinny's, with every split count to 64 (streamk_hgemm.cuh's list): on a row of
+# few tiles only a few counts fill the resident slots, and each is a grid of its own. The planner
+# sweeps them all with the stream-K grid on a deep-K row (budget.is_deep_k), where the budget
+# keeps those that cover the slots with a reduction no larger than the operands
+# (budget.Budget.deep_k_problems).
+STREAMK_OPTIONS = tuple((name, tuple(range(65)) if name == "splits" else values, default)
+                        for name, values, default in SKINNY_OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,18 @@ def streamk_work(M: int, N: int, K: int, BM: int, BN: int, BK: int, sms: int, sl
 
 
 def streamk_register_estimate(p: dict) -> int:
-    """Registers before a build: skinny's bound (the same kernel and loop), over its tiles."""
-    return skinny_register_estimate(p)
+    """Registers before a build: what ptxas gives, by a least-squares fit over the 680 configs of
+    the sm_90a space (`cudal2 templates --build-space streamk`, 2026-11-29: residuals -43..+33,
+    mean |11|). Not a bound: the budget's rule on a deep-K row turns on the occupancy, and an
+    upper bound (skinny's) put 181 of those configs at the wrong CTAs per SM, this fit 75;
+    `campaign prepare` rechecks every option with ptxas's own figure."""
+    threads = 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
+    acc = (p["WM"] // 16) * (p["WN"] // 8) * 4
+    a_chunks = p["BM"] * p["BK"] // 8 // threads
+    b_chunks = p["BN"] * p["BK"] // 8 // threads
+    fit = (104.9 + 0.95 * acc + 1.95 * a_chunks + 2.12 * b_chunks + 1.07 * p["STAGES"]
+           - 1.29 * (p.get("LAYOUT") == "RC"))
+    return min(255, 65536 // threads // 8 * 8, int(round(fit)))
 
 
 def _problems(family, p: dict, arch: str | None) -> list[str]:
