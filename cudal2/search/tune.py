@@ -63,9 +63,9 @@ DECODE_MAX_BUILDS = 64
 DECODE_SKIP = ("mma", "ptx", "cutlass_sm90", "streamk")
 # The deep-K families (issue 51) are planned where their work is: a deep-K row
 # (budget.is_deep_k: few tiles, deep K). Elsewhere a grid of the whole output's tiles has the GPU
-# to itself, and a launch-bound shape's K is short: lowlat's plain grid serves it with less. On a deep-K row each keeps the options
-# whose budget covers the resident slots with a reduction no larger than the operands, one per
-# distinct grid (on a row where no option of the family can do both, 128x128x2048 among the
+# to itself, and a launch-bound shape's K is short: lowlat's plain grid serves it with less. On a
+# deep-K row each keeps the options whose budget covers the resident slots with a reduction no
+# larger than the operands, one per distinct grid (on a row where no option of the family can do both, 128x128x2048 among the
 # targets: those within the reduction's bound); its best DEEP_K_BUILDS configs by budget time
 # join the picks, then more until the row holds DEEP_K_SCREENINGS (config, options) pairs (at
 # most DEEP_K_MAX_BUILDS builds of the family).
@@ -246,13 +246,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             if ruled(fam.name, shape.M, shape.N, shape.K):
                 unranked[cfg] = ranked[cfg]
                 ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
-        relaxed = set()
-        for name in DEEPK:      # no option covers the slots: the reduction's bound alone
-            mine = [cfg for fam, cfg in fitting if fam.name == name and cfg in unranked]
-            if mine and not any(ranked[cfg] for cfg in mine):
-                relaxed.add(name)
-                for cfg in mine:
-                    ranked[cfg] = _within_budget(cfg, shape, arch, unranked[cfg], slots=False)
+        relaxed = _reduction_only(fitting, ranked, unranked, shape, arch)
         fitting = [fc for fc in fitting if ranked[fc[1]]]
         decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
         deep = [fc for fc in fitting if fc[0].name in DEEPK and is_deep_k(shape.M, shape.N, shape.K)]
@@ -309,6 +303,19 @@ def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = Tru
                    for r in _registers_around(cfg)):
             kept.append((t, o))
     return kept
+
+
+def _reduction_only(fitting: list, ranked: dict, unranked: dict, shape: Shape, arch: str) -> set:
+    """The deep-K families none of whose options covers the slots on this row (128x128x2048):
+    their options re-ranked within the reduction's bound alone (in `ranked`); their names."""
+    out = set()
+    for name in DEEPK:
+        mine = [cfg for fam, cfg in fitting if fam.name == name and cfg in unranked]
+        if mine and not any(ranked[cfg] for cfg in mine):
+            out.add(name)
+            for cfg in mine:
+                ranked[cfg] = _within_budget(cfg, shape, arch, unranked[cfg], slots=False)
+    return out
 
 
 def _registers_around(cfg) -> tuple[int, ...]:
