@@ -134,6 +134,7 @@ def test_rules_and_where_the_planner_sends_it():
     assert FAM.serves(rc, 128, 66, 4096)
     assert all(is_deep_k(*s) for s in TARGETS)
     assert not is_deep_k(4096, 4096, 4096) and not is_deep_k(128, 64, 1024)
+    assert not is_deep_k(2048, 256, 12288)              # 32 tiles: a grid of its own tiles fills more
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ WAVE_FILL_MIN = 0.90                         # the last wave keeps at least this
 # there keeps SLOTS_BUSY_MIN of the resident slots busy over its waves and moves no more bytes
 # in its reduction than the operands hold.
 DEEP_K_MIN_K = 2048
-DEEP_K_MAX_TILES = 32
+DEEP_K_MAX_TILES = 16        # 1024x256: the widest target (a 32-tile row packs ~18 more builds)
 SLOTS_BUSY_MIN = 0.90
 
 
