@@ -234,14 +234,15 @@ def _skinny_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opti
 
 
 def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict,
-                  cluster: bool, threads: int) -> _Grid:
+                  cluster: bool) -> _Grid:
     """The streamk family's call (skinny_hgemm.cuh's decide() over M x N tiles, streamk.cuh's
     ranges; streamk_work enumerates the same split). Each k-tile of a tile reads BM + BN rows of
     BK (A's and B's through L2 after their first read); the reduction: every contributor of a
-    split tile stores its fp32 partial tile and the last reads them all, stream-K's a round trip
-    per contributor (each thread loads its fragments of one partial at once), split-K's through
-    the workspace one per element and split (finish_tile, as _skinny_grid prices it), or a
-    cluster reads its peers' through DSMEM, a round trip per element."""
+    split tile stores its fp32 partial tile and the last reads them all, a round trip per
+    contributor (stream-K: each thread loads its fragments of one partial at once; split-K
+    through the workspace: one per split, which the five committed H200 mma split-K rows at the
+    deep-K targets bear out, -0.39..+0.30 in log; a trip per element and split, as
+    _skinny_grid prices it, put them 3-4x over), or a cluster reads its peers' through DSMEM."""
     BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
     tiles_m = -(-M // BM)
     tiles, k_tiles = tiles_m * -(-N // BN), -(-K // BK)
@@ -263,10 +264,9 @@ def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opt
     per = -(-k_tiles // n)
     in_cluster = cluster and 2 <= n <= gpu.cluster_max
     red = "none" if n == 1 else ("cluster" if in_cluster else "workspace")
-    per_thread = -(-BM * BN // threads)
     return _Grid("split-K", n, tiles * n, tiles * n, per * kt_bytes, per * kt_flops, inflight, red,
                  2.0 * partial * tiles * n if n > 1 else 0.0,
-                 per_thread * (1 if in_cluster else n) if n > 1 else 0)
+                 (1 if in_cluster else n) if n > 1 else 0)
 
 
 def _gemv_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict) -> _Grid:
@@ -369,7 +369,7 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
     elif family in TILED:
         g = _tile_grid(family, p, km, kn, K, gpu, options)
     elif family in DEEPK:
-        g = _streamk_grid(p, km, kn, K, gpu, slots, options, cluster, threads)
+        g = _streamk_grid(p, km, kn, K, gpu, slots, options, cluster)
     else:
         g = _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads)
     waves, at_once = _waves(g, slots, gpu, occ, arith)
