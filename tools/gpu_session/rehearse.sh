@@ -48,9 +48,10 @@ carry_before=$(bash tools/gpu_session/carry_size.sh)
 CARRIED=${GPU_SESSION_CACHE:-$REPO/.gpu_cache} CACHE_COPY=$WORK/carried-cache
 rm -rf "$CACHE_COPY"
 if [ -d "$CARRIED" ]; then cp -a "$CARRIED" "$CACHE_COPY"; else mkdir -p "$CACHE_COPY"; fi
-# the deadline scaled as the fake device's time, but never below what Python, worker starts and
-# pytest collection cost on a CPU (they do not scale)
-deadline=$($PY -c "print(max(120, int(570 * $SCALE)))")
+# the deadline scaled as the fake device's time, but never below what Python, worker starts,
+# pytest collection and the campaign's up-front audit cost on a CPU (they do not scale: the audit
+# of the 2026-11-29 packs' 319 builds took 52 s on 2 cores, 7 s on the H200 machine's 16)
+deadline=$($PY -c "print(max(150, int(570 * $SCALE)))")
 tests=$($PY -c "print(max(30, int(150 * $SCALE)))")
 # the queue's slice likewise: a campaign run's start on a CPU takes ~8 s whatever the scale
 export CUDAL2_FAKE_DEVICE=$SCALE GPU_SESSION_DEADLINE_S=$deadline BUDGET_TESTS=$tests GPU_SESSION_PACK=$PACK \
