@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from cudal2.core.devices import ARCH_GPU, GPUS, GpuSpec, gpu_for  # noqa: F401  (the device table)
-from cudal2.templates.budget import BUDGETED, as_built, budget, priced_by_budget
+from cudal2.templates.budget import BUDGETED, as_built, budget, ruled
 from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_splits
 from cudal2.templates.skinny import STREAMK_MAX_CTAS, skinny_plan, skinny_splits  # noqa: F401
@@ -473,9 +473,9 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         extra_us += PERSISTENT_SETUP_US
     prior = (gpu.launch_us + extra_us + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
-    if f.budgeted and priced_by_budget(f.budgeted[0], *_shape(shape_in)):
-        # a decode row of a budgeted family, any shape of a deep-K family: the calibrated budget
-        # (cudal2.templates.budget)
+    if f.budgeted and ruled(f.budgeted[0], *_shape(shape_in)):
+        # a decode row of a budgeted family, a deep-K row of a deep-K family: the calibrated
+        # budget (cudal2.templates.budget)
         family, params, opts, cluster = f.budgeted
         prior = budget(KernelConfig(family, params), _shape(shape_in), gpu, options=dict(opts),
                        registers=f.registers, smem_bytes=f.shared_bytes, cluster=cluster).t_us

@@ -487,15 +487,10 @@ def is_deep_k(M: int, N: int, K: int) -> bool:
 
 
 def ruled(family: str, M: int, N: int, K: int) -> bool:
-    """A row where the budget's rule screens this family's candidates (problems_on_arch): a
-    decode row of a budgeted family, a deep-K row of a deep-K family."""
+    """A row where the budget's rule screens this family's candidates (problems_on_arch), and
+    its time is the cost model's prior: a decode row of a budgeted family, a deep-K row of a
+    deep-K family (elsewhere the budget was never compared with a measurement)."""
     return is_decode(family, M, N, K) or (family in DEEPK and is_deep_k(M, N, K))
-
-
-def priced_by_budget(family: str, M: int, N: int, K: int) -> bool:
-    """Where the cost model's prior is the budget's time: a decode row of a budgeted family, and
-    every shape of the deep-K families (the budget is their model)."""
-    return family in DEEPK or is_decode(family, M, N, K)
 
 
 def _small_big(family: str, M: int, N: int) -> tuple[int, int]:
