@@ -21,7 +21,9 @@ import pytest
 from cudal2.core.devices import GPUS
 from cudal2.harness.types import Shape
 from cudal2.templates import FAMILIES
-from cudal2.templates.budget import (DEEPK, SLOTS_BUSY_MIN, budget, ctas_per_sm, is_deep_k)
+from cudal2.templates.budget import (DEEPK, SLOTS_BUSY_MIN, as_built, budget, ctas_per_sm,
+                                     is_deep_k)
+from cudal2.templates.skinny import FIXUP_BATCH, streamk_fixup_batch
 from cudal2.templates.streamk import streamk_register_estimate, streamk_work
 
 FAM = FAMILIES["streamk"]
@@ -76,9 +78,14 @@ def _emulate(A: np.ndarray, B: np.ndarray, w, BM: int, BN: int, BK: int) -> np.n
     for t in range(w.tiles):
         m0, n0 = t // tiles_n * BM, t % tiles_n * BN
         order = w.reducers[t] or [c for (c, tt) in parts if tt == t]
+        runs = [order[i:i + w.cluster] for i in range(0, len(order), w.cluster)] \
+            if w.slabs(t) else [order]
         acc = np.zeros_like(parts[order[0], t])
-        for c in order:
-            acc = acc + parts[c, t]
+        for run in runs:        # a cluster's sum (rank order), then the clusters' (slab order)
+            part = np.zeros_like(acc)
+            for c in run:
+                part = part + parts[c, t]
+            acc = acc + part
         C[m0:m0 + BM, n0:n0 + BN] = acc
     return C
 
@@ -91,9 +98,10 @@ def test_the_emulated_split_computes_the_product(shape):
     A = (rng.random((M, K), dtype=np.float32) * 2 - 1).astype(np.float16).astype(np.float32)
     B = (rng.random((K, N), dtype=np.float32) * 2 - 1).astype(np.float16).astype(np.float32)
     ref = A.astype(np.float64) @ B.astype(np.float64)
-    for (BM, BN, BK), (splits, dec) in [((32, 64, 64), (0, 3)), ((64, 64, 64), (8, 0)),
-                                        ((128, 64, 32), (0, 0)), ((32, 32, 64), (64, 0))]:
-        w = streamk_work(M, N, K, BM, BN, BK, 132, 264, splits, dec)
+    for (BM, BN, BK), (splits, dec), cmax in [((32, 64, 64), (0, 3), 8), ((64, 64, 64), (8, 0), 8),
+                                              ((128, 64, 32), (0, 0), 8), ((32, 32, 64), (64, 0), 8),
+                                              ((32, 32, 64), (64, 0), 0), ((64, 32, 64), (12, 0), 8)]:
+        w = streamk_work(M, N, K, BM, BN, BK, 132, 264, splits, dec, cmax)
         C = _emulate(A, B, w, BM, BN, BK)
         again = _emulate(A, B, w, BM, BN, BK)
         assert np.array_equal(C, again)                         # a fixed order: the same bits
@@ -116,9 +124,50 @@ def test_the_budget_prices_the_split_it_replays():
             per = max(sum(e - bb for _, bb, e in s) for s in w.ctas)
             assert b.wave_terms[0][1] == per * 2.0 * (p["BM"] + p["BN"]) * p["BK"]
             summed = sum(len(r) for r in w.reducers)
-            assert b.reduction_bytes == 2.0 * 4 * p["BM"] * p["BN"] * summed
+            slabs = sum(w.slabs(t) for t in range(w.tiles))
+            two = 0 < slabs < summed       # clusters, then their slabs through the workspace
+            assert b.reduction_bytes == 2.0 * 4 * p["BM"] * p["BN"] * (slabs if two else summed)
             assert (b.reduction == "none") == (summed == 0)
+            assert (b.reduction == "cluster") == (summed > 0 and slabs == 0)
+            assert (b.reduction == "cluster+workspace") == two
             assert b.slots_busy == pytest.approx(len(w.ctas) / (b.waves * slots))
+            if "workspace" in b.reduction:
+                # the last arriver's dependent round trips through L2: a batch of partials (or
+                # of clusters' slabs) each in a build whose reducer batches its loads; a partial
+                # each in one from before the batch, which reduced no more than a cluster's
+                # splits in clusters
+                most = max(w.slabs(t) for t in range(w.tiles))
+                batch = streamk_fixup_batch(p) if w.mode == "streamk" else FIXUP_BATCH
+                assert _trips(b, gpu) == -(-most // batch) + (gpu.dsmem_peer_us / gpu.fixup_peer_us
+                                                              if two else 0)
+                old = budget(cfg, shape, gpu, options=o, batched=False, two_level=False)
+                assert old.reduction == "workspace" and _trips(old, gpu) == max(map(len, w.reducers))
+
+
+def _trips(b, gpu) -> float:
+    """A workspace reduction's dependent round trips, from its time and its bytes."""
+    return round((b.t_reduce_us - b.reduction_bytes / gpu.stream_bytes_per_us) / gpu.fixup_peer_us, 6)
+
+
+def test_a_build_is_replayed_as_it_reduces():
+    """budget.as_built: a build whose meta declares its reducer's load batch is priced batched;
+    an older build (no "fixup_batch") one partial per round trip; a config (no "params"): today's
+    templates, batched."""
+    cfg = FAM.default()
+    meta = {"family": "streamk", "params": cfg.as_dict(), "cluster_splitk_max": 8,
+            "options": [{"name": "decomposition"}]}
+    o = {"splits": 16, "decomposition": 2}
+    old = {"cluster": True, "batched": False, "two_level": False}
+    assert as_built(meta, o) == (o, old)
+    new = dict(meta, fixup_batch={"splits": 8, "streamk": 4}, cluster_groups=True)
+    assert as_built(new, o) == (o, dict(old, batched=True, two_level=True))
+    assert as_built({}, o) == (o, dict(old, batched=True, two_level=True))
+    # the older build's 16 splits reduce through the workspace, today's in two clusters of 8
+    shape = (128, 64, 12288)
+    b_old = budget(cfg, shape, GPUS["H200"], options=o, **as_built(meta, o)[1])
+    b_new = budget(cfg, shape, GPUS["H200"], options=o)
+    assert (b_old.reduction, b_new.reduction) == ("workspace", "cluster+workspace")
+    assert b_new.reduction_bytes == b_old.reduction_bytes / 8
 
 
 def test_rules_and_where_the_planner_sends_it():
@@ -222,9 +271,12 @@ def test_one_launch_no_memset_and_the_callers_workspace(arch, fake_launches):
     r = _build(cfg, arch)
     meta = load_library(r.so_path).meta
     assert meta["family"] == "streamk" and meta["workspace_zero_init"] and "max_m" not in meta
+    # the reducer's load batches, as the budget prices them (budget.as_built reads the key)
+    assert meta["fixup_batch"] == {"splits": FIXUP_BATCH, "streamk": streamk_fixup_batch(cfg.as_dict())}
     calls = [[128, 64, 12288, [0, 3, 0], -1], [128, 64, 12288, [8, 0, 0], -1],
              [128, 64, 12288, [16, 0, 0], -1], [1024, 256, 16384, [0, 0, 0], -1],
-             [100, 72, 12296, [0, 3, 0], -1], [128, 64, 12288, [16, 0, 0], 0]]
+             [100, 72, 12296, [0, 3, 0], -1], [128, 64, 12288, [16, 0, 0], 0],
+             [128, 64, 12288, [11, 0, 0], -1]]
     got = fake_launches(r.so_path, calls)
     assert all(g["memsets"] == 0 for g in got), got
     assert all(g["rc"] == 0 and g["launches"] == 1 for g in got[:5]), got
@@ -233,10 +285,17 @@ def test_one_launch_no_memset_and_the_callers_workspace(arch, fake_launches):
     assert got[1]["grid"][:2] == [2, 8]                                      # 2 tiles x 8 splits
     assert got[1]["cluster"] == ([1, 8, 1] if sm90 else [1, 1, 1])
     assert (got[1]["need"] == 0) == sm90                                     # DSMEM: no workspace
-    assert got[2]["grid"][:2] == [2, 16] and got[2]["need"] > 0              # > 8: the workspace
+    assert got[2]["grid"][:2] == [2, 16] and got[2]["need"] > 0              # > 8: the workspace,
+    assert got[2]["cluster"] == ([1, 8, 1] if sm90 else [1, 1, 1])           # after 2 clusters
+    slabs = 2 if sm90 else 16
+    assert got[2]["need"] == -(-slabs * 128 * 64 * 4 // 16) * 16 + 4 * 2
     assert got[3]["grid"][0] in (264, 64)                                    # 16 x 4 tiles
     assert got[4]["grid"][:2] == [264, 1]
     assert got[5]["rc"] != 0 and got[5]["launches"] == 0                     # no workspace given
+    # a split count no cluster divides (11): the workspace alone, a slab per split
+    assert got[6]["rc"] == 0 and got[6]["launches"] == 1
+    assert got[6]["grid"][:2] == [2, 11] and got[6]["cluster"] == [1, 1, 1]
+    assert got[6]["need"] == -(-11 * 128 * 64 * 4 // 16) * 16 + 4 * 2
     # under CUDA graph capture the runtime hands each captured graph a zero-init workspace of
     # its own, zeroed in that graph (tests/test_workspaces.py's fake capture): what the
     # stream-K call asks for, two graphs on one capture stream

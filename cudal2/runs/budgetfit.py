@@ -54,13 +54,13 @@ class Row:
     options: dict
     registers: int
     smem_bytes: int
-    cluster: bool
+    how: tuple               # budget.as_built's reduction keywords, as pairs
     measured_us: float
     stage: str
 
     def predict(self, gpu: GpuSpec):
         return budget(self.config, self.shape, gpu, options=self.options, registers=self.registers,
-                      smem_bytes=self.smem_bytes, cluster=self.cluster)
+                      smem_bytes=self.smem_bytes, **dict(self.how))
 
 
 def db_paths(paths) -> list[Path]:
@@ -91,10 +91,11 @@ def decode_rows(paths) -> list[Row]:
             if not t:
                 continue
             cfg = KernelConfig(fam, tuple(ev.meta["params"].items()))
-            options, cluster = as_built(ev.meta, ev.options)
+            options, how = as_built(ev.meta, ev.options)
             rows.append(Row(gpu_for(gpu=gpu).name, cfg, (ev.shape.M, ev.shape.N, ev.shape.K),
                             ev.layout, options, int(ev.build.get("registers") or 0),
-                            int(ev.meta.get("smem_bytes") or 0), cluster, float(t), ev.stage))
+                            int(ev.meta.get("smem_bytes") or 0), tuple(sorted(how.items())),
+                            float(t), ev.stage))
     return rows
 
 

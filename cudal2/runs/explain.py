@@ -264,9 +264,9 @@ def budget_cells(ev, cand: dict | None, pack_dir: Path | None) -> dict:
         return dict(out, budget_note="not a budgeted family")
     try:
         gpu = gpu_for(gpu=(ev.env or {}).get("gpu") or None, arch=ev.arch)
-        options, cluster = as_built(meta if isinstance(meta, dict) else {}, ev.options or {})
+        options, how = as_built(meta if isinstance(meta, dict) else {}, ev.options or {})
         b = budget(cfg, ev.shape, gpu, options=options, registers=int((res or {}).get("registers") or 0),
-                   cluster=cluster)
+                   **how)
     except ValueError as exc:
         return dict(out, budget_note=f"budget failed: {exc}")
     return {"budget_us": b.t_us, "budget_inflight_kib": b.inflight_per_sm / 1024,

@@ -115,7 +115,7 @@ class KernelFacts:
     dsmem_fixup: bool = False   # split-K reduced inside a thread-block cluster (set per call)
     cluster_split: bool = False  # wgmma (CLUSTER_M 1): split count chosen per call (wgmma_splits)
     # a streaming family's config and call options: its prior is the streaming budget's time
-    budgeted: tuple = ()     # (family, params pairs, options pairs, cluster reduction)
+    budgeted: tuple = ()     # (family, params pairs, options pairs, budget.as_built's reduction pairs)
 
 
 def _meta_get(meta: dict, *names, default=None):
@@ -226,8 +226,8 @@ def _budgeted(family, meta: dict, params: dict, opts: dict) -> tuple:
     if family not in BUDGETED:
         return ()
     p = params or {k: v for k, v in meta.items() if k.isupper()}
-    opts, cluster = as_built(meta, opts)
-    return (family, tuple(sorted(p.items())), tuple(sorted(opts.items())), cluster)
+    opts, how = as_built(meta, opts)
+    return (family, tuple(sorted(p.items())), tuple(sorted(opts.items())), tuple(sorted(how.items())))
 
 
 def _dsmem_reduces(f: KernelFacts, gpu: GpuSpec, splits: int) -> bool:
@@ -476,9 +476,9 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
     if f.budgeted and ruled(f.budgeted[0], *_shape(shape_in)):
         # a decode row of a budgeted family, a deep-K row of a deep-K family: the calibrated
         # budget (cudal2.templates.budget)
-        family, params, opts, cluster = f.budgeted
+        family, params, opts, how = f.budgeted
         prior = budget(KernelConfig(family, params), _shape(shape_in), gpu, options=dict(opts),
-                       registers=f.registers, smem_bytes=f.shared_bytes, cluster=cluster).t_us
+                       registers=f.registers, smem_bytes=f.shared_bytes, **dict(how)).t_us
     intensity = 2.0 * M * N * K / bytes_moved
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([

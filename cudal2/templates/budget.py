@@ -42,8 +42,9 @@ from cudal2.core.devices import GPUS, GPUS_OF_ARCH, GpuSpec
 from cudal2.templates import gemv
 from cudal2.templates.family import KernelConfig
 from cudal2.templates.lowlat import lowlat_smem_bytes, lowlat_splits
-from cudal2.templates.skinny import (STREAMK_MAX_CTAS, skinny_plan, skinny_register_estimate,
-                                     skinny_smem_bytes)
+from cudal2.templates.skinny import (FIXUP_BATCH, STREAMK_MAX_CTAS, skinny_plan,
+                                     cluster_of, skinny_register_estimate, skinny_smem_bytes,
+                                     streamk_fixup_batch)
 from cudal2.templates.streamk import streamk_register_estimate
 from cudal2.templates.wgmma import _wgmma_smem_bytes, wgmma_splits
 
@@ -92,7 +93,7 @@ class Budget:
     inflight_needed_per_sm: float
     stream_bytes: float           # the streamed operand, read once
     other_bytes: float            # the small operand and C
-    reduction: str                # "none" | "cluster" | "workspace"
+    reduction: str                # "none" | "cluster" | "workspace" | "cluster+workspace"
     reduction_bytes: float        # fp32 partials written and read
     t_floor_us: float
     t_stream_us: float            # the waves (stream or arithmetic, whichever is longer per wave)
@@ -200,14 +201,16 @@ class _Grid:
     reduction_bytes: float
     reduce_trips: int        # dependent round trips of the slowest reducing thread
     persistent: bool = False
+    cluster_trips: int = 0   # "cluster+workspace": its trips through DSMEM before the workspace's
 
 
 def _skinny_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict,
-                 cluster: bool, threads: int) -> _Grid:
+                 cluster: bool, threads: int, batched: bool, two_level: bool) -> _Grid:
     """skinny_hgemm.cuh's decide() replayed in the kernel's own (M, N) (the mirror's C^T).
     The workspace's reducer (splitk_fixup.cuh's finish_tile) walks its share of the tile's
     elements, each through every split in order (a load and a clearing store): a round trip per
-    element and split."""
+    element and split, or per element and batch of splits (stream-K: of contributors) in a
+    build whose reducer batches its loads (`batched`)."""
     BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
     per_thread = -(-min(M, BM) * BN // threads)
     tiles, k_tiles = -(-N // BN), -(-K // BK)
@@ -222,19 +225,45 @@ def _skinny_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opti
         peers = -(-G // tiles) if G > tiles else 1
         rb = 2.0 * tile_partial * tiles * (peers - 1)
         return _Grid("stream-K", 1, G, G, per * kt_bytes, per * kt_flops, inflight,
-                     "workspace" if peers > 1 else "none", rb, per_thread * peers)
+                     "workspace" if peers > 1 else "none", rb,
+                     per_thread * _batches(peers, streamk_fixup_batch(p) if batched else 1))
     splits = n
     per = -(-k_tiles // splits)
-    in_cluster = cluster and 2 <= splits <= gpu.cluster_max
-    rb = 2.0 * tile_partial * tiles * (splits - 1)
-    red = "none" if splits == 1 else ("cluster" if in_cluster else "workspace")
+    red, groups, trips = _split_reduction(splits, gpu, cluster, two_level, batched)
+    rb = 2.0 * tile_partial * tiles * (groups if red == "cluster+workspace" else splits - 1)
     return _Grid("split-K", splits, tiles * splits, tiles * splits, per * kt_bytes,
-                 per * kt_flops, inflight, red, rb,
-                 per_thread * (1 if in_cluster else splits) if splits > 1 else 0)
+                 per * kt_flops, inflight, red, rb, per_thread * trips,
+                 cluster_trips=per_thread * (red == "cluster+workspace"))
+
+
+def _batches(partials: int, batch: int) -> int:
+    """Dependent round trips of a reducer that loads `batch` of its `partials` at once."""
+    return -(-partials // batch)
+
+
+def _split_reduction(splits: int, gpu: GpuSpec, cluster: bool, two_level: bool,
+                     batched: bool) -> tuple[str, int, int]:
+    """How the splits of a tile reduce (skinny_hgemm.cuh's decide()): (the reduction, the
+    partial slabs through the workspace, the reducer's dependent round trips). On a GPU with
+    clusters, splits that a cluster of at most cluster_max divides (cluster_of) reduce in it
+    through DSMEM; several clusters of a tile (`two_level` builds) then sum their clusters' slabs
+    through the workspace; a split count no cluster divides (or an older build's above
+    cluster_max) reduces through the workspace alone."""
+    if splits <= 1:
+        return "none", 0, 0
+    cs = cluster_of(splits, gpu.cluster_max) if cluster else 1
+    if not two_level and splits > gpu.cluster_max:
+        cs = 1
+    batch = FIXUP_BATCH if batched else 1
+    if cs == splits:
+        return "cluster", 0, 1
+    if cs > 1:
+        return "cluster+workspace", splits // cs, _batches(splits // cs, batch)
+    return "workspace", splits, _batches(splits, batch)
 
 
 def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict,
-                  cluster: bool) -> _Grid:
+                  cluster: bool, batched: bool, two_level: bool) -> _Grid:
     """The streamk family's call (skinny_hgemm.cuh's decide() over M x N tiles, streamk.cuh's
     ranges; streamk_work enumerates the same split). Each k-tile of a tile reads BM + BN rows of
     BK (A's and B's through L2 after their first read); the reduction: every contributor of a
@@ -242,7 +271,9 @@ def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opt
     contributor (stream-K: each thread loads its fragments of one partial at once; split-K
     through the workspace: one per split, which the five committed H200 mma split-K rows at the
     deep-K targets bear out, -0.39..+0.30 in log; a trip per element and split, as
-    _skinny_grid prices it, put them 3-4x over), or a cluster reads its peers' through DSMEM."""
+    _skinny_grid prices it, put them 3-4x over), or a cluster reads its peers' through DSMEM.
+    A `batched` build's reducer loads a batch of partials at once (FIXUP_BATCH splits, or
+    streamk_fixup_batch contributors): a round trip per batch."""
     BM, BN, BK, S = p["BM"], p["BN"], p["BK"], p["STAGES"]
     tiles_m = -(-M // BM)
     tiles, k_tiles = tiles_m * -(-N // BN), -(-K // BK)
@@ -260,13 +291,13 @@ def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opt
         per = -(-iters // G)
         return _Grid("stream-K", 1, G, G, per * kt_bytes, per * kt_flops, inflight,
                      "workspace" if summed.size else "none", 2.0 * partial * float(summed.sum()),
-                     int(summed.max()) if summed.size else 0)
+                     _batches(int(summed.max()), streamk_fixup_batch(p) if batched else 1)
+                     if summed.size else 0)
     per = -(-k_tiles // n)
-    in_cluster = cluster and 2 <= n <= gpu.cluster_max
-    red = "none" if n == 1 else ("cluster" if in_cluster else "workspace")
+    red, groups, trips = _split_reduction(n, gpu, cluster, two_level, batched)
     return _Grid("split-K", n, tiles * n, tiles * n, per * kt_bytes, per * kt_flops, inflight, red,
-                 2.0 * partial * tiles * n if n > 1 else 0.0,
-                 (1 if in_cluster else n) if n > 1 else 0)
+                 2.0 * partial * tiles * (groups if red == "cluster+workspace" else n)
+                 if n > 1 else 0.0, trips, cluster_trips=int(red == "cluster+workspace"))
 
 
 def _gemv_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict) -> _Grid:
@@ -339,7 +370,7 @@ def _waves(g: _Grid, slots: int, gpu: GpuSpec, ctas_sm: int, arith_tflops: float
         trips = g.unit_bytes / max(g.inflight, 1)
         stream = L * trips + n * g.unit_bytes / peak
         us = L + max(stream, g.unit_flops * per_sm / sm_flops)
-        if g.reduction == "workspace":      # each CTA stores its partial, fences, arrives
+        if "workspace" in g.reduction:      # each CTA stores its partial, fences, arrives
             us += gpu.fixup_store_us
         out.append((n, g.unit_bytes, g.unit_bytes / us / 1e3, us))
         left -= n
@@ -347,11 +378,16 @@ def _waves(g: _Grid, slots: int, gpu: GpuSpec, ctas_sm: int, arith_tflops: float
 
 
 def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = None,
-           registers: int = 0, smem_bytes: int = 0, cluster: bool = True) -> Budget:
+           registers: int = 0, smem_bytes: int = 0, cluster: bool = True,
+           batched: bool = True, two_level: bool = True) -> Budget:
     """The budget of `config` (a BUDGETED family) at `shape` (M, N, K) on `gpu`. options: the
     runtime options of the call (missing: the build's defaults); registers / smem_bytes: ptxas's
     and the meta's figures (0: the family's estimate and formula); cluster: whether the build
-    reduces splits in a cluster (a Hopper build of today; False replays an older build)."""
+    reduces splits in a cluster (a Hopper build of today; False replays an older build);
+    batched: whether its workspace reducer loads a batch of partials at once (False replays a
+    build from before the batch, one partial per round trip); two_level: whether splits beyond
+    one cluster reduce as clusters, then through the workspace (False: an older build's, through
+    the workspace alone). as_built says all three for a build."""
     family = config.family
     if family not in BUDGETED:
         raise ValueError(f"the streaming budget models {', '.join(BUDGETED)}, not {family}")
@@ -369,19 +405,21 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
     elif family in TILED:
         g = _tile_grid(family, p, km, kn, K, gpu, options)
     elif family in DEEPK:
-        g = _streamk_grid(p, km, kn, K, gpu, slots, options, cluster)
+        g = _streamk_grid(p, km, kn, K, gpu, slots, options, cluster, batched, two_level)
     else:
-        g = _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads)
+        g = _skinny_grid(p, km, kn, K, gpu, slots, options, cluster, threads, batched, two_level)
     waves, at_once = _waves(g, slots, gpu, occ, arith)
     first_per_sm = min(occ, waves[0][0] / min(gpu.sms, waves[0][0]))
     last = waves[-1][0]
-    # the reducer reads its peers' partials in a fixed order: a round trip each (L2, or DSMEM)
+    # the reducer reads its peers' partials in a fixed order: a round trip per batch (L2, or
+    # DSMEM); two levels: the cluster's through DSMEM, then the clusters' slabs through L2
     per_peer = gpu.dsmem_peer_us if g.reduction == "cluster" else gpu.fixup_peer_us
     t_reduce = 0.0
     if g.reduction != "none":
         # the partials' bytes cross L2 (DRAM once they outgrow it): at the streaming peak
-        moved = g.reduction_bytes if g.reduction == "workspace" else 0.0
-        t_reduce = g.reduce_trips * per_peer + moved / gpu.stream_bytes_per_us
+        moved = g.reduction_bytes if "workspace" in g.reduction else 0.0
+        t_reduce = (g.reduce_trips * per_peer + g.cluster_trips * gpu.dsmem_peer_us
+                    + moved / gpu.stream_bytes_per_us)
     small, big = _small_big(family, M, N)
     stream, other = 2.0 * big * K, 2.0 * (small * K + km * kn)
     if family in DEEPK:      # both operands stream; C is the rest
@@ -436,19 +474,22 @@ def _persistent_fill(g: _Grid, gpu: GpuSpec) -> float:
     return min(1.0, last_ctas / gpu.sms)
 
 
-def as_built(meta: dict, options: dict) -> tuple[dict, bool]:
+def as_built(meta: dict, options: dict) -> tuple[dict, dict]:
     """How a build of a streaming family runs a call, from its meta: (the options as it runs
-    them, whether it reduces splits in a cluster). A build's meta (one with "params") that
-    declares no "decomposition" option predates stream-K and runs split-K; one without
-    "cluster_splitk_max" reduces through the workspace. A config's dict (no "params") is today's
-    templates: the options as given, a cluster where the GPU has one."""
+    them, budget()'s keywords for its reduction: cluster, batched, two_level). A build's meta
+    (one with "params") that declares no "decomposition" option predates stream-K and runs
+    split-K; one without "cluster_splitk_max" reduces through the workspace; one without
+    "fixup_batch" loads a partial per round trip; one without "cluster_groups" reduces more
+    splits than a cluster holds through the workspace alone. A config's dict (no "params") is
+    today's templates: the options as given, and every path where the GPU has it."""
     if not isinstance(meta.get("params"), dict):
-        return dict(options), True
+        return dict(options), {"cluster": True, "batched": True, "two_level": True}
     declared = {o.get("name") for o in meta.get("options") or [] if isinstance(o, dict)}
     out = dict(options)
     if meta.get("family") in ("skinny", "skinny_n") and "decomposition" not in declared:
         out["decomposition"] = 2
-    return out, bool(meta.get("cluster_splitk_max"))
+    return out, {"cluster": bool(meta.get("cluster_splitk_max")), "batched": "fixup_batch" in meta,
+                 "two_level": bool(meta.get("cluster_groups"))}
 
 
 def problems_on_arch(config: KernelConfig, shape, arch: str, *, options: dict | None = None,

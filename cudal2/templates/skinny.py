@@ -31,6 +31,20 @@ SKINNY_OPTIONS = (("splits", (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32,
 
 
 STREAMK_MAX_CTAS = 2048      # streamk.cuh's kMaxCtas: the most CTAs a stream-K grid runs
+FIXUP_BATCH = 4              # splitk_fixup.cuh's kFixupBatch: splits a reducing thread loads at once
+
+
+def cluster_of(splits: int, cluster_max: int = 8) -> int:
+    """The cluster a split count reduces in on sm_90a (skinny_hgemm.cuh's cluster_of): its
+    largest divisor of at most cluster_max; 1: none (the workspace alone)."""
+    return next((c for c in range(min(splits, cluster_max), 1, -1) if splits % c == 0), 1)
+
+
+def streamk_fixup_batch(p: dict) -> int:
+    """Stream-K contributors whose partials the last arriver loads at once (mma_hgemm.cuh's
+    kStreamkBatch): 64 floats in flight per thread, its (WM/16) x (WN/8) float4 fragments each."""
+    frags = (p["WM"] // 16) * (p["WN"] // 8)
+    return 1 if frags >= 16 else 16 // frags
 
 
 def skinny_splits(N: int, K: int, BN: int, BK: int, sms: int, asked: int = 0,

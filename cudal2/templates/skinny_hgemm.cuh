@@ -15,7 +15,9 @@
 // N tiles (runtime option "splits", 0 = that choice from M, N, K and the SM count), and the
 // splits reduce in fp32 inside the kernel (splitk_fixup.cuh: one launch, deterministic order,
 // the workspace left zero for the next call; on sm_90a 2..8 splits reduce inside a thread-block
-// cluster through distributed shared memory, with no workspace). Runtime option "decomposition"
+// cluster through distributed shared memory, with no workspace, and more in clusters of the
+// largest count <= 8 that divides them, each cluster's sum then through the workspace, so the
+// workspace carries splits / 8 partial tiles, not splits). Runtime option "decomposition"
 // (0 heuristic, 2 split-K, 3 stream-K): stream-K (streamk.cuh) runs as many CTAs as are resident
 // (the occupancy API, cached per device) over equal contiguous ranges of the tiles x k-tiles
 // iterations, so no call ends in a partial wave; the heuristic takes it where split-K would.
@@ -216,15 +218,25 @@ static bool streamk_shorter(long long tiles, int k_tiles, int splits, int k_chun
   return sk < sp;
 }
 
-// How one call runs: split-K through the workspace (kGlobal), split-K reduced in a cluster
-// (kCluster, sm_90a, 2..8 splits, no workspace) or stream-K (kStreamK).
+// How one call runs: split-K through the workspace (kGlobal), split-K reduced in clusters
+// (kCluster, sm_90a: clusters of `cluster` splits, the largest count of at most 8 that divides
+// the splits; one cluster per tile needs no workspace, several sum their clusters' slabs through
+// it) or stream-K (kStreamK).
 enum Mode { kGlobal = 0, kCluster = 1, kStreamK = 2 };
 struct Call {
   Mode mode;
   int splits, k_chunk;   // split-K: grid (tiles, splits)
   int ctas;              // stream-K: grid (ctas)
   size_t ws;             // workspace bytes the call needs
+  int cluster;           // kCluster: CTAs per cluster (splits of a tile reduced through DSMEM)
 };
+
+// The cluster of a split count: its largest divisor of at most kClusterMax (1: none).
+static int cluster_of(int splits) {
+  for (int c = splits < cudal2_splitk::kClusterMax ? splits : cudal2_splitk::kClusterMax; c > 1; --c)
+    if (splits % c == 0) return c;
+  return 1;
+}
 
 // The call's plan for the kernel's own (M, N) (the mirror's transposed one) and K > 0. Returns
 // cudaErrorInvalidDevice when it needs the device and cannot ask it.
@@ -233,7 +245,7 @@ static cudaError_t decide(int M, int N, int K, const int* options, Call& c) {
   const int dec = options ? options[1] : 0;
   const long long tiles = output_tiles(M, N);
   const int k_tiles = (K + BK - 1) / BK;
-  c = Call{kGlobal, 1, k_tiles * BK, 0, 0};
+  c = Call{kGlobal, 1, k_tiles * BK, 0, 0, 1};
   const bool need_sms = asked == 0 || dec == 3;
   const int sms = need_sms ? sm_count() : 1;
   if (sms <= 0) return cudaErrorInvalidDevice;
@@ -253,8 +265,11 @@ static cudaError_t decide(int M, int N, int K, const int* options, Call& c) {
     c.ws = cudal2_streamk::workspace_bytes(c.ctas, (int)tiles, k_tiles, BM * BN);
     return cudaSuccess;
   }
-  if (c.splits > 1 && cluster_resident<true>(c.splits)) {
+  const int cluster = cluster_of(c.splits);
+  if (cluster > 1 && cluster_resident<true>(cluster)) {
     c.mode = kCluster;
+    c.cluster = cluster;
+    if (cluster < c.splits) c.ws = cudal2_splitk::workspace_bytes(c.splits / cluster, M, N, tiles);
     return cudaSuccess;
   }
   c.ws = cudal2_splitk::workspace_bytes(c.splits, M, N, tiles);
@@ -281,6 +296,7 @@ static const char* build_meta() {
            "%s\"divisible\": [1, %d, 8], "
            "\"workspace_bytes\": %llu, \"workspace_zero_init\": true, "
            "\"splitk_fixup\": \"%s\", \"cluster_splitk_max\": %d, \"streamk\": true, "
+           "\"fixup_batch\": {\"splits\": %d, \"streamk\": %d}, \"cluster_groups\": %s, "
            "\"options\": [{\"name\": \"splits\", "
            "\"values\": " CUDAL2_SPLIT_VALUES ", \"default\": 0}, "
            "{\"name\": \"decomposition\", \"values\": [0, 2, 3], \"default\": 0}, "
@@ -295,7 +311,9 @@ static const char* build_meta() {
            (unsigned long long)cudal2_splitk::workspace_bytes(kMaxSplits, BM, 16384,
                                                               (16384 + BN - 1) / BN),
            SPLITK_DETERMINISTIC ? "deterministic" : "atomic",
-           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, CUDAL2_PDL_LAUNCH ? "true" : "false",
+           CUDAL2_CLUSTER_SPLITK ? cudal2_splitk::kClusterMax : 0, cudal2_splitk::kFixupBatch,
+           kStreamkBatch, CUDAL2_CLUSTER_SPLITK ? "true" : "false",
+           CUDAL2_PDL_LAUNCH ? "true" : "false",
            BM, BN, BK, WM, WN, STAGES,
            LAYOUT_RC ? "RC" : "RR", A_REGS ? "regs" : "ring");
   return buf;
@@ -335,7 +353,7 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
     return cudaErrorInvalidValue;
   const long long tiles = output_tiles(k.M, k.N);
   if (tiles > 2147483647LL) return cudaErrorInvalidValue;   // grid.x
-  Call c{kGlobal, 1, 0, 0, 0};   // K == 0: one split with no k-tiles writes zeros
+  Call c{kGlobal, 1, 0, 0, 0, 1};   // K == 0: one split with no k-tiles writes zeros
   if (K > 0) {
     const cudaError_t err = decide(k.M, k.N, K, options, c);
     if (err != cudaSuccess) return err;
@@ -361,7 +379,7 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   if (c.mode == kStreamK)   // one launch
     return launch_gemm<true>(dim3((unsigned)c.ctas, 1), args, s, 1, pdl);
   return launch_gemm<true>(dim3((unsigned)tiles, (unsigned)c.splits), args, s,
-                           c.mode == kCluster ? c.splits : 1, pdl);
+                           c.mode == kCluster ? c.cluster : 1, pdl);
 }
 
 extern "C" const char* cudal2_meta(void) {

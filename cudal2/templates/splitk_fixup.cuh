@@ -7,7 +7,8 @@
 //      __threadfence (release: its partial is visible at gpu scope before the count moves),
 //      atomicAdd, and the CTA that sees splits - 1 before its own add is the last one;
 //   3. in the last CTA thread 0 fences again (acquire) before the CTA barrier; then for every
-//      element of the tile the CTA sums the partials (reduce_element), rounds once to fp16 into
+//      element of the tile the CTA sums the partials (reduce_element: the loads of kFixupBatch
+//      splits in flight at once), rounds once to fp16 into
 //      C, writes zeros back over every partial it read and resets the semaphore to 0.
 //
 // Modes (SPLITK_DETERMINISTIC):
@@ -101,14 +102,29 @@ CUDAL2_HD void store_partial(float* ws, int z, int row, int col, int M, int N, f
 #endif
 }
 
+// Splits whose partials one reducing thread requests before it adds the first: a batch is one
+// round trip through L2, not kFixupBatch dependent ones (the build meta's "fixup_batch").
+constexpr int kFixupBatch = 4;
+
 // The sum of every split's contribution to (row, col), and the partials cleared back to zero.
 CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, int N) {
   float sum = 0.f;
 #if SPLITK_DETERMINISTIC
-  for (int z = 0; z < splits; ++z) {      // split-index order, whoever arrived last
-    float* p = ws + partial_index(z, row, col, M, N);
-    sum += load_partial(p);
-    *p = 0.f;
+  for (int z0 = 0; z0 < splits; z0 += kFixupBatch) {
+    float v[kFixupBatch];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u)   // the batch's loads, all issued before any add
+      v[u] = z0 + u < splits ? load_partial(ws + partial_index(z0 + u, row, col, M, N)) : 0.f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u) {  // split-index order, whoever arrived last
+      if (z0 + u >= splits) break;
+      sum += v[u];
+      ws[partial_index(z0 + u, row, col, M, N)] = 0.f;
+    }
   }
 #else
   float* p = ws + partial_index(0, row, col, M, N);
@@ -142,6 +158,11 @@ CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, 
 // the same bits. A second cluster barrier keeps every rank's shared memory alive (and unchanged)
 // until its peers have read it. mma_hgemm.cuh holds the device side; tests/data/
 // splitk_cluster_emulate.cu runs this code on the host against finish_tile.
+// Two levels (runtime-split builds, sm_90a): splits = cs x groups, cluster dims (1, cs, 1), split z
+// rank z % cs of cluster z / cs. Each cluster sums its ranks as above and stores the sum into the
+// workspace slab of its own (store_partial, slab = cluster), every CTA arrives at the tile's
+// semaphore, and the last sums the `groups` slabs in cluster order (finish_tile): the workspace
+// carries groups partial tiles, not splits (tests/data/splitk_two_level_emulate.cu).
 constexpr int kClusterMax = 8;   // portable cluster size: the most splits reduced in a cluster
 
 // First unit of rank `rank`'s slice of a chunk of `units` units (rank == splits: the end).

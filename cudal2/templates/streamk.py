@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cudal2.templates.family import Family, _register
 from cudal2.templates.mma import _mma_problems
 from cudal2.templates.skinny import (SKINNY_OPTIONS, STREAMK_MAX_CTAS, _as_mma,
-                                     _skinny_option_redundant, skinny_plan,
+                                     _skinny_option_redundant, cluster_of, skinny_plan,
                                      skinny_smem_bytes)
 
 # Runtime options: skinny's, with every split count to 64 (streamk_hgemm.cuh's list): on a row of
@@ -31,20 +31,30 @@ STREAMK_OPTIONS = tuple((name, tuple(range(65)) if name == "splits" else values,
 class Work:
     """One call's work split: `ctas[c]` the (tile, k-tile begin, k-tile end) segments CTA c runs
     in order; `reducers[t]` the CTAs whose partials of tile t are summed, in the order the kernel
-    sums them (empty: one CTA wrote the tile directly). mode: "streamk" or "splitk"."""
+    sums them (empty: one CTA wrote the tile directly). mode: "streamk" or "splitk". cluster:
+    split-K's CTAs per thread-block cluster (1: none); a tile whose reducers span several
+    clusters sums each cluster's run of `cluster` reducers first, then those sums in order."""
     mode: str
     tiles: int
     k_tiles: int
     ctas: tuple
     reducers: tuple
+    cluster: int = 1
+
+    def slabs(self, t: int) -> int:
+        """Partial tiles of tile t that cross the workspace: none where one cluster holds its
+        reducers, a cluster's sum each where several do, else every reducer's."""
+        n = len(self.reducers[t])
+        return 0 if n <= 1 or self.cluster == n else n // self.cluster
 
 
 def streamk_work(M: int, N: int, K: int, BM: int, BN: int, BK: int, sms: int, slots: int,
-                 splits: int = 0, decomposition: int = 0) -> Work:
+                 splits: int = 0, decomposition: int = 0, cluster_max: int = 8) -> Work:
     """The work split of one call (skinny_hgemm.cuh's decide() and streamk.cuh's ranges,
     replayed). Stream-K: CTA c owns iterations [c*I/G, (c+1)*I/G) of the I = tiles x k-tiles
     (tile-major); a tile with more than one contributor is summed in contributor order. Split-K:
-    CTA (tile, z) runs split z's k-tiles; the splits are summed in split-index order."""
+    CTA (tile, z) runs split z's k-tiles; the splits are summed in split-index order, in
+    clusters of cluster_of(splits, cluster_max) on a GPU with clusters (cluster_max 0: none)."""
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
     tiles, k_tiles = tiles_m * tiles_n, -(-K // BK)
     mode, n = skinny_plan(N, K, BN, BK, sms, slots, splits, decomposition, tiles_m)
@@ -66,7 +76,7 @@ def streamk_work(M: int, N: int, K: int, BM: int, BN: int, BK: int, sms: int, sl
     per = -(-k_tiles // n)
     ctas = tuple(((t, z * per, min(k_tiles, (z + 1) * per)),) for z in range(n) for t in range(tiles))
     reducers = tuple(tuple(z * tiles + t for z in range(n)) if n > 1 else () for t in range(tiles))
-    return Work("splitk", tiles, k_tiles, ctas, reducers)
+    return Work("splitk", tiles, k_tiles, ctas, reducers, cluster_of(n, cluster_max) if n > 1 else 1)
 
 
 def streamk_register_estimate(p: dict) -> int:

@@ -10,7 +10,9 @@
 //     contributor order (bit-identical whatever the order of arrival; the workspace is left zero);
 //   decomposition 2 or a split count, split-K: grid (tiles, splits), reduced inside a
 //     thread-block cluster through distributed shared memory on sm_90a (2..8 splits, rank order,
-//     no workspace), else by the last arriver through the zero-init workspace;
+//     no workspace; more splits in clusters of the largest count <= 8 that divides them, whose
+//     sums the last arriver adds through the workspace in cluster order), else by the last
+//     arriver through the zero-init workspace, the loads of a batch of splits in flight at once;
 //   decomposition 0 with splits 0: stream-K where split-K would end in a partial wave, else
 //     split-K at about two CTAs per SM over the tiles.
 // One launch per call, no memset, no allocation: a workspace the caller zeroed once serves every

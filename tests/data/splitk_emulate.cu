@@ -70,8 +70,9 @@ static bool all_zero(const std::vector<unsigned char>& ws) {
 }
 
 int main() {
+  // split counts below, at and past the reducer's load batch (kFixupBatch), and a partial batch
   const Shape shapes[] = {{37, 150, 16, 64, 5}, {64, 128, 64, 64, 16}, {1, 70, 16, 64, 3},
-                          {130, 40, 64, 32, 2}};
+                          {130, 40, 64, 32, 2}, {40, 72, 32, 64, 21}};
   std::mt19937 rng(12345);
   std::set<std::vector<unsigned short>> outputs_seen;
   for (const Shape& s : shapes) {
