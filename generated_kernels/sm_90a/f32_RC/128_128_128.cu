@@ -52,7 +52,8 @@
 //      __threadfence (release: its partial is visible at gpu scope before the count moves),
 //      atomicAdd, and the CTA that sees splits - 1 before its own add is the last one;
 //   3. in the last CTA thread 0 fences again (acquire) before the CTA barrier; then for every
-//      element of the tile the CTA sums the partials (reduce_element), rounds once to fp16 into
+//      element of the tile the CTA sums the partials (reduce_element: the loads of kFixupBatch
+//      splits in flight at once), rounds once to fp16 into
 //      C, writes zeros back over every partial it read and resets the semaphore to 0.
 //
 // Modes (SPLITK_DETERMINISTIC):
@@ -146,14 +147,29 @@ CUDAL2_HD void store_partial(float* ws, int z, int row, int col, int M, int N, f
 #endif
 }
 
+// Splits whose partials one reducing thread requests before it adds the first: a batch is one
+// round trip through L2, not kFixupBatch dependent ones (the build meta's "fixup_batch").
+constexpr int kFixupBatch = 4;
+
 // The sum of every split's contribution to (row, col), and the partials cleared back to zero.
 CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, int N) {
   float sum = 0.f;
 #if SPLITK_DETERMINISTIC
-  for (int z = 0; z < splits; ++z) {      // split-index order, whoever arrived last
-    float* p = ws + partial_index(z, row, col, M, N);
-    sum += load_partial(p);
-    *p = 0.f;
+  for (int z0 = 0; z0 < splits; z0 += kFixupBatch) {
+    float v[kFixupBatch];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u)   // the batch's loads, all issued before any add
+      v[u] = z0 + u < splits ? load_partial(ws + partial_index(z0 + u, row, col, M, N)) : 0.f;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u) {  // split-index order, whoever arrived last
+      if (z0 + u >= splits) break;
+      sum += v[u];
+      ws[partial_index(z0 + u, row, col, M, N)] = 0.f;
+    }
   }
 #else
   float* p = ws + partial_index(0, row, col, M, N);
@@ -187,6 +203,11 @@ CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, 
 // the same bits. A second cluster barrier keeps every rank's shared memory alive (and unchanged)
 // until its peers have read it. mma_hgemm.cuh holds the device side; tests/data/
 // splitk_cluster_emulate.cu runs this code on the host against finish_tile.
+// Two levels (runtime-split builds, sm_90a): splits = cs x groups, cluster dims (1, cs, 1), split z
+// rank z % cs of cluster z / cs. Each cluster sums its ranks as above and stores the sum into the
+// workspace slab of its own (store_partial, slab = cluster), every CTA arrives at the tile's
+// semaphore, and the last sums the `groups` slabs in cluster order (finish_tile): the workspace
+// carries groups partial tiles, not splits (tests/data/splitk_two_level_emulate.cu).
 constexpr int kClusterMax = 8;   // portable cluster size: the most splits reduced in a cluster
 
 // First unit of rank `rank`'s slice of a chunk of `units` units (rank == splits: the end).
@@ -505,6 +526,9 @@ constexpr int kBStage = kBRows * kBStride;
 constexpr int kABufs = A_REGS ? 2 : STAGES;    // A buffers: the ring's stages, or two (A_REGS)
 constexpr size_t kSmemBytes = ((size_t)kABufs * kAStage + (size_t)STAGES * kBStage) * sizeof(half);
 constexpr int kAChunks = BM * BK / 8 / kThreads;   // 16-byte chunks of an A k-tile per thread
+// Stream-K's last arriver: contributors whose fragments (kMI * kNI float4 per thread) it requests
+// at once, 64 floats in flight per thread (the build meta's "fixup_batch": "streamk").
+constexpr int kStreamkBatch = kMI * kNI >= 16 ? 1 : 16 / (kMI * kNI);
 
 static_assert(BM % WM == 0 && BN % WN == 0, "warp tile must divide the block tile");
 static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16x16");
@@ -709,7 +733,9 @@ __device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, i
 // The cluster split-K reduction (splitk_fixup.cuh, "The cluster reduction"): sm_90a builds
 // launch a split tile's CTAs as one thread-block cluster of (1, splits, 1) when splits <= 8 and
 // such a cluster can be resident; they reduce through distributed shared memory, with no
-// workspace. Other builds, more splits or no resident cluster: the global fixup.
+// workspace. Runtime-split builds (skinny, streamk) also launch more splits as clusters of a
+// count that divides them, each cluster's sum then through the workspace ("Two levels"). Other
+// builds, split counts no cluster divides or no resident cluster: the global fixup.
 #ifndef CUDAL2_CLUSTER_SPLITK
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 900
 #define CUDAL2_CLUSTER_SPLITK 1
@@ -994,21 +1020,37 @@ __global__ void CUDAL2_HGEMM_BOUNDS
             for (int ni = 0; ni < kNI; ++ni)
 #pragma unroll
               for (int r = 0; r < 4; ++r) acc[mi][ni][r] = 0.f;
-          for (int q = 0; q < count; ++q) {
-            float4* src = reinterpret_cast<float4*>(
-                part + cudal2_streamk::slot(first + q, tile) * (long long)kTileFloats);
+          // kStreamkBatch contributors' fragments requested before the first add: a round
+          // trip per batch, not per contributor
+          for (int q0 = 0; q0 < count; q0 += kStreamkBatch) {
+            float4 v[kStreamkBatch][kMI * kNI];
 #pragma unroll
-            for (int mi = 0; mi < kMI; ++mi)
+            for (int u = 0; u < kStreamkBatch; ++u) {
+              const float4* src = reinterpret_cast<const float4*>(
+                  part + cudal2_streamk::slot(first + min(q0 + u, count - 1), tile) *
+                             (long long)kTileFloats);
 #pragma unroll
-              for (int ni = 0; ni < kNI; ++ni) {
-                float4* p = src + (mi * kNI + ni) * kThreads + tid;
-                const float4 v = __ldcg(p);
-                acc[mi][ni][0] += v.x;
-                acc[mi][ni][1] += v.y;
-                acc[mi][ni][2] += v.z;
-                acc[mi][ni][3] += v.w;
-                *p = make_float4(0.f, 0.f, 0.f, 0.f);
-              }
+              for (int f = 0; f < kMI * kNI; ++f)
+                v[u][f] = q0 + u < count ? __ldcg(src + f * kThreads + tid)
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < kStreamkBatch; ++u) {
+              if (q0 + u >= count) break;
+              float4* dst = reinterpret_cast<float4*>(
+                  part + cudal2_streamk::slot(first + q0 + u, tile) * (long long)kTileFloats);
+#pragma unroll
+              for (int mi = 0; mi < kMI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < kNI; ++ni) {
+                  const float4 w = v[u][mi * kNI + ni];
+                  acc[mi][ni][0] += w.x;
+                  acc[mi][ni][1] += w.y;
+                  acc[mi][ni][2] += w.z;
+                  acc[mi][ni][3] += w.w;
+                  dst[(mi * kNI + ni) * kThreads + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
           }
           cudal2_splitk::release_tile(sem);
         }
@@ -1022,15 +1064,26 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #endif
     if (!to_c) {
 #if CUDAL2_CLUSTER_SPLITK && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (cluster_nctarank() > 1) {   // the tile's splits are this cluster: reduce through DSMEM
-        // ranks are split indices (cluster dims (1, splits, 1) over grid.y = splits)
-        if (cluster_nctarank() != (uint32_t)splits || cluster_ctarank() != (uint32_t)z) __trap();
+      if (cluster_nctarank() > 1) {   // the tile's splits are clusters: reduce through DSMEM
+        // cluster dims (1, cs, 1) over grid.y = splits: split z is rank z % cs of cluster z / cs.
+        // One cluster (cs == splits) writes C; several (two-level) each write the sum of their
+        // ranks into the workspace slab of their own, and the tile's last arriving CTA sums the
+        // slabs in cluster order (splitk_fixup.cuh's finish_tile)
+        const int cs = (int)cluster_nctarank(), rank = z % cs, group = z / cs;
+#if CUDAL2_RUNTIME_SPLITK
+        const int groups = splits / cs;
+#else
+        constexpr int groups = 1;   // the mma launcher clusters all SPLITK <= 8 splits of a tile
+        if (cs != splits) __trap();
+#endif
+        if (splits % cs != 0 || cluster_ctarank() != (uint32_t)rank || (groups > 1 && !ws)) __trap();
         float* const sC = reinterpret_cast<float*>(smem_raw);
         const uint32_t sC_base = smem_u32(sC);
         constexpr int kUnitsPerRow = BN / 4;
         constexpr int kUnits = kClusterRows * kUnitsPerRow;
-        const int u_begin = cudal2_splitk::cluster_slice_begin(z, splits, kUnits);
-        const int u_end = cudal2_splitk::cluster_slice_begin(z + 1, splits, kUnits);
+        const int u_begin = cudal2_splitk::cluster_slice_begin(rank, cs, kUnits);
+        const int u_end = cudal2_splitk::cluster_slice_begin(rank + 1, cs, kUnits);
+        float* const part = cudal2_splitk::partials(ws);
         __syncthreads();   // every warp is done reading the pipeline's buffers
 #pragma unroll 1
         for (int r0 = 0; r0 < BM; r0 += kClusterRows) {
@@ -1056,10 +1109,21 @@ __global__ void CUDAL2_HGEMM_BOUNDS
             const int r = u / kUnitsPerRow, c4 = (u % kUnitsPerRow) * 4;
             const uint32_t local = sC_base + (uint32_t)(r * kCStride + c4) * 4u;
             const cudal2_splitk::Float4 s = cudal2_splitk::cluster_sum4(
-                splits, [&](int q) { return ld_peer4(local, (uint32_t)q); });
+                cs, [&](int q) { return ld_peer4(local, (uint32_t)q); });
             const int row = m0 + r0 + r, col = n0 + c4;
             if (row >= M) continue;
             const float v[4] = {s.x, s.y, s.z, s.w};
+            if (groups > 1) {   // this cluster's sum into its slab, in C's own (row, col)
+#pragma unroll
+              for (int j = 0; j < 4; ++j)
+                if (col + j < N)
+#if CUDAL2_STORE_CT
+                  cudal2_splitk::store_partial(part, group, col + j, row, N, M, v[j]);
+#else
+                  cudal2_splitk::store_partial(part, group, row, col + j, M, N, v[j]);
+#endif
+              continue;
+            }
 #if CUDAL2_STORE_CT   // element (row, col) of this kernel's product is C[col][row]
 #pragma unroll
             for (int j = 0; j < 4; ++j)
@@ -1077,6 +1141,17 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #endif
           }
           cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
+        }
+        if (groups > 1) {      // every cluster's slab of the tile written: the last CTA sums them
+          unsigned int* sem = cudal2_splitk::semaphores(ws, groups, M, N) + blockIdx.x;
+          if (cudal2_splitk::arrive(sem, splits)) {
+#if CUDAL2_STORE_CT
+            cudal2_splitk::finish_tile(part, groups, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+#else
+            cudal2_splitk::finish_tile(part, groups, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+#endif
+            cudal2_splitk::release_tile(sem);
+          }
         }
         return;
       }
