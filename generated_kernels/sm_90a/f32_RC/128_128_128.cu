@@ -151,6 +151,18 @@ CUDAL2_HD void store_partial(float* ws, int z, int row, int col, int M, int N, f
 // round trip through L2, not kFixupBatch dependent ones (the build meta's "fixup_batch").
 constexpr int kFixupBatch = 4;
 
+struct Float4 { float x, y, z, w; };
+
+// Four consecutive floats of a partial (16-byte aligned): one ld.global.cg.v4 on the device.
+CUDAL2_HD Float4 load_partial4(const float* p) {
+#if defined(__CUDA_ARCH__)
+  const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+  return Float4{v.x, v.y, v.z, v.w};
+#else
+  return Float4{p[0], p[1], p[2], p[3]};
+#endif
+}
+
 // The sum of every split's contribution to (row, col), and the partials cleared back to zero.
 CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, int N) {
   float sum = 0.f;
@@ -179,13 +191,70 @@ CUDAL2_HD float reduce_element(float* ws, int splits, int row, int col, int M, i
   return sum;
 }
 
+#if SPLITK_DETERMINISTIC
+// reduce_element for the four elements (row, col .. col + 3), col % 4 == 0 and N % 4 == 0: each
+// split's four in one 16-byte load, each element summed in split-index order as reduce_element
+// sums it (the same bits), the partials cleared.
+CUDAL2_HD Float4 reduce_unit(float* ws, int splits, int row, int col, int M, int N) {
+  Float4 sum = {0.f, 0.f, 0.f, 0.f};
+  for (int z0 = 0; z0 < splits; z0 += kFixupBatch) {
+    Float4 v[kFixupBatch];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u)   // the batch's loads, all issued before any add
+      v[u] = z0 + u < splits ? load_partial4(ws + partial_index(z0 + u, row, col, M, N))
+                             : Float4{0.f, 0.f, 0.f, 0.f};
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int u = 0; u < kFixupBatch; ++u) {
+      if (z0 + u >= splits) break;
+      sum.x += v[u].x;
+      sum.y += v[u].y;
+      sum.z += v[u].z;
+      sum.w += v[u].w;
+      float* p = ws + partial_index(z0 + u, row, col, M, N);
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<float4*>(p) = make_float4(0.f, 0.f, 0.f, 0.f);
+#else
+      p[0] = p[1] = p[2] = p[3] = 0.f;
+#endif
+    }
+  }
+  return sum;
+}
+#endif
+
 // The last CTA's share of the tile [m0, m0+rows) x [n0, n0+cols) (clipped to M x N): elements
-// first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host).
+// first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host); four
+// consecutive columns at a time (reduce_unit: a thread's loads four times wider) where the
+// partials' rows keep them 16-byte aligned, a clipped tail element by element.
 CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, int rows,
                            int cols, half* C, int ldc, int first, int stride) {
   const int r_end = M - m0 < rows ? M - m0 : rows;
   const int c_end = N - n0 < cols ? N - n0 : cols;
   if (r_end <= 0 || c_end <= 0) return;
+#if SPLITK_DETERMINISTIC
+  if (N % 4 == 0 && n0 % 4 == 0) {
+    const int units = (c_end + 3) / 4;   // per row; the last may be clipped
+    for (int i = first; i < r_end * units; i += stride) {
+      const int row = m0 + i / units, col = n0 + i % units * 4;
+      half* c = C + (size_t)row * (size_t)ldc + col;
+      if (col + 4 <= n0 + c_end) {
+        const Float4 s = reduce_unit(ws, splits, row, col, M, N);
+        c[0] = __float2half_rn(s.x);
+        c[1] = __float2half_rn(s.y);
+        c[2] = __float2half_rn(s.z);
+        c[3] = __float2half_rn(s.w);
+      } else {
+        for (int j = 0; col + j < n0 + c_end; ++j)
+          c[j] = __float2half_rn(reduce_element(ws, splits, row, col + j, M, N));
+      }
+    }
+    return;
+  }
+#endif
   for (int i = first; i < r_end * c_end; i += stride) {
     const int row = m0 + i / c_end, col = n0 + i % c_end;
     C[(size_t)row * (size_t)ldc + col] = __float2half_rn(reduce_element(ws, splits, row, col, M, N));
@@ -214,8 +283,6 @@ constexpr int kClusterMax = 8;   // portable cluster size: the most splits reduc
 CUDAL2_HD int cluster_slice_begin(int rank, int splits, int units) {
   return (int)((long long)rank * units / splits);
 }
-
-struct Float4 { float x, y, z, w; };
 
 // The rank-ordered sum of one unit: load(z) is rank z's four floats.
 template <class Load>
