@@ -81,16 +81,17 @@ def streamk_work(M: int, N: int, K: int, BM: int, BN: int, BK: int, sms: int, sl
 
 def streamk_register_estimate(p: dict) -> int:
     """Registers before a build: what ptxas gives, by a least-squares fit over the 680 configs of
-    the sm_90a space (`cudal2 templates --build-space streamk`, 2026-11-29: residuals -43..+33,
-    mean |11|). Not a bound: the budget's rule on a deep-K row turns on the occupancy, and an
-    upper bound (skinny's) put 181 of those configs at the wrong CTAs per SM, this fit 75;
-    `campaign prepare` rechecks every option with ptxas's own figure."""
+    the sm_90a space (`cudal2 templates --build-space streamk` at the batched and two-level
+    reducers, 2026-11-29: residuals -14..+23, mean |5|; reports/cpu/2026-11-29-deepk-two-level/
+    refit_registers.py). Not a bound: the budget's rule on a deep-K row turns on the occupancy,
+    and an upper bound (skinny's) put 181 configs at the wrong CTAs per SM on the H200, this fit
+    37; `campaign prepare` rechecks every option with ptxas's own figure."""
     threads = 32 * (p["BM"] // p["WM"]) * (p["BN"] // p["WN"])
     acc = (p["WM"] // 16) * (p["WN"] // 8) * 4
     a_chunks = p["BM"] * p["BK"] // 8 // threads
     b_chunks = p["BN"] * p["BK"] // 8 // threads
-    fit = (104.9 + 0.95 * acc + 1.95 * a_chunks + 2.12 * b_chunks + 1.07 * p["STAGES"]
-           - 1.29 * (p.get("LAYOUT") == "RC"))
+    fit = (111.38 + 0.82 * acc + 2.06 * a_chunks + 2.78 * b_chunks + 0.27 * p["STAGES"]
+           - 1.74 * (p.get("LAYOUT") == "RC"))
     return min(255, 65536 // threads // 8 * 8, int(round(fit)))
 
 
