@@ -192,7 +192,8 @@ def test_the_plan_packs_a_wide_sweep_within_the_rule_on_every_deep_k_row():
     targets: >= 100 (config, options) screenings a row; every streamk one keeps >= 90% of the
     resident slots busy with a reduction no larger than the operands on both Hoppers, at the
     register estimate and DEEP_K_REGISTER_SPREAD either side (so ptxas's figure keeps it), except
-    on a row where no option can (128x128x2048: the reduction's bound alone); none of them is
+    on a row where fewer than the sweep's count can (128x128x2048: the reduction's bound alone,
+    the options that cover the slots ranked first by time); none of them is
     planned on a shape that is not a deep-K row (a large one, a launch-bound one)."""
     import inspect
     from cudal2.runs import campaign

@@ -308,3 +308,24 @@ def test_plan_packs_the_mirror_for_few_output_features_with_b_column_major():
     rr = tune.plan([lora], "sm_90a", limit_per_shape=8, per_family=2, model=_CheapModel(),
                    layout="RR", max_options=1)
     assert "skinny_n" not in {c.family for c in rr.per_shape[lora]}
+
+
+def test_a_row_tops_up_with_builds_other_rows_already_carry():
+    """_decode_picks: after each family's best `builds`, a row short of its screenings takes
+    the configs other rows already build before new ones (they add screenings, not builds), and
+    only new builds count against `most`."""
+    class Fam:
+        name = "streamk"
+    fam = Fam()
+    # config i: budget time i, two screenings each
+    cfgs = [f"c{i}" for i in range(6)]
+    ranked = {c: [(float(i), {}), (float(i) + 0.5, {})] for i, c in enumerate(cfgs)}
+    deep = [(fam, c) for c in cfgs]
+    # the best 1; then, short of 7 x DECODE_MARGIN screenings, the carried c4 and c5 (slower)
+    # before the new c1; `most` counts new builds only
+    def got(target, most):
+        return [c for _, c in tune._decode_picks([], deep, ranked, 1, None, target=target,
+                                                 most=most, built=frozenset({"c4", "c5"}))]
+    assert got(3, 1) == ["c0", "c4"]
+    assert got(7, 2) == ["c0", "c4", "c5", "c1"]
+    assert got(7, 1) == ["c0", "c4", "c5"]

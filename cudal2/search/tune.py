@@ -65,10 +65,11 @@ DECODE_SKIP = ("mma", "ptx", "cutlass_sm90", "streamk")
 # (budget.is_deep_k: few tiles, deep K). Elsewhere a grid of the whole output's tiles has the GPU
 # to itself, and a launch-bound shape's K is short: lowlat's plain grid serves it with less. On a
 # deep-K row each keeps the options whose budget covers the resident slots with a reduction no
-# larger than the operands, one per distinct grid (on a row where no option of the family can do both, 128x128x2048 among the
-# targets: those within the reduction's bound); its best DEEP_K_BUILDS configs by budget time
-# join the picks, then more until the row holds DEEP_K_SCREENINGS (config, options) pairs (at
-# most DEEP_K_MAX_BUILDS builds of the family).
+# larger than the operands, one per distinct grid (on a row where the family has fewer such
+# options than DEEP_K_SCREENINGS, 128x128x2048 among the targets: those within the reduction's
+# bound); its best DEEP_K_BUILDS configs by budget time join the picks, then the configs other
+# rows already build, then more until the row holds DEEP_K_SCREENINGS (config, options) pairs
+# (at most DEEP_K_MAX_BUILDS new builds of the family).
 DEEP_K_BUILDS = 8
 DEEP_K_SCREENINGS = 100
 # An option must meet the rule DEEP_K_REGISTER_SPREAD registers either side of the estimate
@@ -260,7 +261,8 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             fitting = _decode_picks(fitting, decode, ranked, decode_builds, max_options)
         if deep:
             fitting = _decode_picks(fitting, deep, ranked, DEEP_K_BUILDS, max_options,
-                                    target=DEEP_K_SCREENINGS, most=DEEP_K_MAX_BUILDS)
+                                    target=DEEP_K_SCREENINGS, most=DEEP_K_MAX_BUILDS,
+                                    built=frozenset(src_of))
         cands = []
         for fam, cfg in fitting:
             src = src_of.get(cfg)
@@ -306,12 +308,14 @@ def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = Tru
 
 
 def _reduction_only(fitting: list, ranked: dict, unranked: dict, shape: Shape, arch: str) -> set:
-    """The deep-K families none of whose options covers the slots on this row (128x128x2048):
-    their options re-ranked within the reduction's bound alone (in `ranked`); their names."""
+    """The deep-K families whose options that cover the slots on this row are fewer than the
+    sweep's DEEP_K_SCREENINGS (128x128x2048: 64 in the whole sm_90a RR space): their options
+    re-ranked within the reduction's bound alone (in `ranked`; by budget time, so those that
+    cover the slots still come first); their names."""
     out = set()
     for name in DEEPK:
         mine = [cfg for fam, cfg in fitting if fam.name == name and cfg in unranked]
-        if mine and not any(ranked[cfg] for cfg in mine):
+        if mine and sum(len(ranked[cfg]) for cfg in mine) < DEEP_K_SCREENINGS:
             out.add(name)
             for cfg in mine:
                 ranked[cfg] = _within_budget(cfg, shape, arch, unranked[cfg], slots=False)
@@ -331,10 +335,12 @@ def _registers_around(cfg) -> tuple[int, ...]:
 
 def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
                   max_options: int | None, target: int = DECODE_SCREENINGS,
-                  most: int = DECODE_MAX_BUILDS) -> list:
+                  most: int = DECODE_MAX_BUILDS, built: frozenset = frozenset()) -> list:
     """A decode (or deep-K) row's picks: `fitting` plus each budgeted family's best `builds`
-    configs by budget time, then the next best across the families (at most `most` a family)
-    while the row holds fewer than `target` x DECODE_MARGIN (config, options) pairs."""
+    configs by budget time, then, while the row holds fewer than `target` x DECODE_MARGIN
+    (config, options) pairs, the configs other rows already build (`built`: they add
+    screenings, not builds), then the next best across the families (at most `most` new builds
+    a family)."""
     budgeted = {fam.name for fam, _ in decode}       # every option kept (plan's keep_all)
 
     def screenings(picks):
@@ -350,12 +356,12 @@ def _decode_picks(fitting: list, decode: list, ranked: dict, builds: int,
             taken[fc[0].name] = n + 1
             if fc not in picks:
                 picks.append(fc)
-    for fc in order:
+    for fc in sorted(order, key=lambda fc: fc[1] not in built):   # stable: by time within each
         if screenings(picks) >= target * DECODE_MARGIN:
             break
         n = taken.get(fc[0].name, 0)
-        if fc not in picks and n < most:
-            taken[fc[0].name] = n + 1
+        if fc not in picks and (fc[1] in built or n < most):
+            taken[fc[0].name] = n + (fc[1] not in built)
             picks.append(fc)
     return picks
 
