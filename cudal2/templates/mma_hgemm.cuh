@@ -589,6 +589,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 
     bool to_c = splits <= 1;   // fp16 C straight from the accumulators
     bool to_ws = false;        // split z's partial into the workspace (the global fixup)
+    int slabs = splits;        // partial tiles the last arrival sums (two levels: the clusters')
 #if CUDAL2_RUNTIME_SPLITK
     if (streamk) {
       const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
@@ -739,19 +740,9 @@ __global__ void CUDAL2_HGEMM_BOUNDS
           }
           cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
         }
-        if (groups > 1) {      // every cluster's slab of the tile written: the last CTA sums them
-          unsigned int* sem = cudal2_splitk::semaphores(ws, groups, M, N) + blockIdx.x;
-          if (cudal2_splitk::arrive(sem, splits)) {
-#if CUDAL2_STORE_CT
-            cudal2_splitk::finish_tile(part, groups, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
-#else
-            cudal2_splitk::finish_tile(part, groups, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
-#endif
-            cudal2_splitk::release_tile(sem);
-          }
-        }
-        return;
-      }
+        if (groups == 1) return;
+        slabs = groups;   // every cluster's slab written: the last CTA sums them (below)
+      } else
 #endif
       to_ws = true;   // in-kernel split-K fixup through the workspace: the last CTA writes C
     }
@@ -760,14 +751,14 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #else
     epilogue(m0, n0, true, z);
 #endif
-    if (to_ws) {
+    if (to_ws || slabs < splits) {   // every split (or cluster) arrives; the last sums the slabs
       float* const part = cudal2_splitk::partials(ws);
-      unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
+      unsigned int* sem = cudal2_splitk::semaphores(ws, slabs, M, N) + blockIdx.x;
       if (cudal2_splitk::arrive(sem, splits)) {
 #if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
-        cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+        cudal2_splitk::finish_tile(part, slabs, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
 #else
-        cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+        cudal2_splitk::finish_tile(part, slabs, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
 #endif
         cudal2_splitk::release_tile(sem);
       }

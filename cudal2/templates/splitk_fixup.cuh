@@ -184,28 +184,23 @@ CUDAL2_HD Float4 reduce_unit(float* ws, int splits, int row, int col, int M, int
 // The last CTA's share of the tile [m0, m0+rows) x [n0, n0+cols) (clipped to M x N): elements
 // first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host); four
 // consecutive columns at a time (reduce_unit: a thread's loads four times wider) where the
-// partials' rows keep them 16-byte aligned, a clipped tail element by element.
+// partials' rows keep them 16-byte aligned, else element by element.
 CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, int rows,
                            int cols, half* C, int ldc, int first, int stride) {
   const int r_end = M - m0 < rows ? M - m0 : rows;
   const int c_end = N - n0 < cols ? N - n0 : cols;
   if (r_end <= 0 || c_end <= 0) return;
 #if SPLITK_DETERMINISTIC
-  if (N % 4 == 0 && n0 % 4 == 0) {
-    const int units = (c_end + 3) / 4;   // per row; the last may be clipped
+  if (N % 4 == 0 && n0 % 4 == 0 && cols % 4 == 0) {   // then c_end % 4 == 0 too
+    const int units = c_end / 4;   // per row
     for (int i = first; i < r_end * units; i += stride) {
       const int row = m0 + i / units, col = n0 + i % units * 4;
       half* c = C + (size_t)row * (size_t)ldc + col;
-      if (col + 4 <= n0 + c_end) {
-        const Float4 s = reduce_unit(ws, splits, row, col, M, N);
-        c[0] = __float2half_rn(s.x);
-        c[1] = __float2half_rn(s.y);
-        c[2] = __float2half_rn(s.z);
-        c[3] = __float2half_rn(s.w);
-      } else {
-        for (int j = 0; col + j < n0 + c_end; ++j)
-          c[j] = __float2half_rn(reduce_element(ws, splits, row, col + j, M, N));
-      }
+      const Float4 s = reduce_unit(ws, splits, row, col, M, N);
+      c[0] = __float2half_rn(s.x);
+      c[1] = __float2half_rn(s.y);
+      c[2] = __float2half_rn(s.z);
+      c[3] = __float2half_rn(s.w);
     }
     return;
   }

@@ -229,28 +229,23 @@ CUDAL2_HD Float4 reduce_unit(float* ws, int splits, int row, int col, int M, int
 // The last CTA's share of the tile [m0, m0+rows) x [n0, n0+cols) (clipped to M x N): elements
 // first, first + stride, ... (threadIdx.x / blockDim.x on the device, 0 / 1 on the host); four
 // consecutive columns at a time (reduce_unit: a thread's loads four times wider) where the
-// partials' rows keep them 16-byte aligned, a clipped tail element by element.
+// partials' rows keep them 16-byte aligned, else element by element.
 CUDAL2_HD void finish_tile(float* ws, int splits, int M, int N, int m0, int n0, int rows,
                            int cols, half* C, int ldc, int first, int stride) {
   const int r_end = M - m0 < rows ? M - m0 : rows;
   const int c_end = N - n0 < cols ? N - n0 : cols;
   if (r_end <= 0 || c_end <= 0) return;
 #if SPLITK_DETERMINISTIC
-  if (N % 4 == 0 && n0 % 4 == 0) {
-    const int units = (c_end + 3) / 4;   // per row; the last may be clipped
+  if (N % 4 == 0 && n0 % 4 == 0 && cols % 4 == 0) {   // then c_end % 4 == 0 too
+    const int units = c_end / 4;   // per row
     for (int i = first; i < r_end * units; i += stride) {
       const int row = m0 + i / units, col = n0 + i % units * 4;
       half* c = C + (size_t)row * (size_t)ldc + col;
-      if (col + 4 <= n0 + c_end) {
-        const Float4 s = reduce_unit(ws, splits, row, col, M, N);
-        c[0] = __float2half_rn(s.x);
-        c[1] = __float2half_rn(s.y);
-        c[2] = __float2half_rn(s.z);
-        c[3] = __float2half_rn(s.w);
-      } else {
-        for (int j = 0; col + j < n0 + c_end; ++j)
-          c[j] = __float2half_rn(reduce_element(ws, splits, row, col + j, M, N));
-      }
+      const Float4 s = reduce_unit(ws, splits, row, col, M, N);
+      c[0] = __float2half_rn(s.x);
+      c[1] = __float2half_rn(s.y);
+      c[2] = __float2half_rn(s.z);
+      c[3] = __float2half_rn(s.w);
     }
     return;
   }
@@ -1059,6 +1054,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 
     bool to_c = splits <= 1;   // fp16 C straight from the accumulators
     bool to_ws = false;        // split z's partial into the workspace (the global fixup)
+    int slabs = splits;        // partial tiles the last arrival sums (two levels: the clusters')
 #if CUDAL2_RUNTIME_SPLITK
     if (streamk) {
       const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
@@ -1209,19 +1205,9 @@ __global__ void CUDAL2_HGEMM_BOUNDS
           }
           cluster_barrier();   // the peers are done reading: the chunk may be overwritten, or exit
         }
-        if (groups > 1) {      // every cluster's slab of the tile written: the last CTA sums them
-          unsigned int* sem = cudal2_splitk::semaphores(ws, groups, M, N) + blockIdx.x;
-          if (cudal2_splitk::arrive(sem, splits)) {
-#if CUDAL2_STORE_CT
-            cudal2_splitk::finish_tile(part, groups, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
-#else
-            cudal2_splitk::finish_tile(part, groups, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
-#endif
-            cudal2_splitk::release_tile(sem);
-          }
-        }
-        return;
-      }
+        if (groups == 1) return;
+        slabs = groups;   // every cluster's slab written: the last CTA sums them (below)
+      } else
 #endif
       to_ws = true;   // in-kernel split-K fixup through the workspace: the last CTA writes C
     }
@@ -1230,14 +1216,14 @@ __global__ void CUDAL2_HGEMM_BOUNDS
 #else
     epilogue(m0, n0, true, z);
 #endif
-    if (to_ws) {
+    if (to_ws || slabs < splits) {   // every split (or cluster) arrives; the last sums the slabs
       float* const part = cudal2_splitk::partials(ws);
-      unsigned int* sem = cudal2_splitk::semaphores(ws, splits, M, N) + blockIdx.x;
+      unsigned int* sem = cudal2_splitk::semaphores(ws, slabs, M, N) + blockIdx.x;
       if (cudal2_splitk::arrive(sem, splits)) {
 #if CUDAL2_STORE_CT   // the tile in C's coordinates: BN rows of C from n0, BM columns from m0
-        cudal2_splitk::finish_tile(part, splits, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
+        cudal2_splitk::finish_tile(part, slabs, N, M, n0, m0, BN, BM, C, ldc, tid, kThreads);
 #else
-        cudal2_splitk::finish_tile(part, splits, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
+        cudal2_splitk::finish_tile(part, slabs, M, N, m0, n0, BM, BN, C, ldc, tid, kThreads);
 #endif
         cudal2_splitk::release_tile(sem);
       }
