@@ -4,9 +4,10 @@ reduction bound alone, as the planner does), with ptxas's registers from a space
 `--old` prices every build as before the batched and two-level reducers (budget's batched=False,
 two_level=False), for comparison.
 
-    python reports/cpu/2026-11-29-deepk-two-level/best_in_space.py SPACE.csv [--old]
+    python reports/cpu/2026-11-29-deepk-two-level/best_in_space.py SPACE.csv.gz [--old]
 """
 import csv
+import gzip
 import sys
 
 from cudal2.core.devices import GPUS
@@ -15,7 +16,7 @@ from cudal2.templates.budget import budget
 from cudal2.templates.family import enumerate_space
 
 old = "--old" in sys.argv
-regs = {r["label"]: int(r["registers"]) for r in csv.DictReader(open(sys.argv[1])) if r["registers"]}
+regs = {r["label"]: int(r["registers"]) for r in csv.DictReader(gzip.open(sys.argv[1], "rt")) if r["registers"]}
 how = {"batched": False, "two_level": False} if old else {}
 ROWS = [(128, 64, 12288), (128, 128, 16384), (256, 128, 8192), (1024, 256, 16384), (128, 128, 2048)]
 MEASURED = {(128, 64, 12288): 7.67, (128, 128, 16384): 8.34, (256, 128, 8192): 8.28,

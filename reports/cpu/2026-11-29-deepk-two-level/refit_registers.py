@@ -2,9 +2,10 @@
 cudal2.templates.streamk.streamk_register_estimate), and how often the fit and the current
 estimate put a config at the wrong CTAs per SM on the H200.
 
-    python reports/cpu/2026-11-29-deepk-two-level/refit_registers.py SPACE.csv
+    python reports/cpu/2026-11-29-deepk-two-level/refit_registers.py SPACE.csv.gz
 """
 import csv
+import gzip
 import sys
 
 import numpy as np
@@ -14,7 +15,7 @@ from cudal2.templates.budget import ctas_per_sm
 from cudal2.templates.skinny import skinny_smem_bytes
 from cudal2.templates.streamk import streamk_register_estimate
 
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["ok"] in ("True", "1", "true")]
+rows = [r for r in csv.DictReader(gzip.open(sys.argv[1], "rt")) if r["ok"] in ("True", "1", "true")]
 print(f"{len(rows)} builds; spills > 0: {sum(int(r['spills'] or 0) > 0 for r in rows)}; "
       f"stack > 0: {sum(int(r['stack_bytes'] or 0) > 0 for r in rows)}")
 X, y, ps = [], [], []
