@@ -59,6 +59,24 @@ def _fake_result(name, *, status=OK, spills=0, stack=0):
                        resources=res if status == OK else (), seconds=1.5, name=name)
 
 
+def _sass(mnemonic):
+    """A cuobjdump -sass listing of two kernels (2 and 3 instructions before the first global
+    load) and a zero kernel that loads nothing."""
+    def fn(name, body):
+        return [f"\t\tFunction : {name}"] + [f"        /*{16 * i:04x}*/   {ins} ;  /* 0x0 */"
+                                            for i, ins in enumerate(body)]
+    return "\n".join(fn("k_split", ["LDC R1, c[0x0][0x28]", "S2R R0, SR_TID.X",
+                                     "LDGSTS.E.BYPASS.128 [R2], desc[UR4][R4.64]", f"{mnemonic}.16816.F32 R8, R4, R2, R8"])
+                     + fn("k_plain", ["LDC R1, c[0x0][0x28]", "S2R R0, SR_TID.X", "IMAD R2, R0, 0x8, RZ",
+                                      "LDG.E.128 R4, desc[UR4][R2.64]"])
+                     + fn("zero_kernel", ["STG.E [R2.64], RZ", "EXIT"]))
+
+
+def test_prologue_lengths_count_to_each_entry_s_first_global_load():
+    assert buildspace.prologue_lengths(_sass("HMMA")) == {"k_split": 2, "k_plain": 3}
+    assert buildspace.sass_mnemonics(_sass("HMMA")) == {"HMMA"}
+
+
 def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
     """The build, the SASS and the host imports replaced: one row per target, the columns, the
     summary, and exit 1 as soon as one row spills, misses the instruction, imports a memset or
@@ -74,7 +92,7 @@ def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
         return out
     monkeypatch.setattr(buildspace, "build_many", fake_build_many)
     monkeypatch.setattr(buildspace, "find_cuobjdump", lambda: "cuobjdump")
-    monkeypatch.setattr(buildspace, "sass_mnemonics", lambda so, tool: {"HMMA"})
+    monkeypatch.setattr(buildspace, "disassemble", lambda so, tool: _sass("HMMA"))
     monkeypatch.setattr(buildspace, "undefined_symbols", lambda so: ["cudaLaunchKernel"])
     argv = ["--build-space", "lowlat_mma", "--where", "BM=16", "--where", "STAGES=2"]
     out = tmp_path / "space.csv"
@@ -88,6 +106,7 @@ def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
     assert r0["ok"] == "1" and r0["registers"] == "96" and r0["spills"] == "0" and r0["stack_bytes"] == "0"
     assert r0["instruction"] == "mma.sync" and r0["sass_mnemonic"] == "HMMA" and r0["sass_has_instruction"] == "1"
     assert r0["label"] == targets[0][0].label() and r0["build_seconds"] == "1.5" and r0["bad"] == ""
+    assert r0["prologue_instructions"] == "3"      # the longer of the two entries' prologues
     assert "0 failed, 0 with spills or stack, 0 missing the instruction" in capsys.readouterr().out
 
     (c1, a1), (c2, a2) = targets[1], targets[2]
@@ -100,7 +119,7 @@ def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
     assert "1 failed, 1 with spills or stack" in text and f"BAD {c1.name()} {a1}: spills" in text
 
     faults.clear()
-    monkeypatch.setattr(buildspace, "sass_mnemonics", lambda so, tool: {"HGMMA"})
+    monkeypatch.setattr(buildspace, "disassemble", lambda so, tool: _sass("HGMMA"))
     monkeypatch.setattr(buildspace, "undefined_symbols", lambda so: ["cudaMemsetAsync", "cudaLaunchKernel"])
     assert main(argv + ["--csv", str(out)]) == 1
     _, rows = _read(out)
@@ -109,7 +128,7 @@ def test_csv_rows_and_exit_status(tmp_path, monkeypatch, capsys):
 
     def unreadable(so, tool):
         raise RuntimeError("cuobjdump could not disassemble x.so")
-    monkeypatch.setattr(buildspace, "sass_mnemonics", unreadable)
+    monkeypatch.setattr(buildspace, "disassemble", unreadable)
     monkeypatch.setattr(buildspace, "undefined_symbols", lambda so: [])
     assert main(argv + ["--csv", str(out)]) == 1
     _, rows = _read(out)

@@ -1,6 +1,7 @@
 """Build every valid config of a family's space for every arch it claims and record, per (config,
 arch), what the compile checks assert on a covering set: it builds, no spills and no stack, the
-SASS holds the tensor-core instruction the family claims, and the host imports no Memset/Memcpy
+SASS holds the tensor-core instruction the family claims, and the host imports no Memset/Memcpy;
+and, for reading, its entries' longest prologue (SASS instructions before the first global load)
 (`cudal2 templates --build-space FAMILY... --csv OUT.csv`; docs/templates.md). The space is the
 one the tuner searches (`enumerate_space`) over the family's ACC and LAYOUT choices; builds go
 through the build cache, CUDAL2_BUILD_JOBS at a time."""
@@ -26,7 +27,7 @@ SASS_MNEMONIC = {"mma.sync": "HMMA", "wgmma": "HGMMA", "fma": "FFMA"}
 
 COLUMNS = ("config", "label", "family", "arch", "ok", "status", "registers", "spills", "stack_bytes",
            "static_smem_bytes", "instruction", "sass_mnemonic", "sass_has_instruction",
-           "memset_memcpy_imports", "cached", "build_seconds", "bad")
+           "memset_memcpy_imports", "prologue_instructions", "cached", "build_seconds", "bad")
 
 
 def space_targets(families: Iterable[str], arch: str | None = None,
@@ -65,12 +66,44 @@ def space_targets(families: Iterable[str], arch: str | None = None,
     return out
 
 
-def sass_mnemonics(so_path: Path, cuobjdump: str) -> set[str]:
-    """The main-loop mnemonics (HMMA, HGMMA, FFMA) in the SASS of the .so's cubins."""
+def disassemble(so_path: Path, cuobjdump: str) -> str:
+    """The SASS of the .so's cubins (cuobjdump -sass); RuntimeError when it cannot be read."""
     proc = subprocess.run([cuobjdump, "-sass", str(so_path)], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or "Function" not in proc.stdout:
         raise RuntimeError(f"{cuobjdump} could not disassemble {so_path}: {proc.stderr.strip()[-500:]}")
-    return set(re.findall(r"\b(HMMA|HGMMA|FFMA)\b", proc.stdout))
+    return proc.stdout
+
+
+def sass_mnemonics(sass: str) -> set[str]:
+    """The main-loop mnemonics (HMMA, HGMMA, FFMA) in a SASS listing."""
+    return set(re.findall(r"\b(HMMA|HGMMA|FFMA)\b", sass))
+
+
+# A global load: a plain one, cp.async (LDGSTS), a TMA or bulk copy.
+_GLOBAL_LOAD = re.compile(r"\b(LDG|LDGSTS|UTMALDG|UBLKCP)\b")
+_FUNCTION = re.compile(r"^\s*Function : (\S+)")
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+([^;]+);")
+
+
+def prologue_lengths(sass: str) -> dict[str, int]:
+    """Per kernel entry of a SASS listing that loads from global memory: the instructions laid out
+    before its first global load. A static count (branches not followed, so a path the call does
+    not take counts too): what a launch-bound call's first load waits behind, comparable build to
+    build."""
+    out: dict[str, int] = {}
+    fn, count, done = None, 0, False
+    for line in sass.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            fn, count, done = m.group(1), 0, False
+            continue
+        m = _INSTRUCTION.match(line)
+        if fn is None or done or not m:
+            continue
+        if _GLOBAL_LOAD.search(m.group(1)):
+            out[fn], done = count, True
+        count += 1
+    return out
 
 
 def row_of(cfg: KernelConfig, arch: str, r: BuildResult, cuobjdump: str) -> dict:
@@ -87,13 +120,15 @@ def row_of(cfg: KernelConfig, arch: str, r: BuildResult, cuobjdump: str) -> dict
         row.update(registers=r.max_registers, spills=r.spills, stack_bytes=stack,
                    static_smem_bytes=r.max_shared_bytes)
         try:
-            has = mnemonic in sass_mnemonics(r.so_path, cuobjdump) if mnemonic else False
+            sass = disassemble(r.so_path, cuobjdump)
         except RuntimeError as exc:   # this row unreadable: say so, keep the others
-            has, unreadable = False, str(exc)
+            sass, unreadable = "", str(exc)
         else:
             unreadable = ""
+        has = bool(mnemonic) and mnemonic in sass_mnemonics(sass)
         imports = [s for s in undefined_symbols(r.so_path) if "Memset" in s or "Memcpy" in s]
-        row.update(sass_has_instruction=int(has), memset_memcpy_imports=" ".join(imports))
+        row.update(sass_has_instruction=int(has), memset_memcpy_imports=" ".join(imports),
+                   prologue_instructions=max(prologue_lengths(sass).values(), default=""))
         if r.spills:
             why.append("spills")
         if stack:
