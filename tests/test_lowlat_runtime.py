@@ -77,6 +77,11 @@ def _tiles(cfg, M, N):
     return -(-M // cfg.get("BM")) * -(-N // cfg.get("BN"))
 
 
+def _grid_2d(cfg, M, N):
+    """(N tiles, M tiles): the grid up to 65535 M tiles, where a CTA's tile needs no division."""
+    return [-(-N // cfg.get("BN")), -(-M // cfg.get("BM"))]
+
+
 CFGS = [LL.default(), LL.default().with_(BM=128, BN=64, LAYOUT="RC"), LLM.default(),
         LLM.default().with_(BM=16, BN=64, LAYOUT="RC")]
 # the issue's deep-K shapes, a full grid, residues, explicit counts, a one-k-tile K
@@ -88,7 +93,7 @@ SHAPES = [(128, 64, 12288, 0), (128, 128, 2048, 0), (1024, 256, 16384, 0), (4096
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", CFGS, ids=lambda c: c.name())
 def test_one_launch_on_the_planned_grid(cfg, reset_fake_cudart):
-    """Per call one launch and no memset: grid (tiles, 1, splits) with splits and the k-tiles per
+    """Per call one launch and no memset: grid (N tiles, M tiles, splits) with splits and the k-tiles per
     split as lowlat_splits plans them on 132 and on 66 SMs, block = the kernel's threads;
     cudal2_workspace answers lowlat_workspace_bytes of that plan; K == 0 launches the zero kernel."""
     BM, BN = cfg.get("BM"), cfg.get("BN")
@@ -105,7 +110,7 @@ def test_one_launch_on_the_planned_grid(cfg, reset_fake_cudart):
                 assert ws == 0 and c[8] == 256                                       # the zero kernel
                 continue
             splits, per = lowlat_splits(M, N, K, BM, BN, 64, sms, opt or 0)
-            assert c[5:8] == [_tiles(cfg, M, N), 1, splits], (M, N, K, opt, sms, c)
+            assert c[5:8] == [*_grid_2d(cfg, M, N), splits], (M, N, K, opt, sms, c)
             assert c[8] == threads and c[9] == lowlat_smem_bytes(cfg.as_dict())
             assert c[10] == (per if splits > 1 else 0), (M, N, K, opt, c)
             assert ws == lowlat_workspace_bytes(M, N, splits, BM, BN), (M, N, K, opt, ws)
@@ -130,12 +135,15 @@ def test_no_device_the_workspace_bounds_every_choice_and_the_call_says_why(reset
 
 @pytest.mark.compile
 def test_grid_serves_every_m_and_n_the_meta_claims(reset_fake_cudart):
-    """The meta claims any M and N: M tiles no longer sit on grid.y (65535). Tiles run on grid.x;
-    past 2^31 - 1 tiles the grid folds onto y with x * y >= tiles > x * (y - 1). Only a C of more
-    than (2^31 - 1) * 65535 tiles (> 2^57 bytes: no address space holds it) is refused."""
+    """The meta claims any M and N. Up to 65535 M tiles (grid.y's limit) the grid is (N tiles,
+    M tiles); past that tiles run on grid.x, folded onto y past 2^31 - 1 tiles with x * y >=
+    tiles > x * (y - 1), and x never equals the N tiles (how the kernel tells the two apart).
+    Only a C of more than (2^31 - 1) * 65535 tiles (> 2^57 bytes: no address space holds it) is
+    refused."""
     from cudal2.core.abi import meta_accepts
     for cfg in (LL.default(), LLM.default().with_(BM=16, BN=64)):
-        shapes = [(65535 * cfg.get("BM") + 1, 8, 8), (INT_MAX, 8, 8), (1, INT_MAX - 7, 8),
+        shapes = [(1000, 1000, 8), (65535 * cfg.get("BM"), 8, 8), (65535 * cfg.get("BM") + 1, 8, 8),
+                  (65535 * cfg.get("BM") + 1, 2048, 8), (INT_MAX, 8, 8), (1, INT_MAX - 7, 8),
                   (1 << 24, 1 << 24, 8), (INT_MAX, 1 << 20, 8), (INT_MAX, INT_MAX - 7, 8)]
         got = _drive(reset_fake_cudart, cfg, [["call", M, N, K, 1] for M, N, K in shapes])
         meta = {"any_shape": True, "tile": [cfg.get("BM"), cfg.get("BN"), 64], "divisible": [1, 8, 8]}
@@ -147,7 +155,11 @@ def test_grid_serves_every_m_and_n_the_meta_claims(reset_fake_cudart):
                 continue
             x, y, z = (v & 0xFFFFFFFF for v in c[5:8])
             assert rc == 0 and z == 1 and 1 <= y <= 65535 and x <= INT_MAX, (M, N, c)
-            assert x * y >= tiles > x * (y - 1), (M, N, x, y, tiles)
+            tiles_n, tiles_m = _grid_2d(cfg, M, N)
+            if tiles_m <= 65535:
+                assert [x, y] == [tiles_n, tiles_m], (M, N, c)
+                continue
+            assert x != tiles_n and x * y >= tiles > x * (y - 1), (M, N, x, y, tiles)
             assert (y > 1) == (tiles > INT_MAX)
 
 

@@ -7,9 +7,12 @@
 //
 // What a call costs beyond the math is what this family is cut for (shapes of a few tiles):
 //   * one output tile per CTA, a plain grid: no cluster, no persistent scheduler, no tile-order
-//     options. Tiles run along grid.x in raster order (N fastest: consecutive CTAs share A's row
-//     band); grid.y > 1 only past 2^31 - 1 tiles (a C no device can hold, but the meta claims
-//     every M and N), grid.z = the K split;
+//     options. The grid is (N tiles, M tiles, the K split), in raster order (N fastest:
+//     consecutive CTAs share A's row band), so a CTA finds its tile without a division; past
+//     65535 M tiles (grid.y's limit) the tiles run along grid.x instead, folded onto grid.y past
+//     2^31 - 1 tiles (a C no device can hold, but the meta claims every M and N);
+//   * the fewest instructions before the first load: parameters by value, and each thread's
+//     copy addresses worked out once, a constant row step per further copy (load_tile);
 //   * no tensor maps: every thread loads 16-byte chunks with cp.async (zero-filled outside the
 //     matrix), so the host encodes nothing per call: it checks the arguments, computes the grid
 //     and calls cudaLaunchKernel once (the > 48 KiB shared-memory opt-in is made once per device,
@@ -161,19 +164,26 @@ __device__ __forceinline__ void cp_async_wait() {
 // >= row_lim or columns >= col_lim zero-filled. col_lim - c0 is a multiple of 8 (K % 8 == 0,
 // N % 8 == 0 for RR): a chunk is all in or all out. dst(r, u) gives the smem byte address. The
 // limits are compared as offsets from (r0, c0): no int overflow next to INT_MAX.
+// kThreads is a multiple of CHUNKS, so a thread keeps one chunk column u and steps kRowStep rows
+// per copy: its divisions and its address are worked out once (unsigned, no sign fix-ups), and
+// each further copy adds a constant row step (the fewest instructions before the first load).
 template <int ROWS, int CHUNKS, class Dst>
 __device__ __forceinline__ void load_tile(const half* g, int ld, int r0, int row_lim, int c0,
                                           int col_lim, Dst dst) {
-  constexpr int kTotal = ROWS * CHUNKS;
-  const int rows = row_lim - r0, cols = col_lim - c0;
+  static_assert(kThreads % CHUNKS == 0, "a thread's copies share one chunk column");
+  constexpr int kRowStep = kThreads / CHUNKS;
+  const unsigned tid = threadIdx.x;
+  const int rt = (int)(tid / CHUNKS), u = (int)(tid % CHUNKS);
+  const int rows = row_lim - r0;
+  const bool col_ok = u * 8 < col_lim - c0;
+  const half* src0 = g + ((size_t)r0 + rt) * (size_t)ld + ((size_t)c0 + u * 8);
+  const size_t step = (size_t)kRowStep * (size_t)ld;
 #pragma unroll
-  for (int i = 0; i < (kTotal + kThreads - 1) / kThreads; ++i) {
-    const int idx = (int)threadIdx.x + i * kThreads;
-    if (kTotal % kThreads == 0 || idx < kTotal) {
-      const int r = idx / CHUNKS, u = idx % CHUNKS;
-      const bool ok = r < rows && u * 8 < cols;
-      const half* src = ok ? g + ((size_t)r0 + r) * (size_t)ld + ((size_t)c0 + u * 8) : g;
-      cp_async_16(dst(r, u), src, ok ? 16 : 0);
+  for (int i = 0; i < (ROWS + kRowStep - 1) / kRowStep; ++i) {
+    const int r = rt + i * kRowStep;
+    if (ROWS % kRowStep == 0 || r < ROWS) {
+      const bool ok = col_ok && r < rows;
+      cp_async_16(dst(r, u), ok ? src0 + i * step : g, ok ? 16 : 0);
     }
   }
 }
@@ -217,16 +227,17 @@ __device__ __forceinline__ void store8(half* Ct, int ldc, int rows, int cols, in
   }
 }
 
-// The CTA's output tile: tile index blockIdx.x + gridDim.x * blockIdx.y in raster order (N
-// fastest). grid.y > 1 only past 2^31 - 1 tiles, where the tail of the last grid row has no
-// tile (false). t: the tile index (its semaphore).
+// The CTA's output tile, in raster order (N fastest: consecutive CTAs share A's row band), and
+// t, its index tm * tiles_n + tn (its semaphore). Up to 65535 M tiles the grid is (tiles_n,
+// tiles_m): the tile is (blockIdx.y, blockIdx.x), no division. Past that the tiles run along
+// grid.x, folded onto grid.y past 2^31 - 1 tiles, where the tail of the last grid row has no
+// tile (false); gridDim.x is then never tiles_n (the launcher's rule).
 __device__ __forceinline__ bool cta_tile(int M, int N, int& m0, int& n0, long long& t) {
   const int tiles_n = (N - 1) / BN + 1;
-  if (gridDim.y == 1) {            // grid.x == the tile count
-    const unsigned x = blockIdx.x, tm = x / (unsigned)tiles_n;
-    t = x;
-    m0 = (int)tm * BM;
-    n0 = (int)(x - tm * (unsigned)tiles_n) * BN;
+  if (gridDim.x == (unsigned)tiles_n) {
+    m0 = (int)blockIdx.y * BM;
+    n0 = (int)blockIdx.x * BN;
+    t = (long long)blockIdx.y * tiles_n + blockIdx.x;
     return true;
   }
   t = (long long)blockIdx.y * gridDim.x + blockIdx.x;
@@ -719,12 +730,19 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
         ldb % 8 != 0 || K % 8 != 0 || (!LAYOUT_RC && N % 8 != 0))
       return cudaErrorInvalidValue;
   }
-  // Tiles along grid.x, folded onto grid.y past 2^31 - 1: every int M and N whose C has fewer
-  // than (2^31 - 1) * 65535 tiles, i.e. every C smaller than 2^57 bytes.
-  const long long tiles = ((M - 1LL) / BM + 1) * ((N - 1LL) / BN + 1);
-  const long long grid_y = (tiles + kMaxGridX - 1) / kMaxGridX;
-  if (grid_y > kMaxGridY) return cudaErrorInvalidValue;
-  const long long grid_x = (tiles + grid_y - 1) / grid_y;
+  // (tiles_n, tiles_m) up to 65535 M tiles (cta_tile divides nothing); past that the tiles run
+  // along grid.x, folded onto grid.y past 2^31 - 1: every int M and N whose C has fewer than
+  // (2^31 - 1) * 65535 tiles, i.e. every C smaller than 2^57 bytes. A fold's grid.x exceeds
+  // tiles_n (y == 1: x is all the tiles; y > 1: x >= tiles / y > tiles_n), which is how cta_tile
+  // tells the two apart.
+  const long long tiles_m = (M - 1LL) / BM + 1, tiles_n = (N - 1LL) / BN + 1;
+  long long grid_x = tiles_n, grid_y = tiles_m;
+  if (tiles_m > kMaxGridY) {
+    const long long tiles = tiles_m * tiles_n;
+    grid_y = (tiles + kMaxGridX - 1) / kMaxGridX;
+    if (grid_y > kMaxGridY) return cudaErrorInvalidValue;
+    grid_x = (tiles + grid_y - 1) / grid_y;
+  }
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   half* c = reinterpret_cast<half*>(C);
   if (K == 0) {
