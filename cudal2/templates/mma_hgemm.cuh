@@ -208,11 +208,14 @@ __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g
                                           uint64_t policy = 0) {
   constexpr int kChunksPerRow = COLS / 8;
   constexpr int kIters = ROWS * kChunksPerRow / kThreads;
+  static_assert(kThreads % kChunksPerRow == 0, "a thread's chunks share one column");
+  // A thread keeps one column c and steps kRowStep rows per chunk: one unsigned division (no
+  // sign fix-ups) for all its chunks, the fewest instructions before the first load.
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  const int r_t = (int)((unsigned)tid / kChunksPerRow), c = (int)((unsigned)tid % kChunksPerRow) * 8;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunksPerRow;
-    const int c = (idx % kChunksPerRow) * 8;
+    const int r = r_t + i * kRowStep;
     const int gr = r0 + r, gc = c0 + c;
     half* dst = smem + r * sstride + c;
     if (VEC) {
@@ -318,7 +321,15 @@ __device__ __forceinline__ void warp_kstep(AccFrag& acc, const uint32_t (&a_addr
 
 // Tile index -> (tile_m, tile_n) with grouped raster: SWIZZLE tile rows are swept together
 // column by column so their A rows and B columns stay in L2.
-__device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, int& tm, int& tn) {
+// by_tiles_n: the host's Divisor of tiles_n (streamk.cuh).
+__device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n,
+                                            cudal2_streamk::Divisor by_tiles_n, int& tm, int& tn) {
+  if (SWIZZLE == 1) {   // row-major: a multiply-high and a shift
+    const unsigned q = cudal2_streamk::quotient((unsigned)pid, by_tiles_n);
+    tm = (int)q;
+    tn = pid - (int)q * tiles_n;
+    return;
+  }
   const int group = SWIZZLE * tiles_n;
   const int first_m = (pid / group) * SWIZZLE;
   const int rows = min(tiles_m - first_m, SWIZZLE);
@@ -368,8 +379,10 @@ using cudal2_splitk::ld_peer4;
 // tile of the K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split), or
 // reduces the splits: inside its cluster (sm_90a, launched with cluster dims (1, splits, 1)) or
 // through the workspace, where the last split of a tile to finish reduces them into C
-// (splitk_fixup.cuh). streamk == 1 (skinny builds): grid.x CTAs share the tiles x k-tiles
-// iterations as equal contiguous ranges (streamk.cuh).
+// (splitk_fixup.cuh). walk.G > 0 (skinny builds' stream-K): grid.x CTAs share the tiles x
+// k-tiles iterations as equal contiguous ranges (streamk.cuh). walk carries the host's Divisors
+// of the call (the N tiles; stream-K's grid and k-tiles), so no CTA runs a division before its
+// first load.
 // Split-K builds carry the fixup too: "at least one CTA per SM" lets ptxas spend the registers
 // that keeps it from spilling (ptx f16 SPLITK=2 spilled 32 bytes at its own choice of 128).
 #if SPLITK > 1 || CUDAL2_RUNTIME_SPLITK
@@ -381,7 +394,7 @@ template <bool VEC>
 __global__ void CUDAL2_HGEMM_BOUNDS
     hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
                  void* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
-                 int k_chunk, int c_vec2, int streamk) {
+                 int k_chunk, int c_vec2, cudal2_streamk::Walk walk) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
   half* sB = sA + kABufs * kAStage;
@@ -547,7 +560,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   };
 
   // The work of this CTA: one tile and one K range (split z of gridDim.y), or on stream-K
-  // (skinny builds, streamk == 1) a walk over segments of (tile, k-tile) iterations. Split-K runs
+  // (skinny builds, walk.G > 0) a walk over segments of (tile, k-tile) iterations. Split-K runs
   // as a single segment of the same loop, so the main loop and the epilogue are inlined once.
 #if CUDAL2_RUNTIME_SPLITK
   static_assert(!ACC_F16, "the stream-K partials are the fp32 accumulators");
@@ -555,25 +568,24 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   constexpr int kTileFloats = BM * BN;              // = kThreads * kFrags * 4
   static_assert(kTileFloats == kThreads * kFrags * 4, "the warps cover the tile once");
   const int tiles = tiles_m * tiles_n;
-  const int k_tiles = (K + BK - 1) / BK;
-  const long long iters = (long long)tiles * k_tiles;
+  const bool streamk = walk.G > 0;   // the launcher's grid.x then
   const int G = (int)gridDim.x, cta = (int)blockIdx.x;
   // split-K: the one segment [0, 1); stream-K: this CTA's range of the tiles x k-tiles iterations
   long long it = 0, end = 1;
   if (streamk) {
-    it = cudal2_streamk::range_begin(cta, iters, G);
-    end = cudal2_streamk::range_begin(cta + 1, iters, G);
+    it = cudal2_streamk::range_begin(cta, walk);
+    end = cudal2_streamk::range_begin(cta + 1, walk);
   }
   while (it < end) {
     cudal2_streamk::Segment sg = {(int)blockIdx.x, 0, 0, end};
-    if (streamk) sg = cudal2_streamk::segment(it, end, k_tiles);
+    if (streamk) sg = cudal2_streamk::segment(it, end, walk);
     const int tile = sg.tile;
 #else
   {
     const int tile = (int)blockIdx.x;
 #endif
     int tm, tn;
-    tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    tile_coords(tile, tiles_m, tiles_n, walk.by_tiles_n, tm, tn);
     const int m0 = tm * BM, n0 = tn * BN;
     const int z = blockIdx.y;
     const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
@@ -592,8 +604,8 @@ __global__ void CUDAL2_HGEMM_BOUNDS
     int slabs = splits;        // partial tiles the last arrival sums (two levels: the clusters')
 #if CUDAL2_RUNTIME_SPLITK
     if (streamk) {
-      const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
-      const int count = cudal2_streamk::contributors(tile, k_tiles, iters, G);
+      const int first = cudal2_streamk::first_contributor(tile, walk.k_tiles, walk.iters, G);
+      const int count = cudal2_streamk::contributors(tile, walk.k_tiles, walk.iters, G);
       to_c = count == 1;   // the whole tile in this range: C directly
       if (!to_c) {
         float* const part = cudal2_splitk::partials(ws);
@@ -962,10 +974,10 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   }
 
   int c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
-  int streamk = 0;
+  cudal2_streamk::Walk walk = cudal2_streamk::walk((N + BN - 1) / BN, tiles, 1, 0);   // no stream-K
   const half* a = reinterpret_cast<const half*>(A);
   const half* b = reinterpret_cast<const half*>(B);
-  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2, &streamk};
+  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2, &walk};
   const dim3 grid((unsigned)tiles, (unsigned)splits);
   return vec ? launch_gemm<true>(grid, args, s, cluster_y) : launch_gemm<false>(grid, args, s, cluster_y);
 }

@@ -373,8 +373,11 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   int lda_k = CUDAL2_SKINNY_N ? ldb : lda, ldb_k = CUDAL2_SKINNY_N ? lda : ldb;
   int m_k = k.M, n_k = k.N;
   half* cp = reinterpret_cast<half*>(C);
-  int k_chunk = c.k_chunk, streamk = c.mode == kStreamK;
-  void* args[] = {&a, &b, &cp, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2, &streamk};
+  int k_chunk = c.k_chunk;
+  // the call's divisors, worked out here once rather than in every CTA (streamk.cuh)
+  cudal2_streamk::Walk walk = cudal2_streamk::walk((n_k + BN - 1) / BN, tiles, (K + BK - 1) / BK,
+                                                   c.mode == kStreamK ? c.ctas : 0);
+  void* args[] = {&a, &b, &cp, &ws, &m_k, &n_k, &K, &lda_k, &ldb_k, &ldc, &k_chunk, &c_vec2, &walk};
   const bool pdl = options != nullptr && options[2] == 1;
   if (c.mode == kStreamK)   // one launch
     return launch_gemm<true>(dim3((unsigned)c.ctas, 1), args, s, 1, pdl);

@@ -36,6 +36,7 @@ namespace cudal2_streamk {
 
 // The most CTAs a stream-K grid uses (a bound the workspace can be sized for without a device).
 constexpr int kMaxCtas = 2048;
+static_assert((long long)kMaxCtas * kMaxCtas < (1ll << 31), "Walk's range start: c * r < 2^31");
 
 // The grid of a call: the resident slots, never more CTAs than iterations (no empty CTA), >= 1.
 CUDAL2_SK_HD int grid(long long iters, int slots) {
@@ -73,14 +74,74 @@ struct Segment {
   int tile, kt_begin, kt_end;
   long long next;
 };
-CUDAL2_SK_HD Segment segment(long long it, long long end, int k_tiles) {
+// The segment from `it` given its tile (it / k_tiles, however the caller divided).
+CUDAL2_SK_HD Segment segment_in(long long it, long long end, int k_tiles, int tile) {
   Segment s;
-  s.tile = (int)(it / k_tiles);
-  s.kt_begin = (int)(it % k_tiles);
+  s.tile = tile;
+  s.kt_begin = (int)(it - (long long)tile * k_tiles);
   const long long room = end - it;
   s.kt_end = room < (long long)(k_tiles - s.kt_begin) ? s.kt_begin + (int)room : k_tiles;
   s.next = it + (s.kt_end - s.kt_begin);
   return s;
+}
+CUDAL2_SK_HD Segment segment(long long it, long long end, int k_tiles) {
+  return segment_in(it, end, k_tiles, (int)(it / k_tiles));
+}
+
+// ---- the same math with the divisions worked out by the host ----------------------------------
+// A divisor fixed for a call, as a multiply-high and a shift (Granlund and Montgomery, as
+// CUTLASS's FastDivmod): the host works it out once, and a CTA divides in two instructions,
+// not a ~20-instruction division with a reciprocal on the way to its first load. Exact for
+// n in [0, 2^31) and d in [1, 2^31): with l = ceil(log2 d), mul = ceil(2^(31+l) / d) < 2^32 and
+// the error n * (mul - 2^(31+l)/d) / 2^(31+l) < 2^-l <= 1/d never carries past the next integer.
+struct Divisor {
+  unsigned mul, shift;   // mul == 0: d == 1
+};
+CUDAL2_SK_HD Divisor divisor(unsigned d) {
+  if (d <= 1) return Divisor{0u, 0u};
+  unsigned l = 0;
+  while ((1ull << l) < d) ++l;
+  return Divisor{(unsigned)(((1ull << (31 + l)) + d - 1) / d), l - 1};
+}
+CUDAL2_SK_HD unsigned quotient(unsigned n, Divisor v) {
+  if (v.mul == 0) return n;
+#if defined(__CUDA_ARCH__)
+  return __umulhi(n, v.mul) >> v.shift;
+#else
+  return (unsigned)(((unsigned long long)n * v.mul) >> 32) >> v.shift;
+#endif
+}
+
+// What the CTAs of one call would otherwise divide by before their first load, worked out by the
+// host and passed to the kernel by value: the N tiles (a tile index's row) and, for a stream-K
+// call (G > 0), its grid and k-tiles per tile. A CTA's range start c * iters / G is c * q + c *
+// r / G with iters = q * G + r: c * r < G^2 <= 2^22, so by_G is exact for every call; a segment's
+// tile it / k_tiles takes by_k_tiles while iters < 2^31 (small), else the division above. The
+// contributor math runs after the main loop and divides as above.
+struct Walk {
+  long long iters, q;   // iters = tiles * k_tiles = q * G + r
+  int G, r, k_tiles, small;   // G == 0: not a stream-K call
+  Divisor by_tiles_n, by_G, by_k_tiles;
+};
+CUDAL2_SK_HD Walk walk(int tiles_n, long long tiles, int k_tiles, int G) {
+  Walk w;
+  w.iters = tiles * k_tiles;
+  w.G = G;
+  w.q = G > 0 ? w.iters / G : 0;
+  w.r = G > 0 ? (int)(w.iters % G) : 0;
+  w.k_tiles = k_tiles;
+  w.small = w.iters < (1ll << 31);
+  w.by_tiles_n = divisor((unsigned)tiles_n);
+  w.by_G = divisor(G > 0 ? (unsigned)G : 1u);
+  w.by_k_tiles = divisor(k_tiles > 0 ? (unsigned)k_tiles : 1u);
+  return w;
+}
+CUDAL2_SK_HD long long range_begin(int c, const Walk& w) {
+  return c * w.q + quotient((unsigned)(c * w.r), w.by_G);
+}
+CUDAL2_SK_HD Segment segment(long long it, long long end, const Walk& w) {
+  return w.small ? segment_in(it, end, w.k_tiles, (int)quotient((unsigned)it, w.by_k_tiles))
+                 : segment(it, end, w.k_tiles);
 }
 
 // Workspace layout: [slots * tile_floats fp32 partials][pad to 16 bytes][tiles semaphores].

@@ -5,8 +5,10 @@
 //   tile's contributors the consecutive CTAs first .. first+count-1 that really touch it (in k
 //   order), slots unique and below slots(G, tiles); then the kernel's protocol replayed with CTAs
 //   in random orders: partials summed in contributor order are bit-identical across orders and
-//   the workspace (slots, semaphores) is zero after every call.
-// Prints "ok <tiles> <k_tiles> <slots> <G>" or "FAIL ...: why" per line.
+//   the workspace (slots, semaphores) is zero after every call. The kernel's own path, the Walk
+//   the host fills with multiply-high Divisors, gives the same ranges, segments and contributors.
+// Prints "ok <tiles> <k_tiles> <slots> <G>" or "FAIL ...: why" per line; first, a line
+// "FAIL divisor ..." for any quotient the Divisors get wrong (none: nothing printed).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -28,8 +30,75 @@ static float part_value(int tile, int kt, int e) {   // one k-tile's contributio
   return std::ldexp((float)(x >> 40) / (float)(1u << 24) - 0.5f, (int)((x >> 8) % 17) - 8);
 }
 
+// quotient(n, divisor(d)) == n / d for every d up to 4096 and around each power of two, at the
+// dividends next to multiples of d, next to the powers of two and at 2^31 - 1.
+static int check_divisors() {
+  std::vector<unsigned> ds;
+  for (unsigned d = 1; d <= 4096; ++d) ds.push_back(d);
+  for (int b = 12; b < 31; ++b)
+    for (long long e = -3; e <= 3; ++e) ds.push_back((unsigned)((1ll << b) + e));
+  ds.push_back(2147483647u);
+  std::mt19937 rng(11);
+  int bad = 0;
+  for (unsigned d : ds) {
+    const Divisor v = divisor(d);
+    std::vector<unsigned long long> ns = {0, 1, d - 1ull, d, d + 1ull, 2147483647ull, 2147483646ull};
+    for (int b = 0; b < 31; ++b) ns.insert(ns.end(), {(1ull << b) - 1, 1ull << b});
+    for (int i = 0; i < 64; ++i) {
+      const unsigned long long k = rng() % (2147483648ull / d + 1);
+      ns.insert(ns.end(), {k * d, k * d + d - 1, k * d > 0 ? k * d - 1 : 0});
+    }
+    for (unsigned long long n : ns) {
+      if (n >= 2147483648ull) continue;
+      if (quotient((unsigned)n, v) != (unsigned)(n / d) && bad++ < 10)
+        std::printf("FAIL divisor %u: %llu / %u gave %u\n", d, n, d, quotient((unsigned)n, v));
+    }
+  }
+  return bad;
+}
+
+// The Walk (host-worked Divisors) against the plain math on one grid; why gets what differs.
+static void check_walk(int tiles, int k_tiles, int G, std::string& why) {
+  const long long I = (long long)tiles * k_tiles;
+  const Walk w = walk(tiles, tiles, k_tiles, G);
+  if (w.small != (I < (1ll << 31)) || w.q * G + w.r != I) why += "walk fields;";
+  for (int c = 0; c <= G; ++c) {
+    if (range_begin(c, w) != range_begin(c, I, G)) { why += "walk range_begin;"; return; }
+    if (c == G) break;
+    for (long long it = range_begin(c, I, G), end = range_begin(c + 1, I, G); it < end;) {
+      const Segment a = segment(it, end, w), b = segment(it, end, k_tiles);
+      if (a.tile != b.tile || a.kt_begin != b.kt_begin || a.kt_end != b.kt_end || a.next != b.next) {
+        why += "walk segment;";
+        return;
+      }
+      it = b.next;
+    }
+  }
+  for (int t = 0; t < tiles; t += 1 + tiles / 4096)
+    if ((int)quotient((unsigned)t, w.by_tiles_n) != 0 ||
+        (int)quotient((unsigned)t, walk(7, tiles, k_tiles, G).by_tiles_n) != t / 7) {
+      why += "walk tiles_n;";
+      return;
+    }
+}
+
+// Grids too large to replay, on both sides of iters = 2^31 (where a segment's tile stops taking
+// its Divisor): the Walk's math against the plain one.
+static int check_large_walks() {
+  const int grids[][3] = {{1 << 20, 2047, 2048}, {1 << 20, 2048, 2048}, {1 << 20, 2049, 2048},
+                          {65536, 16, 2047}, {65536, 16, 2048}, {3, 1 << 29, 1000}, {5, 1 << 30, 2047}};
+  int bad = 0;
+  for (const auto& g : grids) {
+    std::string why;
+    check_walk(g[0], g[1], grid((long long)g[0] * g[1], g[2]), why);
+    if (!why.empty() && bad++ < 10) std::printf("FAIL walk %d %d %d: %s\n", g[0], g[1], g[2], why.c_str());
+  }
+  return bad;
+}
+
 int main() {
   int tiles, k_tiles, slots_in;
+  if (check_divisors() || check_large_walks()) return 1;
   std::mt19937 rng(7);
   int failures = 0;
   while (std::scanf("%d %d %d", &tiles, &k_tiles, &slots_in) == 3) {
@@ -61,6 +130,7 @@ int main() {
     }
     for (long long i = 0; i < I; ++i)
       if (seen[i] != 1) { why += "iteration not covered once;"; break; }
+    check_walk(tiles, k_tiles, G, why);
     if (hi - lo > 1) why += "unequal ranges;";
     for (int t = 0; t < tiles; ++t) {
       const int first = first_contributor(t, k_tiles, I, G), count = contributors(t, k_tiles, I, G);

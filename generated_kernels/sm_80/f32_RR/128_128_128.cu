@@ -430,6 +430,7 @@ namespace cudal2_streamk {
 
 // The most CTAs a stream-K grid uses (a bound the workspace can be sized for without a device).
 constexpr int kMaxCtas = 2048;
+static_assert((long long)kMaxCtas * kMaxCtas < (1ll << 31), "Walk's range start: c * r < 2^31");
 
 // The grid of a call: the resident slots, never more CTAs than iterations (no empty CTA), >= 1.
 CUDAL2_SK_HD int grid(long long iters, int slots) {
@@ -467,14 +468,74 @@ struct Segment {
   int tile, kt_begin, kt_end;
   long long next;
 };
-CUDAL2_SK_HD Segment segment(long long it, long long end, int k_tiles) {
+// The segment from `it` given its tile (it / k_tiles, however the caller divided).
+CUDAL2_SK_HD Segment segment_in(long long it, long long end, int k_tiles, int tile) {
   Segment s;
-  s.tile = (int)(it / k_tiles);
-  s.kt_begin = (int)(it % k_tiles);
+  s.tile = tile;
+  s.kt_begin = (int)(it - (long long)tile * k_tiles);
   const long long room = end - it;
   s.kt_end = room < (long long)(k_tiles - s.kt_begin) ? s.kt_begin + (int)room : k_tiles;
   s.next = it + (s.kt_end - s.kt_begin);
   return s;
+}
+CUDAL2_SK_HD Segment segment(long long it, long long end, int k_tiles) {
+  return segment_in(it, end, k_tiles, (int)(it / k_tiles));
+}
+
+// ---- the same math with the divisions worked out by the host ----------------------------------
+// A divisor fixed for a call, as a multiply-high and a shift (Granlund and Montgomery, as
+// CUTLASS's FastDivmod): the host works it out once, and a CTA divides in two instructions,
+// not a ~20-instruction division with a reciprocal on the way to its first load. Exact for
+// n in [0, 2^31) and d in [1, 2^31): with l = ceil(log2 d), mul = ceil(2^(31+l) / d) < 2^32 and
+// the error n * (mul - 2^(31+l)/d) / 2^(31+l) < 2^-l <= 1/d never carries past the next integer.
+struct Divisor {
+  unsigned mul, shift;   // mul == 0: d == 1
+};
+CUDAL2_SK_HD Divisor divisor(unsigned d) {
+  if (d <= 1) return Divisor{0u, 0u};
+  unsigned l = 0;
+  while ((1ull << l) < d) ++l;
+  return Divisor{(unsigned)(((1ull << (31 + l)) + d - 1) / d), l - 1};
+}
+CUDAL2_SK_HD unsigned quotient(unsigned n, Divisor v) {
+  if (v.mul == 0) return n;
+#if defined(__CUDA_ARCH__)
+  return __umulhi(n, v.mul) >> v.shift;
+#else
+  return (unsigned)(((unsigned long long)n * v.mul) >> 32) >> v.shift;
+#endif
+}
+
+// What the CTAs of one call would otherwise divide by before their first load, worked out by the
+// host and passed to the kernel by value: the N tiles (a tile index's row) and, for a stream-K
+// call (G > 0), its grid and k-tiles per tile. A CTA's range start c * iters / G is c * q + c *
+// r / G with iters = q * G + r: c * r < G^2 <= 2^22, so by_G is exact for every call; a segment's
+// tile it / k_tiles takes by_k_tiles while iters < 2^31 (small), else the division above. The
+// contributor math runs after the main loop and divides as above.
+struct Walk {
+  long long iters, q;   // iters = tiles * k_tiles = q * G + r
+  int G, r, k_tiles, small;   // G == 0: not a stream-K call
+  Divisor by_tiles_n, by_G, by_k_tiles;
+};
+CUDAL2_SK_HD Walk walk(int tiles_n, long long tiles, int k_tiles, int G) {
+  Walk w;
+  w.iters = tiles * k_tiles;
+  w.G = G;
+  w.q = G > 0 ? w.iters / G : 0;
+  w.r = G > 0 ? (int)(w.iters % G) : 0;
+  w.k_tiles = k_tiles;
+  w.small = w.iters < (1ll << 31);
+  w.by_tiles_n = divisor((unsigned)tiles_n);
+  w.by_G = divisor(G > 0 ? (unsigned)G : 1u);
+  w.by_k_tiles = divisor(k_tiles > 0 ? (unsigned)k_tiles : 1u);
+  return w;
+}
+CUDAL2_SK_HD long long range_begin(int c, const Walk& w) {
+  return c * w.q + quotient((unsigned)(c * w.r), w.by_G);
+}
+CUDAL2_SK_HD Segment segment(long long it, long long end, const Walk& w) {
+  return w.small ? segment_in(it, end, w.k_tiles, (int)quotient((unsigned)it, w.by_k_tiles))
+                 : segment(it, end, w.k_tiles);
 }
 
 // Workspace layout: [slots * tile_floats fp32 partials][pad to 16 bytes][tiles semaphores].
@@ -673,11 +734,14 @@ __device__ __forceinline__ void load_tile(half* smem, int sstride, const half* g
                                           uint64_t policy = 0) {
   constexpr int kChunksPerRow = COLS / 8;
   constexpr int kIters = ROWS * kChunksPerRow / kThreads;
+  static_assert(kThreads % kChunksPerRow == 0, "a thread's chunks share one column");
+  // A thread keeps one column c and steps kRowStep rows per chunk: one unsigned division (no
+  // sign fix-ups) for all its chunks, the fewest instructions before the first load.
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  const int r_t = (int)((unsigned)tid / kChunksPerRow), c = (int)((unsigned)tid % kChunksPerRow) * 8;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
-    const int idx = tid + i * kThreads;
-    const int r = idx / kChunksPerRow;
-    const int c = (idx % kChunksPerRow) * 8;
+    const int r = r_t + i * kRowStep;
     const int gr = r0 + r, gc = c0 + c;
     half* dst = smem + r * sstride + c;
     if (VEC) {
@@ -783,7 +847,15 @@ __device__ __forceinline__ void warp_kstep(AccFrag& acc, const uint32_t (&a_addr
 
 // Tile index -> (tile_m, tile_n) with grouped raster: SWIZZLE tile rows are swept together
 // column by column so their A rows and B columns stay in L2.
-__device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n, int& tm, int& tn) {
+// by_tiles_n: the host's Divisor of tiles_n (streamk.cuh).
+__device__ __forceinline__ void tile_coords(int pid, int tiles_m, int tiles_n,
+                                            cudal2_streamk::Divisor by_tiles_n, int& tm, int& tn) {
+  if (SWIZZLE == 1) {   // row-major: a multiply-high and a shift
+    const unsigned q = cudal2_streamk::quotient((unsigned)pid, by_tiles_n);
+    tm = (int)q;
+    tn = pid - (int)q * tiles_n;
+    return;
+  }
   const int group = SWIZZLE * tiles_n;
   const int first_m = (pid / group) * SWIZZLE;
   const int rows = min(tiles_m - first_m, SWIZZLE);
@@ -833,8 +905,10 @@ using cudal2_splitk::ld_peer4;
 // tile of the K range [z*k_chunk, min(K, (z+1)*k_chunk)) and stores fp16 C (one split), or
 // reduces the splits: inside its cluster (sm_90a, launched with cluster dims (1, splits, 1)) or
 // through the workspace, where the last split of a tile to finish reduces them into C
-// (splitk_fixup.cuh). streamk == 1 (skinny builds): grid.x CTAs share the tiles x k-tiles
-// iterations as equal contiguous ranges (streamk.cuh).
+// (splitk_fixup.cuh). walk.G > 0 (skinny builds' stream-K): grid.x CTAs share the tiles x
+// k-tiles iterations as equal contiguous ranges (streamk.cuh). walk carries the host's Divisors
+// of the call (the N tiles; stream-K's grid and k-tiles), so no CTA runs a division before its
+// first load.
 // Split-K builds carry the fixup too: "at least one CTA per SM" lets ptxas spend the registers
 // that keeps it from spilling (ptx f16 SPLITK=2 spilled 32 bytes at its own choice of 128).
 #if SPLITK > 1 || CUDAL2_RUNTIME_SPLITK
@@ -846,7 +920,7 @@ template <bool VEC>
 __global__ void CUDAL2_HGEMM_BOUNDS
     hgemm_kernel(const half* __restrict__ A, const half* __restrict__ B, half* __restrict__ C,
                  void* __restrict__ ws, int M, int N, int K, int lda, int ldb, int ldc,
-                 int k_chunk, int c_vec2, int streamk) {
+                 int k_chunk, int c_vec2, cudal2_streamk::Walk walk) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   half* sA = reinterpret_cast<half*>(smem_raw);
   half* sB = sA + kABufs * kAStage;
@@ -1012,7 +1086,7 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   };
 
   // The work of this CTA: one tile and one K range (split z of gridDim.y), or on stream-K
-  // (skinny builds, streamk == 1) a walk over segments of (tile, k-tile) iterations. Split-K runs
+  // (skinny builds, walk.G > 0) a walk over segments of (tile, k-tile) iterations. Split-K runs
   // as a single segment of the same loop, so the main loop and the epilogue are inlined once.
 #if CUDAL2_RUNTIME_SPLITK
   static_assert(!ACC_F16, "the stream-K partials are the fp32 accumulators");
@@ -1020,25 +1094,24 @@ __global__ void CUDAL2_HGEMM_BOUNDS
   constexpr int kTileFloats = BM * BN;              // = kThreads * kFrags * 4
   static_assert(kTileFloats == kThreads * kFrags * 4, "the warps cover the tile once");
   const int tiles = tiles_m * tiles_n;
-  const int k_tiles = (K + BK - 1) / BK;
-  const long long iters = (long long)tiles * k_tiles;
+  const bool streamk = walk.G > 0;   // the launcher's grid.x then
   const int G = (int)gridDim.x, cta = (int)blockIdx.x;
   // split-K: the one segment [0, 1); stream-K: this CTA's range of the tiles x k-tiles iterations
   long long it = 0, end = 1;
   if (streamk) {
-    it = cudal2_streamk::range_begin(cta, iters, G);
-    end = cudal2_streamk::range_begin(cta + 1, iters, G);
+    it = cudal2_streamk::range_begin(cta, walk);
+    end = cudal2_streamk::range_begin(cta + 1, walk);
   }
   while (it < end) {
     cudal2_streamk::Segment sg = {(int)blockIdx.x, 0, 0, end};
-    if (streamk) sg = cudal2_streamk::segment(it, end, k_tiles);
+    if (streamk) sg = cudal2_streamk::segment(it, end, walk);
     const int tile = sg.tile;
 #else
   {
     const int tile = (int)blockIdx.x;
 #endif
     int tm, tn;
-    tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    tile_coords(tile, tiles_m, tiles_n, walk.by_tiles_n, tm, tn);
     const int m0 = tm * BM, n0 = tn * BN;
     const int z = blockIdx.y;
     const int splits = (SPLITK > 1 || CUDAL2_RUNTIME_SPLITK) ? (int)gridDim.y : 1;
@@ -1057,8 +1130,8 @@ __global__ void CUDAL2_HGEMM_BOUNDS
     int slabs = splits;        // partial tiles the last arrival sums (two levels: the clusters')
 #if CUDAL2_RUNTIME_SPLITK
     if (streamk) {
-      const int first = cudal2_streamk::first_contributor(tile, k_tiles, iters, G);
-      const int count = cudal2_streamk::contributors(tile, k_tiles, iters, G);
+      const int first = cudal2_streamk::first_contributor(tile, walk.k_tiles, walk.iters, G);
+      const int count = cudal2_streamk::contributors(tile, walk.k_tiles, walk.iters, G);
       to_c = count == 1;   // the whole tile in this range: C directly
       if (!to_c) {
         float* const part = cudal2_splitk::partials(ws);
@@ -1427,10 +1500,10 @@ extern "C" int cudal2_hgemm(const void* A, const void* B, void* C, int M, int N,
   }
 
   int c_vec2 = (reinterpret_cast<uintptr_t>(C) % 4 == 0) && (ldc % 2 == 0);
-  int streamk = 0;
+  cudal2_streamk::Walk walk = cudal2_streamk::walk((N + BN - 1) / BN, tiles, 1, 0);   // no stream-K
   const half* a = reinterpret_cast<const half*>(A);
   const half* b = reinterpret_cast<const half*>(B);
-  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2, &streamk};
+  void* args[] = {&a, &b, &c, &ws, &M, &N, &K, &lda, &ldb, &ldc, &k_chunk, &c_vec2, &walk};
   const dim3 grid((unsigned)tiles, (unsigned)splits);
   return vec ? launch_gemm<true>(grid, args, s, cluster_y) : launch_gemm<false>(grid, args, s, cluster_y);
 }
