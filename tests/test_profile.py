@@ -77,6 +77,20 @@ def test_each_failure_is_one_status_and_one_line(name, status, says):
         assert p.missing_metric == ncu.stall_metric("misc")
 
 
+@pytest.mark.parametrize("text", [
+    fake_ncu.INIT_FAILED,                   # the line ncu printed under gVisor on an H200
+    "==PROF== Connected to process 9137 (/usr/bin/python3.11)\n==ERROR== Unknown Error on device 0."
+    "\n==PROF== Disconnected from process 9137",
+])
+def test_a_profiler_that_cannot_start_answers_for_the_device(text):
+    """ncu's own error, the target silent: the device's failure, not the target's (the stage
+    stops on it); the target's own failure and ncu's exit-code line stay an error of that target."""
+    p = ncu.parse(text)
+    assert p.status == "profiler_failed" and p.detail.startswith("ncu: ==ERROR== ")
+    assert "\n" not in p.detail and p.status in ncu.DEVICE_STATUSES
+    assert ncu.parse((DATA / "target_error.txt").read_text()).status == "error"
+
+
 def test_ncu_absent_is_said_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("NCU", raising=False)
     cmd, why = profile.find_ncu(str(tmp_path / "no" / "ncu"))
@@ -174,6 +188,14 @@ def test_the_budget_cuts_whole_targets_and_a_refusal_answers_for_the_rest():
     rows = profile.profile_all(ts, refused, deadline=1e9)
     assert ran == [1] and {r["status"] for r in rows} == {"counters_refused"} and len(rows) == 6
 
+    def cannot_start(t, left):
+        ran.append(t.base["M"])
+        return [ncu.status_row(t.base, "profiler_failed", "ncu: ==ERROR== Failed to initialize")]
+    ran.clear()
+    rows = profile.profile_all(ts, cannot_start, deadline=1e9)
+    assert ran == [1] and {r["status"] for r in rows} == {"profiler_failed"} and len(rows) == 6
+    assert {r["detail"] for r in rows} == {"ncu: ==ERROR== Failed to initialize"}
+
 
 def test_cublaslt_autotuned_is_the_recorded_algorithm_or_nothing(tmp_path):
     """The finals' key first (when it names this cuBLASLt), else the key the finals would look
@@ -256,6 +278,10 @@ def test_the_stage_on_the_fake_device(call, tmp_path):
 
     line, rows = _stage(root, tmp_path / "refused.csv", "--ncu", fake, env={"CUDAL2_FAKE_NCU": "refuse"})
     assert "ERR_NVGPUCTRPERM" in line and [r["status"] for r in rows] == ["counters_refused"] * 2
+
+    line, rows = _stage(root, tmp_path / "initfail.csv", "--ncu", fake, env={"CUDAL2_FAKE_NCU": "initfail"})
+    assert "LibraryNotLoaded" in line and "stopped after one ncu process" in line
+    assert [r["status"] for r in rows] == ["profiler_failed"] * 2 and "LibraryNotLoaded" in rows[1]["detail"]
 
     line, rows = _stage(root, tmp_path / "absent.csv", "--ncu", tmp_path / "nowhere" / "ncu")
     assert line.startswith("profile: ncu absent") and [r["status"] for r in rows] == ["ncu_absent"] * 2

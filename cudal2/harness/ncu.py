@@ -53,7 +53,10 @@ COLUMNS = ("M", "N", "K", "layout", "who", "name", "launch", "kernel", "status",
            "duration_us", "dram_bytes", "dram_gbs", "dram_pct_peak", "l2_hit_pct",
            "achieved_occupancy_pct", "registers", "smem_bytes", "grid", "block",
            "stall_1", "stall_2", "stall_3")
-STATUSES = ("ok", "ncu_absent", "counters_refused", "timeout", "budget", "error", "no_kernel")
+STATUSES = ("ok", "ncu_absent", "counters_refused", "timeout", "budget", "error", "no_kernel",
+            "profiler_failed")
+# statuses that answer for the device, not the target: after one, no further ncu process starts
+DEVICE_STATUSES = ("counters_refused", "profiler_failed")
 KERNEL_NAME_MAX = 400          # a CUTLASS kernel's demangled name runs to thousands of characters
 
 
@@ -81,7 +84,7 @@ class Launch:
 
 @dataclass
 class Parsed:
-    status: str                    # ok | counters_refused | no_kernel | error
+    status: str                    # ok | counters_refused | profiler_failed | no_kernel | error
     detail: str = ""               # one line
     launches: list = field(default_factory=list)
     passes: int | None = None      # ncu's "- N passes", the most of any launch
@@ -89,6 +92,8 @@ class Parsed:
 
 
 _REFUSED = "ERR_NVGPUCTRPERM"
+# ncu's line when the wrapped process itself failed: the target's error, not the profiler's
+_TARGET_EXIT = "==ERROR== The application returned an error code"
 _MISSING = re.compile(r"Failed to find metric\s+(\S+)")
 _PASSES = re.compile(r"==PROF== Profiling .*?-\s*(\d+)\s+pass")
 _SCALE = {"n": 1.0, "u": 1e3, "m": 1e6, "": 1e9}                  # ...second -> ns
@@ -161,6 +166,17 @@ def _first(text: str, prefix: str) -> str:
     return next((ln.strip() for ln in text.splitlines() if ln.startswith(prefix)), "")
 
 
+def _profiler_error(text: str) -> str:
+    """ncu's own error line, when it profiled nothing and the target did not fail on its own
+    ("Failed to initialize the profiler: LibraryNotLoaded" under a sandboxed driver, "Unknown
+    Error on device 0"): "" when there is none. Such a failure is the device's, not the target's."""
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.startswith("==ERROR==") and not ln.startswith(_TARGET_EXIT):
+            return ln
+    return ""
+
+
 def parse(text: str, metrics=METRICS) -> Parsed:
     """ncu's output (the --log-file and the process's own stdout/stderr, together) -> Parsed."""
     passes = [int(p) for p in _PASSES.findall(text)]
@@ -175,8 +191,11 @@ def parse(text: str, metrics=METRICS) -> Parsed:
     launches = _launches(table, metrics) if table else []
     if launches:
         return Parsed("ok", "", launches, npass)
-    why = (_first(text, "profile_target:") or _first(text, "==ERROR==")
-           or _first(text, "==WARNING== No kernels"))
+    target_said = _first(text, "profile_target:")
+    failed = _profiler_error(text)
+    if failed and not target_said:
+        return Parsed("profiler_failed", f"ncu: {failed[:280]}")
+    why = target_said or _first(text, "==ERROR==") or _first(text, "==WARNING== No kernels")
     if why.startswith("==WARNING==") or not why:
         return Parsed("no_kernel", "ncu profiled no kernel between cudaProfilerStart and Stop")
     return Parsed("error", why[:300])

@@ -11,6 +11,7 @@ into --log-file if given, else stdout. The real parser reads it.
 CUDAL2_FAKE_NCU selects a mode:
     ok (default)   profile the launches, synthetic metric values
     refuse         ERR_NVGPUCTRPERM: the counters refused, no kernel profiled
+    initfail       the profiler fails to start (as under gVisor on an H200), the target never runs
     unknown=NAME   ncu does not know metric NAME ("Failed to find metric"), when it is asked
     hang           never returns (a stuck replay)
 """
@@ -31,6 +32,7 @@ FLAGS = {"--csv"}
 FIXED = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
          "Block Size", "Grid Size", "Device", "CC"]
 PASSES = 7
+INIT_FAILED = "==ERROR== Failed to initialize the profiler: LibraryNotLoaded"
 REFUSED = ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
            "Performance Counters on the target device 0. For instructions on enabling permissions "
            "and to get more information see https://developer.nvidia.com/ERR_NVGPUCTRPERM")
@@ -136,6 +138,10 @@ def main(argv: list[str]) -> int:
 
     if mode.startswith("unknown=") and mode[8:] in metrics:
         out.append(f"==ERROR== Failed to find metric regex:^{mode[8:].replace('.', chr(92) + '.')}$")
+        emit()
+        return 1
+    if mode == "initfail":
+        out.append(INIT_FAILED)
         emit()
         return 1
     out.append(f"==PROF== Connected to process {pid} ({sys.executable})")

@@ -14,8 +14,10 @@ in its own process group, killed at its timeout or at the budget's end. The CSV 
 whole (atomically) after each target, so a kill leaves a complete file; targets the budget did
 not reach are rows with status budget.
 
-ncu absent, or the driver refusing the counters (ERR_NVGPUCTRPERM): one line, the CSV written
-with that status, exit 0: the call goes on. A fake ncu for CPU rehearsals: fake_ncu.py here.
+ncu absent, the driver refusing the counters (ERR_NVGPUCTRPERM), or ncu failing to start its
+profiler ("Failed to initialize the profiler: LibraryNotLoaded" under a sandboxed driver): the
+stage stops after the first target, one line, the CSV written with that status and ncu's text,
+exit 0: the call goes on. A fake ncu for CPU rehearsals: fake_ncu.py here.
 """
 from __future__ import annotations
 
@@ -232,14 +234,15 @@ class Runner:
 
 def profile_all(ts: list[Target], run, *, deadline: float, now=time.monotonic,
                 on_rows=lambda rows: None) -> list[dict]:
-    """Run each target in order until the deadline; after the counters are refused, the rest
-    are rows saying so (one refusal answers for the device). on_rows(all rows so far) after each."""
+    """Run each target in order until the deadline. A status that answers for the device (the
+    counters refused, the profiler failing to start: ncu.DEVICE_STATUSES) stops the stage: the
+    rest are rows saying so, no further ncu process starts. on_rows(all rows so far) after each."""
     rows: list[dict] = []
-    refused = ""
+    stopped: dict | None = None             # the first row of a device status
     for i, t in enumerate(ts):
         left = deadline - now()
-        if refused:
-            rows.append(ncu.status_row(t.base, "counters_refused", refused))
+        if stopped:
+            rows.append(ncu.status_row(t.base, stopped["status"], stopped["detail"]))
         elif t.problem:
             rows.append(ncu.status_row(t.base, "error", t.problem))
         elif left < MIN_START_S:
@@ -249,8 +252,8 @@ def profile_all(ts: list[Target], run, *, deadline: float, now=time.monotonic,
         else:
             got = run(t, left)
             rows += got
-            if got and got[0]["status"] == "counters_refused":
-                refused = got[0]["detail"]
+            if got and got[0]["status"] in ncu.DEVICE_STATUSES:
+                stopped = got[0]
         on_rows(rows)
     on_rows(rows)
     return rows
@@ -321,9 +324,10 @@ def _profile(a, ps: list[Pick], evs_choices: dict, packs: Packs, t0: float) -> s
             done = {_key(r) for r in rows}
             keep(rows + [ncu.status_row(t.base, "budget", f"budget: stopped by {exc}")
                          for t in ts if _key(t.base) not in done])
-    refused = next((r for r in rows if r["status"] == "counters_refused"), None)
-    if refused:
-        return f"profile: {refused['detail']}; {len(ts)} targets written as counters_refused -> {a.out}"
+    stop = next((r for r in rows if r["status"] in ncu.DEVICE_STATUSES), None)
+    if stop:
+        return (f"profile: {stop['detail']}; stopped after one ncu process, {len(ts)} targets "
+                f"written as {stop['status']} in {time.monotonic() - t0:.0f} s -> {a.out}")
     return _summary(rows, len(ps), time.monotonic() - t0, a.out, run)
 
 
