@@ -129,3 +129,15 @@ def fake_launches(fake_runtime):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
     return run
+
+
+def pytest_collection_finish(session):
+    """CUDAL2_COLLECTED_FILE set: the node ids selected to run (after -m and --deselect), one a
+    line, so a run stopped at its time share is told from one that ran everything
+    (tools/gpu_session/families.py record). Not in xdist workers: under -n (whose controller
+    collects nothing) no file is written and record goes by the junit alone."""
+    import os
+    path = os.environ.get("CUDAL2_COLLECTED_FILE")
+    if path and not hasattr(session.config, "workerinput"):
+        with open(path, "w") as f:
+            f.writelines(f"{item.nodeid}\n" for item in session.items)

@@ -225,3 +225,170 @@ def test_the_test_groups_due_are_derived_from_committed_records(tmp_path):
     (reports / "GPU" / "run" / families.RECORD).write_text(json.dumps(rec))
     assert "skinny" not in families.due(reports) and "templates" in families.due(reports)
     assert families.excluded(junit) == ["cutlass_sm90"]
+
+
+def _families():
+    sys.path.insert(0, str(KIT))
+    try:
+        import families
+    finally:
+        sys.path.remove(str(KIT))
+    return families
+
+
+# A GPU test group of its own for families.py: ten tests of SLOW_S seconds each (test_sleep[FAIL]
+# fails when FAIL is set), run by run.sh's verdict command line under a loader of the repo
+# conftest's pytest_collection_finish (the hook that writes CUDAL2_COLLECTED_FILE)
+_SLOW_TESTS = '''
+import os, time, pytest
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(10))
+def test_sleep(i):
+    time.sleep(float(os.environ.get("SLOW_S", "1")))
+    assert str(i) != os.environ.get("FAIL")
+def test_not_gpu():
+    pass
+'''
+_HOOK_LOADER = f'''
+import importlib.util
+_spec = importlib.util.spec_from_file_location("_repo_conftest", {str(REPO / "tests" / "conftest.py")!r})
+_repo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_repo)
+pytest_collection_finish = _repo.pytest_collection_finish
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: a GPU test")
+'''
+
+
+@pytest.fixture
+def slow_group(tmp_path, monkeypatch):
+    """families.py pointed at tmp_path as its repo, with one group "slow"; run(tdir, ...) runs
+    its GPU tests as run.sh's verdict loop does and returns pytest's rc."""
+    families = _families()
+    (tmp_path / "test_slow_gpu.py").write_text(_SLOW_TESTS)
+    (tmp_path / "conftest.py").write_text(_HOOK_LOADER)
+    monkeypatch.setattr(families, "REPO", tmp_path)
+    monkeypatch.setattr(families, "GROUPS", {"slow": {"families": ["slow"], "test": "test_slow_gpu.py",
+                                                      "exclude": ["slow"], "inputs": []}})
+
+    def run(tdir: Path, stop_s=None, deselect=(), **env):
+        tdir.mkdir(exist_ok=True)
+        (tdir / "slow.deselected").write_text("".join(f"{i}\n" for i in deselect))
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               "-o", "junit_family=xunit2", f"--junitxml={tdir / 'slow.xml'}",
+               *[a for i in deselect for a in ("--deselect", i)], "test_slow_gpu.py"]
+        if stop_s:
+            cmd = ["timeout", "-s", "INT", str(stop_s), *cmd]
+        e = dict(os.environ, CUDAL2_COLLECTED_FILE=str(tdir / "slow.collected"), **{"SLOW_S": "0", **env})
+        return subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60).returncode
+    return families, run
+
+
+def _commit(families, junit: Path, reports: Path, name: str) -> dict:
+    """families.py record of a call's junit dir, filed as a committed record under reports/."""
+    rec = families.record(junit)
+    (reports / "GPU" / name).mkdir(parents=True)
+    (reports / "GPU" / name / families.RECORD).write_text(json.dumps(rec))
+    return rec["groups"]["slow"]
+
+
+def test_a_group_stopped_at_its_share_is_partial_and_its_rest_runs_next(slow_group, tmp_path):
+    """Issue 66 point 3: a group stopped at its share (SIGINT; pytest's junit then holds only
+    the tests that ran, failures=0, and an unnamed testcase) is recorded partial with the ids
+    that passed, stays due, and the next call deselects those (done) and runs the rest: that
+    record says passed, with earlier_partial, and the group is no longer due."""
+    families, run = slow_group
+    reports, ids = tmp_path / "reports", [f"test_slow_gpu.py::test_sleep[{i}]" for i in range(10)]
+    assert run(tmp_path / "call1", stop_s=4, SLOW_S="1") == 124
+    assert (tmp_path / "call1" / "slow.collected").read_text().split() == ids   # not test_not_gpu
+    assert families.junit_result(tmp_path / "call1" / "slow.xml") == "partial"  # the junit alone
+    rec = _commit(families, tmp_path / "call1", reports, "call1")
+    k = len(rec["ran"])
+    assert rec["result"] == "partial" and 1 <= k <= 4 and rec["ran"] == ids[:k] and rec["not_run"] == 10 - k
+    assert "partial" in families.say(rec)
+    assert families.due(reports) == ["slow"] and families.done("slow", reports) == ids[:k]
+
+    assert run(tmp_path / "call2", deselect=families.done("slow", reports)) == 0
+    assert (tmp_path / "call2" / "slow.collected").read_text().split() == ids[k:]
+    rec = _commit(families, tmp_path / "call2", reports, "call2")
+    assert rec == {"families": ["slow"], "inputs_sha": families.inputs_sha("slow"),
+                   "result": "passed", "earlier_partial": k}
+    assert families.due(reports) == []
+    # other inputs: the partial's ids are done no more
+    (tmp_path / "test_slow_gpu.py").write_text(_SLOW_TESTS + "\n")
+    assert families.done("slow", reports) == [] and families.due(reports) == ["slow"]
+
+
+def test_a_failure_or_an_interrupted_run_without_ids_is_never_passed(slow_group, tmp_path):
+    """A failing test makes the group failed, partial run before or not; an interrupted junit
+    with no .collected beside it (an older run.sh) is partial, not passed; a bare node id is
+    never done (--deselect matches prefixes)."""
+    families, run = slow_group
+    assert run(tmp_path / "call1", FAIL="6") == 1
+    assert families.record(tmp_path / "call1")["groups"]["slow"]["result"] == "failed"
+    assert run(tmp_path / "call2", deselect=["test_slow_gpu.py::test_sleep[0]"], FAIL="6") == 1
+    assert families.record(tmp_path / "call2")["groups"]["slow"]["result"] == "failed"
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "slow.xml").write_text(
+        '<testsuites><testsuite tests="2" failures="0" errors="0" skipped="0">'
+        '<testcase classname="test_slow_gpu" name="test_sleep[0]"/><testcase time="0.000" />'
+        '</testsuite></testsuites>')
+    assert families.record(old)["groups"]["slow"] == {
+        "families": ["slow"], "inputs_sha": families.inputs_sha("slow"), "result": "partial",
+        "ran": [], "not_run": None}
+    (tmp_path / "reports" / "GPU" / "r").mkdir(parents=True)
+    (tmp_path / "reports" / "GPU" / "r" / families.RECORD).write_text(json.dumps({"groups": {"slow": {
+        "inputs_sha": families.inputs_sha("slow"), "result": "partial", "not_run": 1,
+        "ran": ["test_slow_gpu.py::test_not", "test_slow_gpu.py::test_sleep[2]"]}}}))
+    assert families.done("slow", tmp_path / "reports") == ["test_slow_gpu.py::test_sleep[2]"]
+
+
+def test_each_group_shares_the_tests_time_by_its_gpu_tests(slow_group, tmp_path):
+    """share: a group's part of the time left by its GPU tests among the groups left, at least
+    15 s; equal without counts; a group the counts lack weighs their mean; order: largest
+    first. count: one pytest --collect-only's GPU tests per group, less those done."""
+    families, _ = slow_group
+    c = {"a": 30, "b": 10, "c": 10}
+    assert families.share(150, ["a", "b", "c"], c) == 90
+    assert families.share(60, ["b", "c"], c) == 30
+    assert families.share(100, ["c", "a"], c) == 25
+    assert families.share(100, ["c", "a"], {"a": 99, "c": 1}) == families.SHARE_FLOOR_S == 15
+    assert families.share(90, ["a", "b", "c"], None) == 30
+    assert families.share(100, ["a", "new"], {"a": 30, "b": 10}) == 50
+    assert families.share(40, ["a", "b"], {"a": 0, "b": 0}) == 20
+    assert families.order(["b", "c", "a", "new"], c) == ["a", "new", "b", "c"]
+    assert families.order(["b", "a"], None) == ["b", "a"]
+    counts = tmp_path / "gpu_tests.json"
+    counts.write_text(json.dumps({"templates": 37, "lowlat": 26, "gemv": 6}))
+    r = subprocess.run([sys.executable, str(KIT / "families.py"), "share", "--counts", str(counts),
+                        "138", "lowlat", "gemv", "templates"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "52", r.stderr
+    r = subprocess.run([sys.executable, str(KIT / "families.py"), "order", "--counts", str(counts),
+                        "gemv", "harness", "lowlat"], capture_output=True, text=True)
+    assert r.stdout.split() == ["lowlat", "harness", "gemv"], r.stderr
+    # count on the CPU: the GPU tests are listed (skip-marked or not), the non-GPU one is not
+    assert families.count(["slow"], tmp_path / "reports") == {"slow": 10}
+    (tmp_path / "reports" / "GPU" / "r").mkdir(parents=True)
+    (tmp_path / "reports" / "GPU" / "r" / families.RECORD).write_text(json.dumps({"groups": {"slow": {
+        "inputs_sha": families.inputs_sha("slow"), "result": "partial", "not_run": 7,
+        "ran": [f"test_slow_gpu.py::test_sleep[{i}]" for i in range(3)]}}}))
+    assert families.count(["slow"], tmp_path / "reports") == {"slow": 7}
+
+
+def test_the_conftest_hook_writes_exactly_the_selected_ids(tmp_path):
+    """tests/conftest.py's pytest_collection_finish, in place: with CUDAL2_COLLECTED_FILE the
+    node ids pytest selected (after -m gpu and --deselect), one a line."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                             "-p", "no:cacheprovider", "-p", "no:xdist", "tests/test_gemv.py"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "CUDAL2_COLLECTED_FILE"})
+    ids = [l for l in listed.stdout.splitlines() if "::" in l]
+    assert len(ids) >= 2, listed.stdout[-2000:]
+    f = tmp_path / "collected"
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                        "-p", "no:cacheprovider", "-p", "no:xdist", "--deselect", ids[0], "tests/test_gemv.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CUDAL2_COLLECTED_FILE=str(f)))
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert f.read_text() == "".join(f"{i}\n" for i in ids[1:])

@@ -7,8 +7,17 @@ per group it ran, the sha256 of those inputs and the result (`family_inputs.json
 reports/<gpu>/ with the junit files); a group is due when no committed record holds its current
 inputs with the result "passed".
 
+A group stopped at its time share is "partial": its record names the tests that passed ("ran")
+and counts those that never ran ("not_run"); it stays due, and the next call deselects what a
+partial record of the same inputs passed (`done`) and runs only the rest.
+
     python tools/gpu_session/families.py due                 # the groups due, one per line
-    python tools/gpu_session/families.py record JUNIT_DIR    # family_inputs.json for a call's junit
+    python tools/gpu_session/families.py record JUNIT_DIR [--group G]  # family_inputs.json for a
+                                                             # call's junit (<g>.xml, <g>.collected)
+    python tools/gpu_session/families.py done GROUP          # node ids partial runs already passed
+    python tools/gpu_session/families.py count GROUP...      # {group: GPU tests to run}, as JSON
+    python tools/gpu_session/families.py order [--counts F] GROUP...      # largest first
+    python tools/gpu_session/families.py share [--counts F] LEFT_S GROUP...  # the first's seconds
     python tools/gpu_session/families.py test GROUP          # the group's GPU test file
     python tools/gpu_session/families.py excluded JUNIT_DIR  # families a failing test keeps out of timing
     python tools/gpu_session/families.py backfill COMMIT GROUP...  # a record for a past passed run
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -25,6 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = "family_inputs.json"
+SHARE_FLOOR_S = 15      # below this a group's pytest start (~8-10 s) leaves its tests no time
 T = "cudal2/templates/"
 H = "cudal2/harness/"
 
@@ -94,19 +105,76 @@ def due(root: Path = REPO / "reports") -> list[str]:
     return [g for g in GROUPS if (g, inputs_sha(g)) not in passed]
 
 
-def junit_result(path: Path) -> str:
-    """passed | failed | no tests | missing, from a pytest junit XML file."""
+def _junit_key(node_id: str) -> tuple[str, str]:
+    """(classname, name) of a node id's testcase in pytest's junit XML (its junitxml
+    mangle_test_address): tests/test_x.py::C::test_y[p] -> ("tests.test_x.C", "test_y[p]")."""
+    path, bracket, params = node_id.partition("[")
+    names = path.split("::")
+    names[0] = names[0].replace("/", ".").removesuffix(".py")
+    return ".".join(names[:-1]), names[-1] + bracket + params
+
+
+def _read_junit(path: Path):
+    """(totals, {(classname, name): "passed" | "skipped" | "failed"}, unnamed) of a junit file,
+    None when it is missing or unreadable. An unnamed testcase is what pytest writes for the
+    test a SIGINT stopped."""
     if not path.is_file():
-        return "missing"
+        return None
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError:
-        return "missing"
+        return None
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    cases, unnamed = {}, False
+    for tc in root.iter("testcase"):
+        if not tc.get("name"):
+            unnamed = True
+            continue
+        bad = tc.find("failure") is not None or tc.find("error") is not None
+        cases[(tc.get("classname", ""), tc.get("name"))] = (
+            "failed" if bad else "skipped" if tc.find("skipped") is not None else "passed")
+    return n, cases, unnamed
+
+
+def junit_result(path: Path) -> str:
+    """passed | failed | partial | no tests | missing, from a pytest junit XML file alone (a run
+    with no .collected file): an interrupted run is never passed."""
+    j = _read_junit(path)
+    if j is None:
+        return "missing"
+    n, _, unnamed = j
     if n["failures"] or n["errors"]:
         return "failed"
+    if unnamed:
+        return "partial"
     return "passed" if n["tests"] > n["skipped"] else "no tests"
+
+
+def _lines(path: Path) -> list[str]:
+    return [l for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+
+
+def group_result(junit_dir: Path, group: str) -> dict:
+    """The result fields of a group's record: <group>.xml against <group>.collected (the node ids
+    the run selected) and <group>.deselected (those a partial run passed before)."""
+    xml, collected = junit_dir / f"{group}.xml", junit_dir / f"{group}.collected"
+    j = _read_junit(xml)
+    if not collected.is_file() or j is None:
+        r = junit_result(xml)
+        return {"result": r, "ran": [], "not_run": None} if r == "partial" else {"result": r}
+    n, cases, _ = j
+    if n["failures"] or n["errors"]:
+        return {"result": "failed"}
+    ids = _lines(collected)
+    status = {i: cases.get(_junit_key(i)) for i in ids}
+    ran = [i for i in ids if status[i] == "passed"]
+    not_run = sum(s is None for s in status.values())
+    if not_run:
+        return {"result": "partial", "ran": ran, "not_run": not_run}
+    earlier = len(_lines(junit_dir / f"{group}.deselected"))
+    out = {"result": "passed" if ran or earlier else "no tests"}
+    return dict(out, earlier_partial=earlier) if earlier else out
 
 
 def _family_of(test_id: str, group: str) -> list[str]:
@@ -145,23 +213,114 @@ def record(junit_dir: Path) -> dict:
     """family_inputs.json for the groups whose junit (<group>.xml) is in junit_dir."""
     groups = {}
     for g in GROUPS:
-        f = junit_dir / f"{g}.xml"
-        if f.exists():
+        if (junit_dir / f"{g}.xml").exists():
             groups[g] = {"families": GROUPS[g]["families"], "inputs_sha": inputs_sha(g),
-                         "result": junit_result(f)}
+                         **group_result(junit_dir, g)}
     return {"groups": groups}
+
+
+def say(rec: dict) -> str:
+    """One line for the session log: a group's result."""
+    if rec["result"] == "partial":
+        left = "?" if rec["not_run"] is None else rec["not_run"]
+        return f"partial: {len(rec['ran'])} passed, {left} not run (stays due)"
+    if rec.get("earlier_partial"):
+        return f"{rec['result']} ({rec['earlier_partial']} passed in an earlier partial run)"
+    return rec["result"]
+
+
+def done(group: str, root: Path = REPO / "reports") -> list[str]:
+    """The node ids committed partial runs of the group's current inputs passed: the next run
+    deselects them. Only parametrised ids (ending in "]"): --deselect matches node id prefixes,
+    so a bare tests/t.py::test_a would also drop tests/t.py::test_ab."""
+    sha = inputs_sha(group)
+    ids = {i for r in committed_records(root)
+           if r["group"] == group and r.get("inputs_sha") == sha and r.get("result") == "partial"
+           for i in r.get("ran", [])}
+    return sorted(i for i in ids if i.endswith("]"))
+
+
+def count(groups: list[str], root: Path = REPO / "reports") -> dict[str, int]:
+    """Per group, the GPU tests a verdict call would run: one pytest --collect-only over the
+    groups' test files (GPU tests are listed on a CPU too, skip-marked), less done()'s ids."""
+    files = {GROUPS[g]["test"]: g for g in groups}
+    env = {k: v for k, v in os.environ.items() if k != "CUDAL2_COLLECTED_FILE"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                        "-p", "no:cacheprovider", "-p", "no:xdist", *files],
+                       cwd=REPO, env=env, capture_output=True, text=True)
+    if r.returncode not in (0, 5):      # 5: no tests selected
+        tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"pytest --collect-only of {' '.join(files)} failed (rc {r.returncode}): {tail[0]}")
+    ids: dict[str, set] = {g: set() for g in groups}
+    for line in r.stdout.splitlines():
+        if not line.strip():
+            break                       # the id list ends at the first blank line
+        f = line.split("::", 1)[0]
+        if "::" in line and f in files:
+            ids[files[f]].add(line.strip())
+    return {g: len(ids[g] - set(done(g, root))) for g in groups}
+
+
+def _weights(groups: list[str], counts: dict | None) -> list[float]:
+    """Each group's GPU test count; equal without counts; a group the counts lack gets their mean."""
+    known = [counts[g] for g in groups if counts and g in counts]
+    if not known:
+        return [1.0] * len(groups)
+    mean = sum(known) / len(known)
+    return [float(counts.get(g, mean)) for g in groups]
+
+
+def order(groups: list[str], counts: dict | None) -> list[str]:
+    """The groups largest first (ties in the order given)."""
+    w = dict(zip(groups, _weights(groups, counts)))
+    return sorted(groups, key=lambda g: -w[g])
+
+
+def share(left_s: float, groups: list[str], counts: dict | None) -> int:
+    """Seconds for groups[0] of the left_s the groups have left: its part of their GPU tests,
+    at least SHARE_FLOOR_S (run.sh bounds it by what is left and what the campaign keeps)."""
+    w = _weights(groups, counts)
+    s = left_s * w[0] / sum(w) if sum(w) > 0 else left_s / len(groups)
+    return max(SHARE_FLOOR_S, int(s))
+
+
+def load_counts(path: str | None) -> dict | None:
+    """gpu_tests.json (prepare.sh's count) or None: absent or unreadable means equal shares."""
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return {str(k): int(v) for k, v in json.loads(Path(path).read_text()).items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        print(f"families.py: {path} unreadable ({exc}); equal shares", file=sys.stderr)
+        return None
+
+
+def _backfill(commit: str, groups: list[str]) -> dict:
+    def read(p):
+        return subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{p}"],
+                              capture_output=True, check=True).stdout
+    return {"commit": commit, "groups": {g: {"families": GROUPS[g]["families"],
+            "inputs_sha": inputs_sha(g, read), "result": "passed"} for g in groups}}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("due")
-    te = sub.add_parser("test")
-    te.add_argument("group", choices=sorted(GROUPS))
-    x = sub.add_parser("excluded")
-    x.add_argument("junit_dir")
+    for name in ("test", "done"):
+        sub.add_parser(name).add_argument("group", choices=sorted(GROUPS))
+    sub.add_parser("excluded").add_argument("junit_dir")
     r = sub.add_parser("record")
     r.add_argument("junit_dir")
+    r.add_argument("--group", choices=sorted(GROUPS), help="print this group's result line, not the JSON")
+    sub.add_parser("count").add_argument("groups", nargs="+", choices=sorted(GROUPS))
+    o = sub.add_parser("order")
+    o.add_argument("--counts", help="gpu_tests.json (absent: the order given)")
+    o.add_argument("groups", nargs="*", help="none: nothing printed")   # argparse refuses [] with choices
+    sh = sub.add_parser("share")
+    sh.add_argument("--counts", help="gpu_tests.json (absent: equal shares)")
+    sh.add_argument("left_s", type=float)
+    sh.add_argument("groups", nargs="+", choices=sorted(GROUPS))
     b = sub.add_parser("backfill")
     b.add_argument("commit")
     b.add_argument("groups", nargs="+", choices=sorted(GROUPS))
@@ -170,19 +329,32 @@ def main(argv=None) -> int:
         print("\n".join(due()))
     elif args.cmd == "test":
         print(GROUPS[args.group]["test"])
+    elif args.cmd == "done":
+        print("\n".join(done(args.group)))
     elif args.cmd == "excluded":
         print(" ".join(excluded(Path(args.junit_dir))))
     elif args.cmd == "record":
         d = Path(args.junit_dir)
-        (d / RECORD).write_text(json.dumps(record(d), indent=1) + "\n")
-        print((d / RECORD).read_text(), end="")
+        rec = record(d)
+        (d / RECORD).write_text(json.dumps(rec, indent=1) + "\n")
+        if args.group:
+            print(say(rec["groups"][args.group]) if args.group in rec["groups"] else "missing")
+        else:
+            print((d / RECORD).read_text(), end="")
+    elif args.cmd == "count":
+        try:
+            print(json.dumps(count(args.groups)))
+        except RuntimeError as exc:
+            print(f"families.py count: {exc}", file=sys.stderr)
+            return 1
+    elif args.cmd == "order":
+        if set(args.groups) - set(GROUPS):
+            ap.error(f"order: unknown groups {sorted(set(args.groups) - set(GROUPS))}")
+        print("\n".join(order(args.groups, load_counts(args.counts))))
+    elif args.cmd == "share":
+        print(share(args.left_s, args.groups, load_counts(args.counts)))
     else:
-        def read(p):
-            return subprocess.run(["git", "-C", str(REPO), "show", f"{args.commit}:{p}"],
-                                  capture_output=True, check=True).stdout
-        out = {"commit": args.commit, "groups": {g: {"families": GROUPS[g]["families"],
-               "inputs_sha": inputs_sha(g, read), "result": "passed"} for g in args.groups}}
-        print(json.dumps(out, indent=1))
+        print(json.dumps(_backfill(args.commit, args.groups), indent=1))
     return 0
 
 
