@@ -4,7 +4,8 @@
 #   tools/gpu_session/prepare.sh          the verdict call (README.md here): prints the command, the
 #                                         folders to carry and the time limit
 #     .gpu_cache/       CUDAL2_CACHE: the kernels of the GPU test groups due (families.py due), the
-#                       canary's, the baselines; sent.txt (the commit and tree hash sent)
+#                       canary's, the baselines; sent.txt (the commit and tree hash sent);
+#                       gpu_tests.json (each due group's GPU tests: run.sh's shares)
 #     .gpu_campaign/    `cudal2 campaign prepare` of the RR priority shapes (priority.py: the new
 #                       families' targets, then the unmeasured stratified shapes by expected gain),
 #                       carrying the committed DBs' cuBLASLt choices
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --no-prefill) PREFILL=0; shift;;
     --families) FAMILIES=$2; shift 2;;
     --limit-per-shape) LIMIT_PER_SHAPE=$2; shift 2;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0;;
     *) echo "prepare.sh: unknown argument $1 (see --help)" >&2; exit 2;;
   esac
 done
@@ -80,6 +81,16 @@ if [ $VERDICT = 1 ]; then
   echo "== verdict call: GPU test groups due: ${due:-none}"
   rm -rf "$CUDAL2_CACHE"
   $PY tools/gpu_session/prefill.py --arch "$ARCH" --only "$only"
+  # each due group's GPU tests still to run: run.sh shares the tests' time by them
+  if [ -n "$due" ]; then
+    mkdir -p "$CUDAL2_CACHE"
+    # shellcheck disable=SC2086
+    if $PY tools/gpu_session/families.py count $due > "$CUDAL2_CACHE/gpu_tests.json"; then
+      echo "== GPU tests per group: $(cat "$CUDAL2_CACHE/gpu_tests.json")"
+    else
+      rm -f "$CUDAL2_CACHE/gpu_tests.json"; echo "== no gpu_tests.json: run.sh shares the tests' time equally"
+    fi
+  fi
   prio=$(mktemp -d)
   $PY tools/gpu_session/priority.py "$prio"
   # pack:shapes:MiB; the RC pack's decode rows carry >= 200 screenings each (~200 builds)

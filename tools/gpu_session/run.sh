@@ -31,7 +31,8 @@
 # screening (the verdict call's stage); the policy and its training stay on the CPU machine.
 # Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign(_rc), .gpu_queue, .whl.
 # Env: GPU_SESSION_DEADLINE_S (the whole call, default 570), BUDGET_<STAGE> (seconds, never past
-# the deadline), BUDGET_TESTS (verdict: 150, each due group its share of what is left),
+# the deadline), BUDGET_TESTS (verdict: 150, each due group, largest first, its share of what is
+# left by its GPU tests (.gpu_cache/gpu_tests.json); a group stopped at its share is "partial"),
 # CAMPAIGN_MIN_S (verdict: the tests leave the queue, the campaign and the profile at least this,
 # 120, plus the queue's slice and BUDGET_PROFILE), QUEUE_PCT, BUDGET_QUEUE, CAMPAIGN_ARGS
 # (appended to `campaign run`), TIMER_ARGS, TRACE_ARGS, TRACE_ENV, GPU_SESSION_PACK (default
@@ -52,7 +53,7 @@ for a in "$@"; do
   case $a in
     --allow-no-gpu) NO_GPU=1;;
     verdict|tests|overhead|hostile|timer|trace|campaign) STAGES+=("$a");;
-    -h|--help) sed -n '2,40p' "$0"; exit 0;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0;;
     *) echo "run.sh: unknown stage or option '$a' (see --help)" >&2; exit 2;;
   esac
 done
@@ -205,8 +206,9 @@ profile_stage() {  # profile_stage SECONDS PACK...: ncu over each shape's best f
 
 plan() {  # plan QUEUE_S PROFILE_S: the call's time plan, printed before it starts
   echo "== plan of the $(( DEADLINE - T0 )) s call: canary <= 90 s; GPU tests <= ${BUDGET_TESTS:-150} s," \
-    "each due group its share of what is left; RL queue $1 s; campaign (the ceilings, then the" \
-    "packs' shapes in priority order) until the profile's reserve; profile $2 s; 10 s to pack"
+    "each due group, largest first, its share of what is left by its GPU tests; RL queue $1 s;" \
+    "campaign (the ceilings, then the packs' shapes in priority order) until the profile's" \
+    "reserve; profile $2 s; 10 s to pack"
 }
 
 verdict() {
@@ -228,22 +230,32 @@ verdict() {
   fi
   account canary $(( $(date +%s) - t ))
   t=$(date +%s); tests_end=$(( t + ${BUDGET_TESTS:-150} )); mkdir -p "$tdir"
-  local groups=($($PY tools/gpu_session/families.py due)) n=0
+  # largest first, each group its part of the tests' time by its GPU tests among the groups left
+  # (prepare.sh's count; equal parts without it)
+  local counts=$CARRIED_CACHE/gpu_tests.json fam=tools/gpu_session/families.py rc dsel id
+  local groups=($($PY $fam order --counts "$counts" $($PY $fam due))) n=0
   for g in "${groups[@]}"; do
-    test=$($PY tools/gpu_session/families.py test "$g")
-    # each group its share of what the tests have left, at least 15 s (a fast group's rest goes
-    # to the later ones), so one slow group cannot starve the others
-    left=$(( tests_end - $(date +%s) )); share=$(( left / (${#groups[@]} - n) )); n=$((n + 1))
-    [ "$share" -lt 15 ] && share=15
+    test=$($PY $fam test "$g")
+    # at least 15 s each (a fast group's rest goes to the later ones), so one slow group cannot
+    # starve the others
+    left=$(( tests_end - $(date +%s) ))
+    share=$($PY $fam share --counts "$counts" "$left" "${groups[@]:n}"); n=$((n + 1))
     [ "$share" -lt "$left" ] && left=$share
     # the queue and the campaign keep at least their slice and CAMPAIGN_MIN_S of the call
     [ $(( DEADLINE - $(date +%s) - keep )) -lt "$left" ] && left=$(( DEADLINE - $(date +%s) - keep ))
     if [ "$left" -lt 15 ]; then echo "== tests $g: skipped, $left s left for tests" | tee -a "$tdir/skipped.txt"; continue; fi
-    echo "== tests $g ($test, at most $left s)"
-    timeout -k 10 -s INT "$left" env -u CUDAL2_FAKE_DEVICE $PY -m pytest -m gpu -q -p no:cacheprovider -o junit_family=xunit2 \
-      --junitxml="$tdir/$g.xml" "$test" > "$tdir/$g.log" 2>&1
-    echo "   rc $? $(tail -1 "$tdir/$g.log")"
-    $PY tools/gpu_session/families.py record "$tdir" > /dev/null
+    # what partial runs of these inputs already passed is not run again (families.py done)
+    $PY $fam done "$g" > "$tdir/$g.deselected"
+    dsel=()
+    while read -r id; do [ -n "$id" ] && dsel+=(--deselect "$id"); done < "$tdir/$g.deselected"
+    echo "== tests $g ($test, at most $left s${dsel[*]:+, $(( ${#dsel[@]} / 2 )) passed earlier: deselected})"
+    # the ids selected (.collected) tell a run stopped at its share from a complete one; no xdist:
+    # the image may lack it, and its controller collects nothing
+    CUDAL2_COLLECTED_FILE=$tdir/$g.collected timeout -k 10 -s INT "$left" env -u CUDAL2_FAKE_DEVICE \
+      $PY -m pytest -m gpu -q -p no:cacheprovider -p no:xdist -o junit_family=xunit2 \
+      --junitxml="$tdir/$g.xml" "${dsel[@]}" "$test" > "$tdir/$g.log" 2>&1
+    rc=$?
+    echo "   rc $rc$([ "$rc" = 124 ] && echo " (stopped at its $left s share)"): $($PY $fam record "$tdir" --group "$g"); $(tail -1 "$tdir/$g.log")"
     snapshot tests tests
   done
   account tests $(( $(date +%s) - t ))
@@ -284,7 +296,7 @@ for s in "${STAGES[@]}"; do
       # shellcheck disable=SC2086
       # CUDAL2_TEST_PACK: tests/test_templates.py checks every CUTLASS build of the carried pack
       CUDAL2_TEST_PACK=$PACK stage tests "$(budget tests "${BUDGET_TESTS:-300}")" \
-        $PY -m pytest -m gpu -q -p no:cacheprovider --junitxml="$d/junit.xml" -o junit_family=xunit2 ${TESTS_ARGS:-} tests
+        $PY -m pytest -m gpu -q -p no:cacheprovider -p no:xdist --junitxml="$d/junit.xml" -o junit_family=xunit2 ${TESTS_ARGS:-} tests
       ;;
     overhead)
       # The shipped table has no tuned kernel yet, so time the kernel path with a table that
