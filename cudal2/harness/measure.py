@@ -626,7 +626,8 @@ def measure_group(so_paths: list[str], requests: list, *, baseline_libs: dict | 
 
 
 def _fake_group(so_paths, requests, done: dict) -> list[dict]:
-    """measure_group on the fake device (cudal2/harness/fakedevice.py): same result shape."""
+    """measure_group on the fake device (cudal2/harness/fakedevice.py): same result shape, the
+    group's once-per-session phases slept once beside each finalist's own."""
     phases: dict[str, float] = {}
     wanted = list(requests[0].baselines) + list(requests[0].extra_baselines)
     out = []
@@ -635,6 +636,7 @@ def _fake_group(so_paths, requests, done: dict) -> list[dict]:
         out.append(fakedevice.measure_one(_load, so, r, wanted, phases))
         done[i] = out[-1]
     done.pop("current", None)
+    fakedevice.session(phases)
     env = dict(fakedevice.env(), phases_s=phases, measure_s=round(sum(phases.values()), 4))
     return [dict(res, env=env) for res in out]
 
