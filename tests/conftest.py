@@ -1,11 +1,45 @@
 """Test tiers by hardware need: unit (pure Python), compile (nvcc, no GPU), gpu (marked, skipped
-with a reason on machines without a CUDA device). Nothing here touches the GPU at import time."""
+with a reason on machines without a CUDA device). Nothing here touches the GPU at import time.
 
+The run: on every core (pytest-xdist, `-n auto --dist worksteal`, unless -n is given, xdist is
+absent or blocked by `-p no:xdist`), building into the tests' own cache (CUDAL2_TEST_CACHE, else
+a folder of pytest's cache under the rootdir), never the user's CUDAL2_CACHE. The cache is keyed by
+content with a lock per entry, so a kernel several tests (or workers) build is compiled once."""
+
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """`-n auto --dist worksteal` by default (before xdist reads the options): the suite is
+    mostly nvcc processes, one core each, and a 2-core machine halves its wall time."""
+    opt = config.option
+    if (getattr(opt, "numprocesses", 0) is None and getattr(opt, "dist", None) == "no"
+            and not hasattr(config, "workerinput") and not opt.collectonly
+            and not getattr(opt, "usepdb", False)):
+        opt.numprocesses, opt.dist = "auto", "worksteal"
+
+
+def _test_cache(config) -> Path:
+    given = os.environ.get("CUDAL2_TEST_CACHE")
+    if given:
+        return Path(given)
+    cache = getattr(config, "cache", None)          # None under -p no:cacheprovider
+    if cache is not None:
+        return cache.mkdir("cudal2-builds")
+    return Path(tempfile.gettempdir()) / f"cudal2-tests-{os.getuid()}"
+
+
+def pytest_configure(config):
+    """The tests' build cache, set before any test (or xdist worker, which inherits it) builds:
+    a test run must not grow or read the user's CUDAL2_CACHE."""
+    os.environ["CUDAL2_CACHE"] = str(_test_cache(config))
 
 
 def _gpu_reason():

@@ -29,7 +29,7 @@
 #   campaign  cudal2 campaign run .gpu_campaign alone
 # No stage trains or samples a policy here: with the reward table, RL's GPU work is the queue's
 # screening (the verdict call's stage); the policy and its training stay on the CPU machine.
-# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE), .gpu_campaign(_rc), .gpu_queue, .whl.
+# Carried paths it uses when present: .gpu_cache (CUDAL2_CACHE and CUDAL2_TEST_CACHE), .gpu_campaign(_rc), .gpu_queue, .whl.
 # Env: GPU_SESSION_DEADLINE_S (the whole call, default 570), BUDGET_<STAGE> (seconds, never past
 # the deadline), BUDGET_TESTS (verdict: 150, each due group, largest first, its share of what is
 # left by its GPU tests (.gpu_cache/gpu_tests.json); a group stopped at its share is "partial"),
@@ -68,7 +68,9 @@ export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$WORK/pkgs" && ln -sfn "$REPO/rl" "$WORK/pkgs/cudal2_rl"
 export PYTHONPATH=$PYTHONPATH:$WORK/pkgs
 CARRIED_CACHE=${GPU_SESSION_CACHE:-$REPO/.gpu_cache}
-[ -d "$CARRIED_CACHE" ] && export CUDAL2_CACHE=$CARRIED_CACHE
+# the tests build into CUDAL2_TEST_CACHE, never CUDAL2_CACHE (tests/conftest.py): the carried
+# cache is both here, so the GPU tests find their prefilled kernels
+[ -d "$CARRIED_CACHE" ] && export CUDAL2_CACHE=$CARRIED_CACHE CUDAL2_TEST_CACHE=$CARRIED_CACHE
 # prepare.sh gzips the carried build entries to fit the carry limit: restore them first
 [ -d "$CARRIED_CACHE/builds" ] && find "$CARRIED_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 
