@@ -426,6 +426,9 @@ def test_run_on_the_fake_device_accounts_for_the_whole_call(pack, tmp_path, monk
         provenance.gpu_name.cache_clear()
     assert summary["complete"] and summary["shapes_done"] == 2
     assert summary["statuses"].get("ok", 0) >= 2 and summary["exported"] == 0
+    # one finals worker start for both shapes' sessions (kept while every candidate is ok), and
+    # one for the ceilings, which keep no worker (issue 66 point 7; it was a start per session)
+    assert summary["finals_workers"] == {"sessions": 2, "started": 2}
     call = summary["call"]
     assert sum(call["phases"].values()) == pytest.approx(call["wall_s"], rel=0.01)
     assert {"audit", "screening", "offline", "correctness", "finals hand-over", "DB",

@@ -61,9 +61,11 @@ def _audits(kernels):
 def _pool(faults, **kw):
     env = dict(os.environ, CUDAL2_FAKE_DEVICE="0.01",
                CUDAL2_FAKE_FAULTS=",".join(f"{sha[:16]}:{kind}" for sha, kind in faults))
-    # spare workers boot while a hang runs out, so a replaced worker costs no boot in the clock
-    return WorkerPool(1, env=env, preload=("cudal2.harness.measure", "cudal2.harness.pipeline"),
-                      max_tasks=1000, spare=2, **kw)
+    # spare workers boot while a hang runs out, so a replaced worker costs no boot in the clock;
+    # torch preloaded as gpu_pool does, else each worker's first finals task imports it inside
+    # its time limit (2 s below: seconds on a loaded 2-core machine, a spurious timeout)
+    return WorkerPool(1, env=env, preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline"),
+                      **{"max_tasks": 1000, "spare": 2, **kw})
 
 
 @pytest.fixture
@@ -158,3 +160,32 @@ def test_a_hung_finalist_is_cut_at_its_slice_and_the_deadline_holds(tmp_path, fa
         assert res.sessions == 1 and P.budget_cut(res.rows[0])
         assert res.rows[0].detail.startswith("budget: stopped at the deadline")
         assert db.count() == 0
+
+
+def test_a_kept_finals_worker_serves_clean_sessions_and_a_failed_one_retires_it(tmp_path, fake_gpu):
+    """Finals in a pool that keeps its worker (the campaign's, issue 66 point 7): sessions whose
+    every candidate was ok share one worker start; a session with a wrong candidate retires the
+    worker (no restart: it did not fault) and the next session starts a fresh one; a trap still
+    poisons its worker and costs its own candidate only."""
+    ks = _kernels(tmp_path, 4)
+    audits = _audits(ks)
+    db = ResultsDB(tmp_path / "r.db")
+
+    def session(k, n):                  # kernel k alone at a shape of its own (no cache hit)
+        src, br, _ = ks[k]
+        req = EvalRequest(src, Shape(64, 64 * n, 64), arch="sm_90a", acc="f32", timeout_s=30.0,
+                          baselines=("torch",))
+        return P.evaluate_group([req], db=db, pool=pool, build_results=[br], gpu=True,
+                                baseline_libs={}, lt_known={}, audits=audits)[0]
+
+    with _pool([(ks[2][2], "wrong"), (ks[3][2], "trap")], max_tasks=64, spare=0) as pool:
+        assert [session(k, n).status for k, n in ((0, 1), (1, 2), (0, 3))] == ["ok"] * 3
+        assert (pool.started, pool.restarts) == (1, 0)
+        wrong = session(2, 4)
+        assert wrong.status == "wrong" and "injected wrong answer" in wrong.detail
+        assert session(1, 5).status == "ok"
+        assert (pool.started, pool.restarts) == (2, 0)
+        trap = session(3, 6)
+        assert trap.status == "crashed" and "illegal instruction" in trap.detail
+        assert session(0, 7).status == "ok" and session(1, 8).status == "ok"
+        assert (pool.started, pool.restarts) == (3, 1)

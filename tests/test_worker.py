@@ -252,6 +252,25 @@ def test_pool_of_two_runs_concurrently():
         assert res[0].worker_pid != res[1].worker_pid
 
 
+def test_keep_if_retires_a_worker_without_counting_a_restart():
+    """keep_if (the finals' session_ok): a worker whose outcome it refuses takes no more tasks;
+    the next task runs in a fresh process, no restart counted (nothing faulted); a keep_if that
+    raises keeps nothing and run() still answers."""
+    def boom(out):
+        raise KeyError("the caller's bug")
+
+    with WorkerPool(max_tasks=64) as p:
+        a = p.run(f"{ME}:_task_echo", 1, keep_if=lambda out: out.value["echo"] == 1)
+        b = p.run(f"{ME}:_task_echo", 2, keep_if=lambda out: out.value["echo"] == 1)
+        c = p.run(f"{ME}:_task_echo", 3, keep_if=boom)
+        d = p.run(f"{ME}:_task_echo", 4)
+        pids = [o.value["pid"] for o in (a, b, c, d)]
+        assert all(o.ok for o in (a, b, c, d))
+        assert pids[0] == pids[1] and len({pids[1], pids[2], pids[3]}) == 3
+        assert _gone(pids[1]) and _gone(pids[2])
+        assert (p.started, p.restarts) == (3, 0)
+
+
 # ---- hostile shared libraries (need nvcc) -------------------------------------------------
 def _so(name):
     from cudal2.core.build import build_file

@@ -4,8 +4,9 @@ bench, tune, campaign and RL alike.
 
     evaluate(request)          finals for one kernel in a fresh worker (correctness suite, kernel
                                time against every baseline with the stopping rule, e2e, server)
-    evaluate_group(requests)   finals for several trusted kernels of ONE shape sharing a fresh
-                               worker: one interleaved session, baselines set up once
+    evaluate_group(requests)   finals for several trusted kernels of ONE shape sharing a
+                               worker (fresh, or kept from clean sessions: `session_ok`): one
+                               interleaved session, baselines set up once
     evaluate_many(requests)    evaluate() over a list: parallel builds, then one GPU at a time
     screen(shape, candidates)  ranking only: many pre-built (build, options) candidates of one
                                shape in one warm worker (smoke check + a few kernel-time samples),
@@ -123,19 +124,34 @@ def record(db, ev: Evaluation, source: str | None = None, *,
 def _measure_task(so_paths: list[str], requests: list[EvalRequest], baseline_libs: dict | None,
                   lt_known: dict | None) -> list[dict]:
     """Worker task: finals (measure_group), then make sure the CUDA context is still usable: an
-    error the kernel left behind surfaces here."""
+    error the kernel left behind surfaces here. A usable context then hands the session's cached
+    device memory back to the driver: the worker may serve the next session (a pool with
+    max_tasks > 1, `session_ok`), and memory it kept cached is memory the screening worker, another
+    process on the same GPU, cannot get."""
     outs = M.measure_group(so_paths, requests, baseline_libs=baseline_libs, lt_known=lt_known)
     if all(o.get("status") != "launch_error" for o in outs):
         try:
             import torch
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+                torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - sticky CUDA error after the kernel ran
             mark_poisoned(f"CUDA context unusable after measuring: {e}")
             culprit = 0 if len(outs) == 1 else None
             outs = [dict(o, status="launch_error" if culprit == i else "error",
                          detail=f"CUDA error after the kernels ran: {e}") for i, o in enumerate(outs)]
     return outs
+
+
+def session_ok(out) -> bool:
+    """Whether a finals worker may serve another session after this one (WorkerPool.run's
+    keep_if): only when every candidate of the session came back ok. A kernel that was wrong
+    (its guard bands or inputs changed, or its answer), too fast, refused by the call guard or
+    broke the harness may have left state behind in the process (device memory, a library's
+    statics): the next session gets a fresh worker, as every session did before a worker
+    could be kept."""
+    return (out.status == "ok" and isinstance(out.value, list) and bool(out.value)
+            and all(isinstance(m, dict) and m.get("status") == "ok" for m in out.value))
 
 
 def _screen_task(shape: tuple, candidates: list, arch: str, acc: str | None, operands: str,
@@ -156,7 +172,8 @@ def gpu_pool(device: int | str | None = None, *, max_tasks: int = 1, spare: int 
     """The worker pool for GPU work. max_tasks=1: every task runs in a fresh process (its static
     code cannot tamper with the next measurement); `spare` workers boot in the background so the
     next task does not wait for Python, torch and a CUDA context. Raise max_tasks for trusted
-    kernels (our own templates) in screening."""
+    kernels (our own templates, audited packs): in screening, and in finals, where a worker
+    serves the next session only after one whose every candidate was ok (`session_ok`)."""
     return WorkerPool(1, device=device, max_tasks=max_tasks, spare=spare, env=_call_guard_env(),
                       preload=("torch", "cudal2.harness.measure", "cudal2.harness.pipeline:_warm_cuda"))
 
@@ -382,9 +399,11 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
                    estimator: Callable[[Evaluation], object] | None = None,
                    lt_known: dict | None = None, audits: dict | None = None,
                    deadline: float | None = None) -> list[Evaluation]:
-    """Finals for requests of ONE shape sharing one fresh worker (our own trusted kernels; a
-    policy's kernels go one per evaluate()): every candidate's correctness suite, then one
-    interleaved kernel-time session with all of them and every baseline. Rows in input order.
+    """Finals for requests of ONE shape sharing one worker (our own trusted kernels; a policy's
+    kernels go one per evaluate()): every candidate's correctness suite, then one interleaved
+    kernel-time session with all of them and every baseline. Rows in input order. The worker is
+    fresh, or (a pool with max_tasks > 1, the campaign's) one whose every earlier session came
+    back ok (`session_ok`): it then pays no boot and no exit per session.
 
     deadline (a time.monotonic() value): the session's limit (the sum of the requests'
     timeout_s) is cut to what is left; a session stopped by the deadline, or not started for
@@ -440,7 +459,7 @@ def evaluate_group(requests: list[EvalRequest], *, db=None, pool=None, build_res
     try:
         res = pool.run(_measure_task, [str(br.so_path) for _, _, br in runnable],
                        [requests[i] for i, _, _ in runnable], baseline_libs, known,
-                       timeout_s=timeout, mem_limit_bytes=mem)
+                       timeout_s=timeout, mem_limit_bytes=mem, keep_if=session_ok)
     finally:
         if own:
             pool.close()

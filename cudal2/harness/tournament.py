@@ -241,7 +241,8 @@ def run(shape: Shape, entrants: list[Entrant], backend: Backend,
 class HarnessBackend:
     """The tournament's GPU work through cudal2.harness.pipeline: screening (`screen`: trusted
     kernels share one warm worker, policy code one fresh worker each) and finals
-    (`evaluate_group`: one fresh worker, one interleaved session per B layout). db: where rows
+    (`evaluate_group`: one worker, one interleaved session per B layout; fresh, or kept from
+    sessions whose candidates were all ok where finals_pool keeps workers). db: where rows
     go (None: not stored); cache: finals may be answered by stored rows (the cache rule; False:
     always a fresh session, its rows then recorded through the one writer)."""
 

@@ -374,6 +374,7 @@ class WorkerPool:
       while booting, so their cost counts against boot_timeout_s and not a task's time limit.
     spare: keep this many extra workers booting/booted in the background, so a task after a
       recycled worker (max_tasks=1: a fresh process per task) does not wait for the boot.
+    started: workers spawned so far (spares included): what the pool's boots cost a caller.
     """
 
     def __init__(self, size: int = 1, *, device: int | str | None = None,
@@ -399,6 +400,7 @@ class WorkerPool:
         self._busy = 0
         self._closed = False
         self.restarts = 0            # workers replaced after a crash/timeout/oom/poison
+        self.started = 0             # workers spawned (the first, spares, replacements)
         self.spare = max(0, int(spare))
         self._booting = 0
         self._top_up()
@@ -432,6 +434,8 @@ class WorkerPool:
             w.close()
 
     def _spawn(self) -> _Worker:
+        with self._cv:
+            self.started += 1
         return _Worker(self._env, self.rlimit_data, self.preload)
 
     def _acquire(self) -> _Worker:
@@ -464,8 +468,12 @@ class WorkerPool:
             w.close()
 
     def run(self, task: "Task | str | Callable", *args, timeout_s: float = 60.0,
-            mem_limit_bytes: int | None = None, **kwargs) -> WorkerOutcome:
-        """Run task(*args, **kwargs) in a worker. Never raises for anything the task does."""
+            mem_limit_bytes: int | None = None,
+            keep_if: "Callable[[WorkerOutcome], bool] | None" = None, **kwargs) -> WorkerOutcome:
+        """Run task(*args, **kwargs) in a worker. Never raises for anything the task does.
+        keep_if: the worker takes another task (max_tasks allowing) only if keep_if(outcome) is
+        true; otherwise it is recycled like one past max_tasks (a finals worker whose session
+        had a candidate fail: the next session gets a fresh process)."""
         if not isinstance(task, Task):
             task = Task.of(task, *args, **kwargs)
         elif args or kwargs:
@@ -483,7 +491,7 @@ class WorkerPool:
             if out.status == CRASHED and out.output_tail.strip():
                 out.detail += "; output: " + out.output_tail.strip().splitlines()[-1][-300:]
             clean = out.status in (OK, ERROR) and not out.poisoned and w.alive()
-            keep = clean and w.tasks_done < self.max_tasks
+            keep = clean and w.tasks_done < self.max_tasks and _keeps(keep_if, out)
             recycle = clean and not keep
             if not clean:
                 self.restarts += 1
@@ -514,6 +522,17 @@ class WorkerPool:
             self.close()
         except Exception:
             pass
+
+
+def _keeps(keep_if, out: WorkerOutcome) -> bool:
+    """The caller's keep_if on an outcome; a predicate that raises keeps nothing (a fresh
+    worker is the safe side), and run() still never raises."""
+    if keep_if is None:
+        return True
+    try:
+        return bool(keep_if(out))
+    except Exception:  # noqa: BLE001 - the caller's bug must not cost the verdict
+        return False
 
 
 # --------------------------------------------------------------------------- child side

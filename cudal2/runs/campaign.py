@@ -792,17 +792,26 @@ class _DBTimed:
         return self._timed("finals", self.inner.finals, *a, **kw)
 
 
+# Finals sessions one kept finals worker serves at most (pipeline.session_ok decides whether it
+# serves the next at all): its loaded libraries are never unloaded, so a bound on them. The H200
+# verdict call of 2026-11-26 ran 55 sessions: one worker a call. A fresh worker per session cost
+# that call ~2 s a session (issue 66 point 7): its exit (the CUDA context torn down) and, in 43
+# of its 55 sessions, a wait for a spare's boot (Python, torch, a CUDA context: ~7 s there).
+FINALS_WORKER_SESSIONS = 64
+
+
 class _LocalLane:
     """Tournaments on one GPU of this machine: a screening pool and a finals pool pinned to
     `device` (CUDA_VISIBLE_DEVICES; None: unpinned), rows into the shared DB (its writes are
     serialised; pipeline.record is the writer). db_s: the DB seconds inside its screenings and
-    finals, and after them."""
+    finals, and after them. The finals pool keeps its worker from session to session while every
+    candidate comes back ok (pipeline.session_ok); its spare boots once, at the start."""
 
     def __init__(self, device, *, has_gpu: bool, db, base_libs, known_lt, audits):
         self.name = f"GPU {device}" if device is not None else "GPU"
         self.screen_pool = (gpu_pool(device, max_tasks=1000, spare=0) if has_gpu
                             else WorkerPool(1, device=device))
-        self.final_pool = (gpu_pool(device, max_tasks=1, spare=2) if has_gpu
+        self.final_pool = (gpu_pool(device, max_tasks=FINALS_WORKER_SESSIONS, spare=1) if has_gpu
                            else WorkerPool(1, device=device))
         self.backend = _DBTimed(tournament.HarnessBackend(
             db=db, screen_pool=self.screen_pool, finals_pool=self.final_pool, gpu=has_gpu,
@@ -817,9 +826,17 @@ class _LocalLane:
 
     def ceilings(self, kernels: dict, **kw) -> dict:
         """The device's ceilings (bandwidth.ceilings_task: {"bandwidth", "ceilings"}), timed in a
-        fresh finals worker of this lane's GPU; {"status", "detail"} when the worker failed."""
-        out = self.final_pool.run(bandwidth.ceilings_task, **kernels, **kw, timeout_s=BANDWIDTH_TIMEOUT_S)
+        fresh finals worker of this lane's GPU; {"status", "detail"} when the worker failed. The
+        worker is not kept: the finals start in one that held no 1 GiB buffer (its replacement
+        boots while the audit runs)."""
+        out = self.final_pool.run(bandwidth.ceilings_task, **kernels, **kw, timeout_s=BANDWIDTH_TIMEOUT_S,
+                                  keep_if=lambda _out: False)
         return out.value if out.ok else {"status": out.status, "detail": out.detail[-500:]}
+
+    @property
+    def finals_workers(self) -> int:
+        """GPU workers the finals pool started (the ceilings' and any spare included)."""
+        return self.final_pool.started
 
     def close(self):
         self.screen_pool.close()
@@ -925,6 +942,7 @@ class _Run:
     statuses: dict = field(default_factory=dict)
     lane_shapes: dict = field(default_factory=dict)
     done_shapes: int = 0
+    finals_sessions: int = 0               # finals sessions run (tournament.Result.sessions)
     live: Path | None = None               # a folder kept current after every shape
     log: Callable = print
     bar: Bar | None = None                 # the shapes' progress bar (drawn on a terminal only)
@@ -1273,6 +1291,7 @@ def _shape(r: _Run, lane, shape: tuple, pairs: list, policy, request: dict) -> N
                 r.statuses[ev.status] = r.statuses.get(ev.status, 0) + 1
         r.lane_shapes[lane.name] = r.lane_shapes.get(lane.name, 0) + 1
         r.done_shapes += 1
+        r.finals_sessions += res.sessions
         r.log(f"  {S} {bucket}{' on ' + lane.name if len(r.lanes) > 1 else ''}: {len(pairs)} screened, "
               f"{len(evs)} in finals ({res.sessions} session{'s' if res.sessions != 1 else ''}): "
               f"{', '.join(ev.status for ev in evs)}{_best_note(evs)} ({time.monotonic() - t_shape:.1f} s)")
@@ -1293,11 +1312,20 @@ def _summary(r: _Run, complete: bool) -> dict:
     s = r.summary
     s.update(gpu=r.gpu, run_dir=str(r.run_dir), complete=complete, shapes_done=r.done_shapes,
              shapes_planned=len(r.plan), statuses=dict(r.statuses), throughput=r.thr.table(),
-             call=r.acct.table(), lanes=dict(r.lane_shapes))
+             call=r.acct.table(), lanes=dict(r.lane_shapes), finals_workers=_finals_workers(r))
     s.setdefault("exported", 0)
     s.setdefault("removed", 0)
     s.setdefault("reports", [])
     return s
+
+
+def _finals_workers(r: _Run) -> dict:
+    """Finals sessions run and the finals workers the local lanes started for them (None on Ray:
+    the actors' pools are theirs): a kept worker makes these 1 + the ceilings' worker + one after
+    each session that failed a candidate, however many sessions ran."""
+    counts = [getattr(ln, "finals_workers", None) for ln in r.lanes]
+    return {"sessions": r.finals_sessions,
+            "started": sum(counts) if counts and None not in counts else None}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -1347,6 +1375,9 @@ def _finish(r: _Run, *, kernels_root, margin: float) -> None:
     r.log("throughput (wall time of each stage on the GPU machine):")
     for line in r.thr.lines():
         r.log(line)
+    fw = _finals_workers(r)
+    r.log(f"finals: {fw['sessions']} session(s) in {fw['started'] if fw['started'] is not None else '?'} "
+          f"finals worker start(s) (the ceilings' included)")
     if r.has_gpu:
         with r.acct.phase("export"):
             _export(r, rows, kernels_root, margin)
