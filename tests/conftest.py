@@ -63,6 +63,19 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"gpu test: {reason}"))
 
 
+@pytest.fixture(scope="session")
+def prebuild(request):
+    """prebuild(specs): in a one-process run, build these now, one nvcc per core
+    (CUDAL2_BUILD_JOBS), so the tests that follow read the cache. Under xdist nothing: the
+    workers are the parallelism, each test builds its own and the cache shares (a prebuild in
+    every worker would hold both on the same entries' locks)."""
+    def run(specs):
+        if not hasattr(request.config, "workerinput"):
+            from cudal2.core.build import build_many
+            build_many(list(specs))
+    return run
+
+
 @pytest.fixture(autouse=True)
 def _own_user_table(tmp_path_factory, monkeypatch):
     """Every test gets an empty user kernel table of its own (CUDAL2_USER_KERNELS): an export

@@ -64,6 +64,35 @@ def test_build_then_cache_hit(tmp_cache):
 
 
 @pytest.mark.compile
+def test_a_device_only_build_is_the_librarys_device_code(tmp_cache):
+    """device_only: nvcc -cubin, no host compile or link: the same SASS and ptxas figures as the
+    library build, under a key of its own (the library's key unchanged), cached, never loadable;
+    an entry that lost its cubin is rebuilt."""
+    from dataclasses import replace
+    from cudal2.core.build import DEVICE_FLAGS
+    from cudal2.core.toolchain import find_cuobjdump
+    from cudal2.templates.buildspace import disassemble
+    lib = build(BuildSpec(TINY, arch="sm_90a"))
+    dev = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
+    assert lib.ok and dev.ok and not dev.cached, dev.log
+    assert dev.so_path is None and dev.binary_key is None and dev.key != lib.key
+    assert lib.key == cache_key(BuildSpec(TINY, arch="sm_90a"), find_toolchain().version)
+    assert dev.resources == lib.resources and "-cubin" in dev.log and "-shared" not in dev.log
+    assert all(f in dev.log for f in DEVICE_FLAGS)
+    cubin = tmp_cache / "builds" / dev.key[:2] / dev.key / "kernel.cubin"
+    cuobjdump = find_cuobjdump()       # in the build extra; the SASS comparison needs it
+    if cuobjdump:
+        code = [[ln.split("/*")[1] for ln in disassemble(p, cuobjdump).splitlines() if ln.strip().startswith("/*0")]
+                for p in (lib.so_path, cubin)]
+        assert code[0] and code[0] == code[1]
+    again = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
+    assert again.cached and again.resources == dev.resources
+    cubin.unlink()
+    rebuilt = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
+    assert rebuilt.ok and not rebuilt.cached and cubin.exists()
+
+
+@pytest.mark.compile
 def test_build_error_is_data(tmp_cache):
     res = build(BuildSpec(TINY + "\nthis is not C++;\n", arch="sm_80"))
     assert res.status == "compile_error" and not res.ok and res.so_path is None
@@ -271,3 +300,19 @@ def test_a_failed_launch_leaves_no_cuda_error_pending(tmp_cache, fake_runtime):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"launch": 209, "after_launch": 0, "raw": 209, "after_raw": 209,
                                     "cleared": 209, "after_clear": 0}, r.stdout
+
+
+def test_a_test_run_builds_in_a_cache_of_its_own(tmp_path, monkeypatch, request):
+    """tests/conftest.py: whatever CUDAL2_CACHE the user set, the tests build into theirs
+    (CUDAL2_TEST_CACHE, else pytest's cache folder), so a run never grows the user's folder."""
+    import conftest
+    from cudal2.core import knobs
+    assert knobs.cache_dir() != Path.home() / ".cache" / "cudal2"
+    assert knobs.cache_dir() == conftest._test_cache(request.config)
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "user"))
+    monkeypatch.setenv("CUDAL2_TEST_CACHE", str(tmp_path / "tests"))
+    conftest.pytest_configure(request.config)
+    assert knobs.cache_dir() == tmp_path / "tests"
+    monkeypatch.delenv("CUDAL2_TEST_CACHE")
+    no_cache = type("Config", (), {})()               # -p no:cacheprovider: no config.cache
+    assert conftest._test_cache(no_cache) != tmp_path / "user"

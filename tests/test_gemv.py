@@ -248,10 +248,10 @@ CASES = [pytest.param(c, a, id=f"{c.name()}-{a}") for c in (RC, RR) for a in ("s
 
 
 @pytest.fixture(scope="module")
-def prebuilt():
-    """Every case built CUDAL2_BUILD_JOBS at a time; the tests read the build cache."""
-    from cudal2.core.build import build_many
-    build_many([FAM.build_spec(p.values[0], p.values[1]) for p in CASES])
+def prebuilt(prebuild):
+    """Every case built at once where the run is one process (conftest's prebuild); the tests
+    read the build cache."""
+    prebuild(FAM.build_spec(p.values[0], p.values[1]) for p in CASES)
 
 
 def _build(cfg, arch):

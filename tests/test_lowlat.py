@@ -158,11 +158,10 @@ def _sass_cases() -> list:
 
 
 @pytest.fixture(scope="module")
-def prebuilt():
-    """Every case built CUDAL2_BUILD_JOBS at a time (default: one nvcc per core); the tests
+def prebuilt(prebuild):
+    """Every case built at once where the run is one process (conftest's prebuild); the tests
     read the build cache."""
-    from cudal2.core.build import build_many
-    build_many([FAMILIES[p.values[0].family].build_spec(p.values[0], p.values[1]) for p in CASES])
+    prebuild(FAMILIES[p.values[0].family].build_spec(p.values[0], p.values[1]) for p in CASES)
 
 
 def _build(cfg, arch):

@@ -702,13 +702,16 @@ def _cutlass_space_cases():
     return cases
 
 
+def _device_only(cfg):
+    from dataclasses import replace
+    return replace(FAMILIES[cfg.family].build_spec(cfg, "sm_90a"), device_only=True)
+
+
 @pytest.fixture(scope="module")
-def cutlass_space_prebuilt():
-    """The 56 space builds in parallel, CUDAL2_BUILD_JOBS at a time (default: one per core; each
-    takes ~3.5 GB, so set it lower where memory is short): one at a time they took ~40 of a
-    clean CI run's minutes on 2 cores. The test below then reads each from the build cache."""
-    from cudal2.core.build import build_many
-    build_many([FAMILIES[c.family].build_spec(c, "sm_90a") for c in _cutlass_space_cases()])
+def cutlass_space_prebuilt(prebuild):
+    """The 56 space builds at once where the run is one process (conftest's prebuild; each takes
+    ~3.5 GB, so set CUDAL2_BUILD_JOBS lower where memory is short)."""
+    prebuild(_device_only(c) for c in _cutlass_space_cases())
 
 
 @pytest.mark.compile
@@ -716,14 +719,18 @@ def cutlass_space_prebuilt():
 @pytest.mark.parametrize("cfg", _cutlass_space_cases(), ids=_cutlass_id)
 def test_cutlass_space_builds_without_spills(cfg, cutlass_space_prebuilt):
     """Every config Family.valid lets into the cutlass_sm90 space compiles for sm_90a with zero
-    spills and no stack (~40-55 s and ~3.5 GB each: 56 builds, about 25 minutes on 2 cores from
-    an empty cache). All 56 were compiled on a 2-core CPU machine (nvcc 13.0, CUTLASS 4.2.0)
-    when the space was set: 48 f32/RR (the whole space) and 8 f32/RC, f16/RR corners."""
+    spills and no stack: 48 f32/RR (the whole space) and 8 f32/RC, f16/RR corners. The device
+    code alone (BuildSpec.device_only: the library build's SASS and ptxas figures, without its
+    host compile and link, ~60% of its CPU; ~25 s and ~3.5 GB each on 2 cores): the launcher,
+    its symbols and its checks are the same code for every config, and test_cutlass_kernels_build
+    holds them on the defaults' full builds."""
     assert FAMILIES["cutlass_sm90"].valid(cfg, "sm_90a")
-    r = _build(cfg, "sm_90a")
+    from cudal2.core.build import build
+    r = build(_device_only(cfg))
+    assert r.ok, f"{cfg.label()}: {r.status}\n{r.log[-4000:]}"
     assert r.spills == 0, f"{cfg.label()} spills: {r.resources}"
     assert r.resources and max(x.stack_bytes for x in r.resources) == 0
-    assert {"cudal2_hgemm", "cudal2_meta", "cudal2_workspace"} <= _exports(r.so_path)
+    assert any(x.registers > 0 for x in r.resources)
 
 
 @pytest.mark.gpu

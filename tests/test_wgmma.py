@@ -278,12 +278,11 @@ CASES = [pytest.param(c, id=c.label().replace("wgmma:", "")) for c in _instantia
 
 
 @pytest.fixture(scope="module")
-def prebuilt():
-    """Every case built CUDAL2_BUILD_JOBS at a time (default: one nvcc per core); the tests
+def prebuilt(prebuild):
+    """Every case built at once where the run is one process (conftest's prebuild); the tests
     below read each from the build cache. With CUDAL2_WGMMA_ALL=1 that is ~45 minutes of builds
     one at a time."""
-    from cudal2.core.build import build_many
-    build_many([FAM.build_spec(p.values[0], "sm_90a") for p in CASES])
+    prebuild(FAM.build_spec(p.values[0], "sm_90a") for p in CASES)
 
 
 @pytest.mark.compile

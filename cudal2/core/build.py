@@ -45,6 +45,8 @@ ABI_VERSION = 1
 CACHE_FORMAT = 2
 BASE_FLAGS = ("-shared", "-Xcompiler", "-fPIC", "-O3", "-DNDEBUG", "-std=c++17",
               "--expt-relaxed-constexpr", "-cudart", "shared", "-Xptxas", "-v")
+# A device-only build's: the same device compile, without the host library's flags.
+DEVICE_FLAGS = ("-DNDEBUG", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-v")
 NVCC_MEMORY_LIMIT = 12 << 30   # bytes of address space per nvcc process tree member
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
@@ -62,6 +64,10 @@ class BuildSpec:
     flags: tuple[str, ...] = ()          # extra nvcc flags, e.g. ("-DBM=128",)
     libraries: tuple[str, ...] = ()      # extra libraries to link (baselines only)
     name: str = "kernel"                 # for logs; not part of the key
+    # The device code alone (nvcc -cubin: no host compile, no link): ptxas' registers, spills
+    # and stack of exactly the library build's device code at ~60% of its CPU, for checks over
+    # a whole space. Nothing loads it: so_path is None.
+    device_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,8 @@ def parse_deps(text: str, source_name: str = "kernel.cu") -> tuple[str, ...]:
 
 def cache_key(spec: BuildSpec, nvcc_version: str) -> str:
     h = hashlib.sha256()
+    if spec.device_only:        # a library build's key stays what it was
+        h.update(b"device_only\x00")
     for part in (f"abi={ABI_VERSION}", f"format={CACHE_FORMAT}", f"arch={normalise_arch(spec.arch)}",
                  f"nvcc={nvcc_version}",
                  "flags=" + "\x00".join(BASE_FLAGS + spec.flags), "libs=" + ",".join(spec.libraries)):
@@ -244,10 +252,11 @@ def _load_entry(entry: Path, name: str, key_on_load: bool = True) -> BuildResult
         return None
     try:
         meta = json.loads(meta_path.read_text())
-        so = entry / "kernel.so" if meta["status"] == OK else None
+        out = entry / ("kernel.cubin" if meta.get("device_only") else "kernel.so")
+        if meta["status"] == OK and not out.exists():
+            raise ValueError(f"{out.name} missing")
+        so = out if meta["status"] == OK and not meta.get("device_only") else None
         ptx = entry / "kernel.ptx"
-        if so is not None and not so.exists():
-            raise ValueError("kernel.so missing")
         if so is not None and meta.get("binary_key_version") != KEY_VERSION:
             meta = (_add_binary_key(meta, so, meta_path) if key_on_load     # built before keys, or this key
                     else {k: v for k, v in meta.items() if k != "binary_key"})
@@ -313,47 +322,57 @@ def _run_nvcc(cmd: list[str], cwd: Path, timeout: float) -> tuple[int | None, st
         return None, out + f"\n[cudal2] nvcc killed after {timeout:.0f} s"
 
 
-def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildResult:
-    tc = find_toolchain()
+def _nvcc_command(spec: BuildSpec, tc) -> tuple[list[str], str]:
+    """The nvcc command line of a build in its work folder, and the file it writes."""
     arch = normalise_arch(spec.arch)
     compute = arch.replace("sm_", "compute_")
     includes = ["-I", str(TEMPLATE_DIR)]
     if _uses_cutlass(spec.source):
         for d in cutlass_include_dirs():
             includes += ["-I", str(d)]
+    out = "kernel.cubin" if spec.device_only else "kernel.so"
+    head = [*DEVICE_FLAGS, "-cubin"] if spec.device_only else list(BASE_FLAGS)
+    link = [] if spec.device_only else tc.link_flags(spec.libraries)
+    # -MD -MF: the compile writes the files it read (the audit checks them; no second nvcc)
+    return ([str(tc.nvcc), *head, "-gencode", f"arch={compute},code={arch}", *tc.compile_flags(),
+             *includes, *spec.flags, "--keep", "--keep-dir", "keep", "-MD", "-MF", "kernel.d",
+             "kernel.cu", "-o", out, *link], out)
+
+
+def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildResult:
+    tc = find_toolchain()
+    arch = normalise_arch(spec.arch)
     entry.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=key[:12] + ".", dir=entry.parent))
     try:
         (work / "kernel.cu").write_text(spec.source)
         (work / "keep").mkdir()
-        # -MD -MF: the compile writes the files it read (the audit checks them; no second nvcc)
-        cmd = [str(tc.nvcc), *BASE_FLAGS, "-gencode", f"arch={compute},code={arch}",
-               *tc.compile_flags(), *includes, *spec.flags, "--keep", "--keep-dir", "keep",
-               "-MD", "-MF", "kernel.d", "kernel.cu", "-o", "kernel.so",
-               *tc.link_flags(spec.libraries)]
+        cmd, out = _nvcc_command(spec, tc)
         start = time.perf_counter()
         code, log = _run_nvcc(cmd, work, timeout)
         seconds = time.perf_counter() - start
         log = f"$ {' '.join(cmd)}\n{log}"
         if code is None:  # timeouts are not cached: a busy machine may finish next time
             return BuildResult(TIMEOUT, key, None, None, log, seconds=seconds, name=spec.name)
-        status = OK if code == 0 and (work / "kernel.so").exists() else COMPILE_ERROR
+        status = OK if code == 0 and (work / out).exists() else COMPILE_ERROR
         resources = parse_ptxas(log)
         if (work / "keep" / "kernel.ptx").exists():
             shutil.move(str(work / "keep" / "kernel.ptx"), work / "kernel.ptx")
         shutil.rmtree(work / "keep", ignore_errors=True)
         if status != OK:
-            (work / "kernel.so").unlink(missing_ok=True)
+            (work / out).unlink(missing_ok=True)
         deps_file = work / "kernel.d"
         deps = parse_deps(deps_file.read_text()) if deps_file.exists() else ()
         deps_file.unlink(missing_ok=True)
-        bkey = _key_of(work / "kernel.so", arch, tc.version) if status == OK else None
+        library = status == OK and not spec.device_only
+        bkey = _key_of(work / out, arch, tc.version) if library else None
         # none now: the next load tries again
         keyed = {"binary_key": bkey, "binary_key_version": KEY_VERSION} if bkey else {}
         (work / "build.json").write_text(json.dumps({**keyed,
             "status": status, "key": key, "log": log, "seconds": seconds, "name": spec.name,
             "arch": arch, "nvcc": tc.version, "resources": [asdict(r) for r in resources],
-            "deps": list(deps), "include_roots": [str(r) for r in include_roots()]}))
+            "deps": list(deps), "include_roots": [str(r) for r in include_roots()],
+            **({"device_only": True} if spec.device_only else {})}))
         shutil.rmtree(entry, ignore_errors=True)
         os.replace(work, entry)  # atomic: readers see all of the entry or none of it
     finally:
