@@ -795,8 +795,9 @@ class _DBTimed:
 # Finals sessions one kept finals worker serves at most (pipeline.session_ok decides whether it
 # serves the next at all): its loaded libraries are never unloaded, so a bound on them. The H200
 # verdict call of 2026-11-26 ran 55 sessions: one worker a call. A fresh worker per session cost
-# that call ~2 s a session (issue 66 point 7): its exit (the CUDA context torn down) and, in 43
-# of its 55 sessions, a wait for a spare's boot (Python, torch, a CUDA context: ~7 s there).
+# that call ~2 s a session (issue 66 point 7): its exit (the CUDA context torn down) and, in 33
+# of its 55 sessions, 1-8 s more waiting for a spare's boot (Python, torch, a CUDA context)
+# (reports/cpu/2026-12-07-finals-handover/predict.py).
 FINALS_WORKER_SESSIONS = 64
 
 
