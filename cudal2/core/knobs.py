@@ -49,8 +49,12 @@ KNOBS: tuple[Knob, ...] = (
 KNOBS += (
     Knob("CUDAL2_CALL_GUARD", "1", "0: GPU workers run without the call guard (the GPU kit's "
          "fallback when the canary fails on a device; the audit's dry call always has it)", True),
-    Knob("CUDAL2_FAKE_FAULTS", "", "with CUDAL2_FAKE_DEVICE, `<so sha256 prefix>:trap|hang,...`: "
-         "injected launch faults for the screening's fault rehearsal", True),
+    Knob("CUDAL2_FAKE_FAULTS", "", "with CUDAL2_FAKE_DEVICE, `<so sha256 prefix>:trap|hang|wrong,...`: "
+         "injected faults for the screening's and the finals' fault rehearsals", True),
+    Knob("CUDAL2_TEST_CACHE", "<pytest cache>/d/cudal2-builds", "the build cache the tests use "
+         "(tests/conftest.py sets CUDAL2_CACHE to it: a test run never builds into yours)", True),
+    Knob("CUDAL2_COLLECTED_FILE", "", "the tests write the ids pytest selected there (the GPU "
+         "kit tells a run cut at its time share from one that ran everything)", True),
     Knob("CUDAL2_TEST_PACK", "", "a campaign pack whose cutlass_sm90 builds test_templates "
          "checks on a GPU", True),
     Knob("CUDAL2_LOWLAT_ALL", "", "1: the lowlat tests build every config of the space, not a "
