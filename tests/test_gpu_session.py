@@ -392,3 +392,36 @@ def test_the_conftest_hook_writes_exactly_the_selected_ids(tmp_path):
                        env=dict(os.environ, CUDAL2_COLLECTED_FILE=str(f)))
     assert r.returncode == 0, r.stdout[-2000:]
     assert f.read_text() == "".join(f"{i}\n" for i in ids[1:])
+
+
+def test_the_call_names_its_kind_and_what_each_hopper_would_autotune(tmp_path):
+    """kind.py: the call names the H200 (the plan's GPU) and says, per lent kind, how many of the
+    packs' rows carry a cuBLASLt choice for that GPU model; a choice made on one model never
+    counts for the other, a row without one is said to autotune inside the call."""
+    from cudal2.harness.baselines import autotune_key, legacy_autotune_key
+    from cudal2.runs import campaign
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    choices = {legacy_autotune_key(h200, 130100, 1, 4096, 4096, "f32", "RC"): {"index": 0},
+               autotune_key(h200, 130100, 16, 4096, 4096, "f32", "RC"): {"index": 1},
+               legacy_autotune_key(h100, 130100, 64, 64, 64, "f32", "RR"): {"index": 2},
+               legacy_autotune_key(h100, 130100, 1, 4096, 4096, "f32", "RR"): {"index": 3}}
+    packs = []
+    for name, shapes, layout in (("rc", [[1, 4096, 4096], [16, 4096, 4096]], "RC"),
+                                 ("rr", [[64, 64, 64], [128, 128, 128]], "RR")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(json.dumps(
+            {"schema": campaign.SCHEMA, "arch": "sm_90a", "acc": "f32", "layout": layout, "shapes": shapes,
+             "candidates": [], "baselines": [], "lt_choices": choices}))
+        packs.append(tmp_path / name)
+    sys.path.insert(0, str(KIT))
+    try:
+        import kind
+    finally:
+        sys.path.remove(str(KIT))
+    manifests = [campaign.load_manifest(p) for p in packs]
+    assert kind.coverage(manifests) == {"nvidia-h200": (2, 4, [130100]),
+                                        "nvidia-h100-x1": (1, 4, [130100])}
+    text = "\n".join(kind.lines(manifests))
+    assert 'kind:      "nvidia-h200"' in text and "never no kind" in text
+    assert "nvidia-h100-x1  cuBLASLt choices carried for 1 of 4 rows" in text
+    assert "3 autotuned inside the call" in text and "2 autotuned inside the call" in text
