@@ -244,3 +244,34 @@ def test_templates_explain_prints_the_budget_and_refuses_bad_input():
     assert r.returncode == 2 and "streaming budget models" in r.stderr
     r = run("skinny:BM=16,BQ=3", "--shape", "1x4096x4096")
     assert r.returncode == 2 and "BQ" in r.stderr
+
+
+def test_a_repeated_budget_is_the_computed_one_with_the_callers_own_options():
+    """budget() answers a repeated (config, row, GPU, options) from its cache (a plan prices each
+    option on the planning GPU, then screens it on every GPU of the arch): the terms of a fresh
+    computation, with the caller's options in its order, in a record of its own."""
+    from cudal2.templates import budget as budget_mod
+    row = (16, 8192, 4096)
+    for name in ("wgmma", "skinny", "gemv", "lowlat"):
+        cfg = FAMILIES[name].default().with_(LAYOUT="RC")
+        for o in FAMILIES[name].option_space(cfg, decode=True)[:6]:
+            fresh = budget_mod._budget.__wrapped__(cfg, row, H200, tuple(sorted(o.items())), 0, 0,
+                                                   True, True, True)
+            given, turned = budget(cfg, row, H200, options=o), budget(cfg, row, H200, options=dict(reversed(o.items())))
+            assert given == fresh == turned and given.t_us == fresh.t_us
+            assert list(given.options) == list(o) and list(turned.options) == list(reversed(o))
+            given.options["splits"] = -1            # one caller's record is not another's
+            assert budget(cfg, row, H200, options=o).options == o
+
+
+def test_the_waves_are_the_units_at_once_then_the_rest():
+    """Every wave but the last runs `at_once` units (their terms worked out once), the last the
+    rest; the stream time is the waves' sum."""
+    cfg = FAMILIES["lowlat"].default().with_(LAYOUT="RC")
+    for row in ((16, 8192, 4096), (64, 128256, 4096), (8, 57344, 8192)):
+        for o in FAMILIES["lowlat"].option_space(cfg, decode=True):
+            b = budget(cfg, row, H100, options=o)
+            counts = [w[0] for w in b.wave_terms]
+            assert sum(counts) == b.units and len(counts) == b.waves
+            assert all(n == b.at_once for n in counts[:-1]) and 0 < counts[-1] <= b.at_once
+            assert b.t_stream_us == sum(w[3] for w in b.wave_terms)

@@ -415,3 +415,24 @@ def test_prior_prices_the_mirror_as_the_skinny_kernel_on_the_transposed_shape():
     assert (f.BM, f.BN, f.mirror) == (16, 128, True)
     assert cm.predict_us(meta, None, (4096, 16, 4096)) == cm.predict_us(
         {**meta, "family": "skinny", "tile": [16, 128, 64]}, None, (16, 4096, 4096))
+
+
+def test_an_unfitted_model_predicts_the_features_prior():
+    """An unfitted model predicts with prior_us alone (no feature vector; on a ruled row the
+    budget without the roofline it replaces): exactly _features' prior, for every family's
+    default and options on a plain, a decode and a deep-K row."""
+    from cudal2.search.costmodel import _features, prior_us
+    from cudal2.search.tune import config_meta
+    from cudal2.templates import FAMILIES
+    model = CostModel.default(arch="sm_90a")
+    rows = (Shape(4096, 4096, 4096), Shape(16, 8192, 4096), Shape(128, 128, 16384), Shape(8192, 16, 4096))
+    for fam in FAMILIES.values():
+        if "sm_90a" not in fam.arches:
+            continue
+        cfg = fam.default().with_(LAYOUT="RC") if "LAYOUT" in fam.default().as_dict() else fam.default()
+        for decode in (False, True):
+            for o in fam.option_space(cfg, decode=decode)[:8]:
+                f = kernel_facts(config_meta(cfg), None, o)
+                for s in rows:
+                    assert prior_us(f, s, model.spec) == _features(f, s, model.spec)[0], (fam.name, o, s)
+                    assert model.predict_facts_us(f, s) == _features(f, s, model.spec)[0]

@@ -9,6 +9,7 @@ must mark such rows `estimated=True`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field, replace as _replace
@@ -403,10 +404,10 @@ def _cutlass_compute(f: KernelFacts, shape, gpu: GpuSpec, sm_tflops: float) -> t
     return t, WORKSPACE_US, dp + sch.sk_units
 
 
-def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
-    """(prior_us, feature vector in FEATURES order)."""
+def _roofline(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, int, float, int, float]:
+    """The roofline prior of a kernel on `shape`: (prior_us, CTAs per SM, wave efficiency, K
+    splits, arithmetic intensity), the terms _features reads."""
     M, N, K = _shape(shape)
-    shape_in = shape
     if f.mirror:        # skinny_n runs the skinny kernel on C^T = B^T A^T
         M, N = N, M
         shape = (M, N, K)
@@ -443,7 +444,9 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
             compute_us = math.ceil(ctas / gpu.sms) * math.ceil(iters / ctas) * t_k
             extra_us = 8.0 * f.BM * f.BN * (peers - 1) / (FIXUP_SM_GBPS * 1e3)
         else:
-            f = _replace(f, splitk=n, dsmem_fixup=_dsmem_reduces(f, gpu, n))
+            dsmem = _dsmem_reduces(f, gpu, n)
+            if (n, dsmem) != (f.splitk, f.dsmem_fixup):   # replace() is most of a plan's pricing
+                f = _replace(f, splitk=n, dsmem_fixup=dsmem)
             ctas = tm * tn * f.splitk
             t_cta = 2.0 * f.BM * f.BN * math.ceil(K / f.splitk) / (sm_tflops * 1e6)
             full, rem = divmod(ctas, slots)
@@ -473,13 +476,42 @@ def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
         extra_us += PERSISTENT_SETUP_US
     prior = (gpu.launch_us + extra_us + max(compute_us, mem_us)
              + MEM_EXPOSED * min(compute_us, mem_us) + spill_us)
-    if f.budgeted and ruled(f.budgeted[0], *_shape(shape_in)):
-        # a decode row of a budgeted family, a deep-K row of a deep-K family: the calibrated
-        # budget (cudal2.templates.budget)
-        family, params, opts, how = f.budgeted
-        prior = budget(KernelConfig(family, params), _shape(shape_in), gpu, options=dict(opts),
-                       registers=f.registers, smem_bytes=f.shared_bytes, **dict(how)).t_us
-    intensity = 2.0 * M * N * K / bytes_moved
+    return prior, occ, wave_eff, splits, 2.0 * M * N * K / bytes_moved
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(family: str, params: tuple) -> KernelConfig:
+    """KernelFacts.budgeted's config, made once: KernelConfig validates its names on each
+    construction, and a plan prices each config's options at each of its rows."""
+    return KernelConfig(family, params)
+
+
+def _ruled_prior(f: KernelFacts, shape) -> tuple | None:
+    """Where the calibrated budget (cudal2.templates.budget) is the prior, a decode row of a
+    budgeted family or a deep-K row of a deep-K family, budget()'s arguments; None elsewhere
+    (the budget was never compared with a measurement there)."""
+    if not f.budgeted or not ruled(f.budgeted[0], *_shape(shape)):
+        return None
+    family, params, opts, how = f.budgeted
+    return _config(family, params), dict(opts), dict(how)
+
+
+def prior_us(f: KernelFacts, shape, gpu: GpuSpec) -> float:
+    """The prior alone (_features' first value): on a ruled row the budget's time, without the
+    roofline it replaces (an unfitted model's prediction, what a plan ranks by)."""
+    ruled_row = _ruled_prior(f, shape)
+    if ruled_row is None:
+        return _roofline(f, shape, gpu)[0]
+    cfg, opts, how = ruled_row
+    return budget(cfg, _shape(shape), gpu, options=opts, registers=f.registers,
+                  smem_bytes=f.shared_bytes, **how).t_us
+
+
+def _features(f: KernelFacts, shape, gpu: GpuSpec) -> tuple[float, np.ndarray]:
+    """(prior_us, feature vector in FEATURES order)."""
+    prior, occ, wave_eff, splits, intensity = _roofline(f, shape, gpu)
+    if _ruled_prior(f, shape) is not None:
+        prior = prior_us(f, shape, gpu)
     ridge = gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     x = np.array([
         1.0, math.log(prior), math.log(wave_eff), math.log(occ), float(f.spills > 0),
@@ -595,11 +627,13 @@ class CostModel:
         options ({name: int}, kernel ABI 2; None or missing names: the declared defaults)."""
         return self.predict_facts_us(kernel_facts(meta, resources, options), shape)
 
-    def predict_facts_us(self, facts: KernelFacts, shape) -> float:
-        """predict_us from a kernel's facts (kernel_facts), which do not depend on the shape."""
-        prior, x = _features(facts, shape, self.spec)
-        if not self.weights:
-            return prior
+    def predict_facts_us(self, facts: KernelFacts, shape, spec: GpuSpec | None = None) -> float:
+        """predict_us from a kernel's facts (kernel_facts), which do not depend on the shape.
+        spec: self.spec, when the caller holds it (rank_options: one lookup for many calls)."""
+        spec = spec or self.spec
+        if not self.weights:         # the prior alone: no feature vector to weigh
+            return prior_us(facts, shape, spec)
+        prior, x = _features(facts, shape, spec)
         return float(math.exp(float(np.dot(self.weights, x))))
 
     def rank_options(self, meta: Any, resources: Any, shape, candidates: Iterable[dict], *,
@@ -612,13 +646,14 @@ class CostModel:
         out, seen = [], set()
         candidates = list(candidates)
         facts = facts or [kernel_facts(meta, resources, o) for o in candidates]
+        spec = self.spec
         for opts, f in zip(candidates, facts):
-            key = (cutlass_schedule(f, shape, self.spec.sms).effective()
+            key = (cutlass_schedule(f, shape, spec.sms).effective()
                    if f.style.startswith("cutlass") else tuple(sorted(opts.items())))
             if key in seen:
                 continue
             seen.add(key)
-            out.append((self.predict_facts_us(f, shape), dict(opts)))
+            out.append((self.predict_facts_us(f, shape, spec), dict(opts)))
         out.sort(key=lambda r: r[0])
         return out
 

@@ -218,45 +218,17 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     # shared memory only), so `serves` below may skip re-validating each config for each shape
     spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
-    metas: dict[Any, dict] = {}
-    option_spaces: dict[Any, list[dict]] = {}  # per (config, decode row): its options
-    facts: dict[Any, list] = {}                # ... and their facts: shape-independent
-    selecting = bool(limit_per_shape or per_family)
+    priced = _Options(model, selecting=bool(limit_per_shape or per_family))
     for shape in shapes:
-        fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs
-                   if fam.serves(c, shape.M, shape.N, shape.K, checked=True)]
-        if any(is_decode(fam.name, shape.M, shape.N, shape.K) for fam, _ in fitting):
-            fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
-        if not is_deep_k(shape.M, shape.N, shape.K):
-            fitting = [fc for fc in fitting if fc[0].name not in DEEPK]
-        ranked: dict[Any, list[tuple[float, dict]]] = {}
-        unranked: dict[Any, list[tuple[float, dict]]] = {}     # a ruled row's before the rule
-        for fam, cfg in fitting:
-            decode = is_decode(fam.name, shape.M, shape.N, shape.K)
-            key = (cfg, decode)
-            if cfg not in metas:
-                metas[cfg] = config_meta(cfg)
-            if key not in option_spaces:
-                option_spaces[key] = fam.option_space(cfg, decode=decode)
-                facts[key] = [kernel_facts(metas[cfg], None, o) for o in option_spaces[key]]
-            if selecting or len(option_spaces[key]) > 1:
-                ranked[cfg] = model.rank_options(metas[cfg], None, shape, option_spaces[key],
-                                                 facts=facts[key])
-            else:                                  # nothing to rank: one way to call it
-                ranked[cfg] = [(float("nan"), dict(option_spaces[key][0]))]
-            if ruled(fam.name, shape.M, shape.N, shape.K):
-                unranked[cfg] = ranked[cfg]
-                ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
-        relaxed = _reduction_only(fitting, ranked, unranked, shape, arch)
-        fitting = [fc for fc in fitting if ranked[fc[1]]]
+        fitting, ranked, relaxed = _rank_row(shape, spaces, arch, priced)
         decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
         deep = [fc for fc in fitting if fc[0].name in DEEPK and is_deep_k(shape.M, shape.N, shape.K)]
+        times = {cfg: r[0][0] for cfg, r in ranked.items() if r}
         if per_family:
             fitting = _pick_per_family(fitting, shape, model, per_family, limit_per_shape or 0,
-                                       src_of, times={cfg: r[0][0] for cfg, r in ranked.items() if r})
+                                       src_of, times=times)
         elif limit_per_shape:
-            fitting = _pick(fitting, shape, model, limit_per_shape, src_of,
-                            times={cfg: r[0][0] for cfg, r in ranked.items() if r})
+            fitting = _pick(fitting, shape, model, limit_per_shape, src_of, times=times)
         if decode:
             fitting = _decode_picks(fitting, decode, ranked, decode_builds, max_options)
         if deep:
@@ -286,6 +258,56 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
             progress(shape)
     return BuildPlan(arch, list(shapes), list(by_source.values()), per_shape, pairs, evaluations,
                      acc, layout)
+
+
+class _Options:
+    """A config's runtime options ranked at a row by the cost model. What does not depend on the
+    row is kept across rows: each config's meta, and per (config, decode row) its option space
+    and their facts."""
+
+    def __init__(self, model: CostModel, selecting: bool):
+        self.model, self.selecting = model, selecting
+        self.metas: dict[Any, dict] = {}
+        self.spaces: dict[Any, list[dict]] = {}
+        self.facts: dict[Any, list] = {}
+
+    def rank(self, fam, cfg, shape: Shape, decode: bool) -> list[tuple[float, dict]]:
+        """(predicted us, options) of `cfg` at `shape`, best first (NaN: one way to call it, and
+        no selection asked for a ranking)."""
+        key = (cfg, decode)
+        if cfg not in self.metas:
+            self.metas[cfg] = config_meta(cfg)
+        if key not in self.spaces:
+            self.spaces[key] = fam.option_space(cfg, decode=decode)
+            self.facts[key] = [kernel_facts(self.metas[cfg], None, o) for o in self.spaces[key]]
+        if self.selecting or len(self.spaces[key]) > 1:
+            return self.model.rank_options(self.metas[cfg], None, shape, self.spaces[key],
+                                           facts=self.facts[key])
+        return [(float("nan"), dict(self.spaces[key][0]))]
+
+
+def _rank_row(shape: Shape, spaces: list, arch: str, priced: _Options) -> tuple[list, dict, set]:
+    """One row's (family, config) pairs that serve it with an option left, each config's ranked
+    options (a ruled row's: those within the budget, _within_budget), and the deep-K families
+    ranked within the reduction's bound alone (_reduction_only)."""
+    M, N, K = shape.M, shape.N, shape.K
+    # the budget's row rules depend on the family and the row alone: once per family here
+    decode_of = {fam.name: is_decode(fam.name, M, N, K) for fam, _ in spaces}
+    ruled_of = {fam.name: ruled(fam.name, M, N, K) for fam, _ in spaces}
+    fitting = [(fam, c) for fam, cfgs in spaces for c in cfgs if fam.serves(c, M, N, K, checked=True)]
+    if any(decode_of[fam.name] for fam, _ in fitting):
+        fitting = [fc for fc in fitting if fc[0].name not in DECODE_SKIP]
+    if not is_deep_k(M, N, K):
+        fitting = [fc for fc in fitting if fc[0].name not in DEEPK]
+    ranked: dict[Any, list[tuple[float, dict]]] = {}
+    unranked: dict[Any, list[tuple[float, dict]]] = {}     # a ruled row's before the rule
+    for fam, cfg in fitting:
+        ranked[cfg] = priced.rank(fam, cfg, shape, decode_of[fam.name])
+        if ruled_of[fam.name]:
+            unranked[cfg] = ranked[cfg]
+            ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
+    relaxed = _reduction_only(fitting, ranked, unranked, shape, arch)
+    return [fc for fc in fitting if ranked[fc[1]]], ranked, relaxed
 
 
 def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = True) -> list:

@@ -33,6 +33,7 @@ idle).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -303,23 +304,33 @@ def _streamk_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, opt
 def _gemv_grid(p: dict, M: int, N: int, K: int, gpu: GpuSpec, slots: int, options: dict) -> _Grid:
     """The GEMV's persistent grid (cudal2.templates.gemv's replica of the kernel's split)."""
     splits, unroll = int(options.get("splits", 1)), int(options.get("unroll", 4))
+    n_ctas, most = _gemv_split(tuple(p.items()), M, N, K, splits, slots)
+    BN = gemv.gemv_tile_cols(p)
+    tiles = -(-N // BN)
+    rounds = max(1, -(-tiles // max(1, n_ctas // splits)))
+    unit_bytes = most / rounds
+    # fp32 FMAs per weight for each row of A, plus the half -> float conversion of the weight
+    unit_flops = unit_bytes / 2.0 * 2.0 * (M + 0.5)
+    rb = 2.0 * 4.0 * M * BN * tiles * (splits - 1)
+    return _Grid("persistent", splits, n_ctas, tiles * splits, unit_bytes, unit_flops,
+                 gemv.gemv_inflight_bytes(p, unroll), "cluster" if splits > 1 else "none", rb,
+                 -(-M * BN // (splits * gemv.gemv_threads(p))) * splits if splits > 1 else 0,
+                 persistent=True)
+
+
+# The split replayed tile by tile (a list as long as the tiles, thousands on a vocabulary row),
+# the same for each of a config's `unroll` options: once per split.
+@functools.lru_cache(maxsize=1024)
+def _gemv_split(params: tuple, M: int, N: int, K: int, splits: int, slots: int) -> tuple[int, float]:
+    """(CTAs the GEMV launches, the most bytes of B one of them streams) for a config's params."""
+    p = dict(params)
     work = gemv.gemv_work(M, N, K, p, splits, slots)
     BN = gemv.gemv_tile_cols(p)
-    ctas = sorted({w[0] for w in work})
     per_cta: dict[int, float] = {}
     for cta, tile, k0, k1 in work:
         cols = min(BN, N - tile * BN)
         per_cta[cta] = per_cta.get(cta, 0.0) + 2.0 * cols * (k1 - k0)
-    tiles = -(-N // BN)
-    rounds = max(1, -(-tiles // max(1, len(ctas) // splits)))
-    unit_bytes = max(per_cta.values()) / rounds
-    # fp32 FMAs per weight for each row of A, plus the half -> float conversion of the weight
-    unit_flops = unit_bytes / 2.0 * 2.0 * (M + 0.5)
-    rb = 2.0 * 4.0 * M * BN * tiles * (splits - 1)
-    return _Grid("persistent", splits, len(ctas), tiles * splits, unit_bytes, unit_flops,
-                 gemv.gemv_inflight_bytes(p, unroll), "cluster" if splits > 1 else "none", rb,
-                 -(-M * BN // (splits * gemv.gemv_threads(p))) * splits if splits > 1 else 0,
-                 persistent=True)
+    return len({w[0] for w in work}), max(per_cta.values())
 
 
 def _tile_grid(family: str, p: dict, M: int, N: int, K: int, gpu: GpuSpec, options: dict) -> _Grid:
@@ -363,18 +374,21 @@ def _waves(g: _Grid, slots: int, gpu: GpuSpec, ctas_sm: int, arith_tflops: float
     L = gpu.dram_latency_ns * 1e-3
     peak = gpu.stream_bytes_per_us
     sm_flops = arith_tflops * 1e6 / gpu.sms                               # flop/us per SM
-    out, left = [], g.units
-    while left > 0:
-        n = min(left, at_once)
+
+    def wave(n: int) -> tuple:
         per_sm = min(ctas_sm, -(-n // gpu.sms))
         trips = g.unit_bytes / max(g.inflight, 1)
         stream = L * trips + n * g.unit_bytes / peak
         us = L + max(stream, g.unit_flops * per_sm / sm_flops)
         if "workspace" in g.reduction:      # each CTA stores its partial, fences, arrives
             us += gpu.fixup_store_us
-        out.append((n, g.unit_bytes, g.unit_bytes / us / 1e3, us))
-        left -= n
-    return out, at_once
+        return n, g.unit_bytes, g.unit_bytes / us / 1e3, us
+
+    if g.units <= 0:
+        return [], at_once
+    # every wave but the last runs `at_once` units: the same terms, worked out once
+    full, rest = divmod(g.units, at_once)
+    return [wave(at_once)] * full + ([wave(rest)] if rest else []), at_once
 
 
 def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = None,
@@ -388,12 +402,34 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
     build from before the batch, one partial per round trip); two_level: whether splits beyond
     one cluster reduce as clusters, then through the workspace (False: an older build's, through
     the workspace alone). as_built says all three for a build."""
-    family = config.family
-    if family not in BUDGETED:
-        raise ValueError(f"the streaming budget models {', '.join(BUDGETED)}, not {family}")
-    p = config.as_dict()
+    if config.family not in BUDGETED:
+        raise ValueError(f"the streaming budget models {', '.join(BUDGETED)}, not {config.family}")
     M, N, K = (int(shape.M), int(shape.N), int(shape.K)) if hasattr(shape, "M") else map(int, shape)
     options = dict(options or {})
+    b = _budget(config, (M, N, K), gpu, tuple(sorted(options.items())), registers, smem_bytes,
+                cluster, batched, two_level)
+    # the caller's own record, with its options as given (their order is what `lines` prints):
+    # a copy of the frozen fields, not a recomputation
+    mine = object.__new__(Budget)
+    mine.__dict__.update(b.__dict__, options=options)
+    return mine
+
+
+_label = functools.lru_cache(maxsize=4096)(KernelConfig.label)    # a config's, once (a plan asks per option)
+
+
+# A plan prices each option of a config at a row on the planning GPU (the cost model's prior,
+# its options sorted), then screens the same options on every GPU of the arch
+# (problems_on_arch, in the option space's order): the second look is a cache hit. A plan's
+# reuse is within one (config, row), hundreds of calls apart at most.
+@functools.lru_cache(maxsize=1 << 14)
+def _budget(config: KernelConfig, shape: tuple[int, int, int], gpu: GpuSpec, option_items: tuple,
+            registers: int, smem_bytes: int, cluster: bool, batched: bool, two_level: bool) -> Budget:
+    """budget() of hashable arguments (options as sorted items: the terms read them by name)."""
+    family = config.family
+    p = config.as_dict()
+    M, N, K = shape
+    options = dict(option_items)
     km, kn = (N, M) if family == "skinny_n" else (M, N)       # the mirror computes C^T
     threads, smem, regs, arith = _cta(family, p, gpu, int(options.get("splits", 1)))
     smem, regs = smem_bytes or smem, registers or regs
@@ -425,7 +461,7 @@ def budget(config: KernelConfig, shape, gpu: GpuSpec, *, options: dict | None = 
     if family in DEEPK:      # both operands stream; C is the rest
         stream, other = 2.0 * (M + N) * K, 2.0 * M * N
     return Budget(
-        family=family, label=config.label(), shape=(M, N, K), gpu=gpu.name, options=options,
+        family=family, label=_label(config), shape=(M, N, K), gpu=gpu.name, options=options,
         threads=threads, registers=regs, registers_known=bool(registers), smem_bytes=smem,
         ctas_per_sm=occ, occupancy_limit=limit, decomposition=g.decomposition, splits=g.splits,
         grid=g.grid, units=g.units, at_once=at_once, waves=len(waves),
@@ -527,6 +563,7 @@ def is_deep_k(M: int, N: int, K: int) -> bool:
     return K >= DEEP_K_MIN_K and -(-M // 128) * -(-N // 128) <= DEEP_K_MAX_TILES
 
 
+@functools.lru_cache(maxsize=4096)     # asked for each option a plan prices: once a (family, row)
 def ruled(family: str, M: int, N: int, K: int) -> bool:
     """A row where the budget's rule screens this family's candidates (problems_on_arch), and
     its time is the cost model's prior: a decode row of a budgeted family, a deep-K row of a
