@@ -62,7 +62,8 @@ from cudal2.runs.progress import Bar, clock
 from cudal2.runs.account import Account, Throughput
 from cudal2.runs.report import size_bucket
 from cudal2.search.costmodel import CostModel, held_out_rank_correlation
-from cudal2.search.tune import build_plan, plan, read_shapes, shapes_layout
+from cudal2.search.plancache import cached_plan
+from cudal2.search.tune import build_plan, read_shapes, shapes_layout
 from cudal2.templates import config_of
 
 SCHEMA = "cudal2.campaign/2"  # a format name: kept when the module moved
@@ -223,15 +224,9 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     tuned = tuned_rows(arch, acc, layout, kernels_root) if include_tuned else []
     first = [Shape(*r.shape) for r in tuned]
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
-    model = CostModel.default(arch=arch)
-    # planning ranks every config's runtime options per shape: minutes for a model's file (a
-    # line first, so a log without the bar does not look hung)
-    log(f"campaign prepare: planning {len(shapes)} shapes for {arch} (layout {layout})")
-    with Bar(len(shapes), "planning", enabled=progress, unit="shape", log=log) as bar:
-        p = plan(shapes, arch, families=families, limit_per_shape=limit_per_shape, model=model,
-                 acc=acc, layout=layout, per_family=per_family, progress=lambda s: bar.update())
-    log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
-        f"({p.pairs} shape x candidate pairs) for {arch}, packing into {out}")
+    p = _plan(shapes, arch, layout, progress=progress, log=log, families=families,
+              limit_per_shape=limit_per_shape, acc=acc, per_family=per_family)
+    log(f"  packing into {out}")
     with Bar(len(p.candidates), "building", enabled=progress, unit="build", log=log) as bar:
         def built(r):
             bar.update()
@@ -307,6 +302,21 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     log(f"pack ready: {out} ({manifest['pack_bytes'] / 2**20:.1f} MiB, {len(cands)} candidates, {len(bases)} baselines); "
         f"on the GPU machine run `cudal2 campaign run {out} --out reports/`")
     return manifest
+
+
+def _plan(shapes: list, arch: str, layout: str, *, progress, log, **kw):
+    """prepare's plan of `shapes` (tune.plan with the prior of `arch`'s GPU), timed. Planning
+    ranks every config's runtime options per shape: minutes for a model's file (a line first, so
+    a log without the bar does not look hung); the same code and inputs again (a second prepare
+    at one commit) read the plan back (cudal2.search.plancache)."""
+    log(f"campaign prepare: planning {len(shapes)} shapes for {arch} (layout {layout})")
+    t0 = time.monotonic()
+    with Bar(len(shapes), "planning", enabled=progress, unit="shape", log=log) as bar:
+        p = cached_plan(shapes, arch, model=CostModel.default(arch=arch), layout=layout,
+                        progress=lambda s: bar.update(), log=bar.log, **kw)
+    log(f"campaign prepare: {len(shapes)} shapes, {len(p.candidates)} unique candidates "
+        f"({p.pairs} shape x candidate pairs) for {arch} in {time.monotonic() - t0:.0f} s")
+    return p
 
 
 # -- a pack of given sources at given shapes: the RL reward's queue ------------------------------
