@@ -2,9 +2,11 @@
 build, so a GPU machine whose nvcc has the same version finds them built.
 
 The spec lists come from the tests themselves (their case lists and data folders), not copies,
-so a test that gains a kernel is prefilled too. Entries already built in another cache (--seed,
-default ~/.cache/cudal2) are copied instead of recompiled: the key is content-addressed, so an
-entry with the same key is the same binary.
+so a test that gains a kernel is prefilled too. The builds happen in a persistent cache (--seed,
+default ~/.cache/cudal2: the one the campaign packs build in, prepare.sh's PREPARE_BUILD_CACHE)
+and their entries are copied into CUDAL2_CACHE: the key is content-addressed, so an entry with the
+same key is the same binary, and a second prefill, or a pack that plans the same kernel, compiles
+nothing again, whatever became of CUDAL2_CACHE (prepare.sh empties it for each verdict call).
 
     CUDAL2_CACHE=.gpu_cache python tools/gpu_session/prefill.py --arch sm_90a
 """
@@ -111,7 +113,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--seed", default=str(Path.home() / ".cache" / "cudal2"),
-                    help="another build cache to copy finished entries from ('' = none)")
+                    help="the persistent build cache the kernels are built (or found) in, their "
+                         "entries then copied into CUDAL2_CACHE ('' = build in CUDAL2_CACHE alone)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--list", action="store_true", help="print the specs and exit")
     ap.add_argument("--only", default="",
@@ -130,16 +133,17 @@ def main(argv=None) -> int:
         return 0
     tc = find_toolchain()
     seed = Path(args.seed).expanduser() if args.seed else None
-    seeded = 0
-    if seed and seed.resolve() != cache.resolve():
-        for _, s in todo:
-            seeded += seed_entry(cache_key(s, tc.version), cache, seed)
-    print(f"prefill {cache}: {len(todo)} builds for {args.arch} with nvcc {tc.version} "
-          f"({seeded} copied from {seed})", flush=True)
+    if seed is not None and seed.resolve() == cache.resolve():
+        seed = None
+    print(f"prefill {cache}: {len(todo)} builds for {args.arch} with nvcc {tc.version}"
+          + (f", built in {seed}" if seed else ""), flush=True)
     t0 = time.monotonic()
-    results = build_many([s for _, s in todo], jobs=args.jobs,
+    results = build_many([s for _, s in todo], jobs=args.jobs, cache=seed,
                          progress=lambda r: print(f"  {r.name}: {r.status}"
                                                   f"{' (cached)' if r.cached else f' {r.seconds:.1f} s'}", flush=True))
+    if seed is not None:     # every finished entry, a failed build's too (the GPU machine reads its verdict)
+        copied = sum(seed_entry(cache_key(s, tc.version), cache, seed) for _, s in todo)
+        print(f"  {copied} entries copied from {seed} into {cache}", flush=True)
     bad = [(why, r) for (why, _), r in zip(todo, results) if not r.ok and why != "test_hostile_gpu"]
     for why, r in bad:
         print(f"FAILED {why} {r.name}: {r.status}\n{r.log[-1500:]}", file=sys.stderr)

@@ -56,6 +56,9 @@ while [ $# -gt 0 ]; do
 done
 LIMIT=$((56 << 20))
 PY=${PYTHON:-python3}
+# Where every build happens, the test prefill's and the packs': kept between prepares (a kernel is
+# compiled once, whoever asks first); .gpu_cache gets copies of the prefill's entries.
+BUILD_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2}
 # The one wheel a call may need: the CUTLASS headers of the CUTLASS tests, pinned to the version here.
 # (No policy, trl or training travels: with the reward table, RL's GPU work is the queue's stage.)
 PINS=("nvidia-cutlass==$($PY -c 'from importlib.metadata import version; print(version("nvidia-cutlass"))' 2>/dev/null || echo 4.2.0.0)")
@@ -73,14 +76,16 @@ export CUDAL2_CACHE=$ROOT/.gpu_cache
 [ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f -name '*.carry.gz' -exec gunzip -f -S .carry.gz {} +
 echo "== prepare: root $ROOT, arch $ARCH, shapes $SHAPES, nvcc $(nvcc --version 2>/dev/null | grep -o 'V[0-9.]*' || echo '?')"
 
+T_PREP=$(date +%s) T_LAP=$(date +%s)
+lap() { local now; now=$(date +%s); echo "== $1: $((now - T_LAP)) s"; T_LAP=$now; }   # the phases' times
 if [ $VERDICT = 1 ]; then
-  T_PREP=$(date +%s)
   due=$($PY tools/gpu_session/families.py due | tr '\n' ' ')
   only="canary,baselines"
   for g in $due; do only="$only,$(basename "$($PY tools/gpu_session/families.py test "$g")" .py)"; done
   echo "== verdict call: GPU test groups due: ${due:-none}"
-  rm -rf "$CUDAL2_CACHE"
-  $PY tools/gpu_session/prefill.py --arch "$ARCH" --only "$only"
+  rm -rf "$CUDAL2_CACHE"      # copies only: the builds stay in $BUILD_CACHE
+  $PY tools/gpu_session/prefill.py --arch "$ARCH" --only "$only" --seed "$BUILD_CACHE"
+  lap "prefill (the due tests' kernels)"
   # each due group's GPU tests still to run: run.sh shares the tests' time by them
   if [ -n "$due" ]; then
     mkdir -p "$CUDAL2_CACHE"
@@ -93,14 +98,16 @@ if [ $VERDICT = 1 ]; then
   fi
   prio=$(mktemp -d)
   $PY tools/gpu_session/priority.py "$prio"
+  lap "priority lists"
   # pack:shapes:MiB; the RC pack's decode rows carry >= 200 screenings each (~200 builds)
   for p in .gpu_campaign:priority_rr.csv:16 .gpu_campaign_rc:priority_rc.csv:24; do
     dir=${p%%:*} rest=${p#*:}
     echo "== campaign pack $ROOT/$dir"
     rm -rf "${ROOT:?}/$dir"
-    CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+    CUDAL2_CACHE="$BUILD_CACHE" \
       $PY -m cudal2 campaign prepare --shapes "$prio/${rest%%:*}" --arch "$ARCH" --out "$ROOT/$dir" \
         --lt-choices-from reports --max-pack-mib "${MAX_PACK_MIB:-${rest#*:}}" --run-order file
+    lap "campaign pack $dir (its planning and builds: the lines above)"
   done
   rm -rf "$prio" "$ROOT/.whl"
   WHEELS=0
@@ -109,13 +116,13 @@ if [ $VERDICT = 1 ]; then
 fi
 if [ $PREFILL = 1 ]; then
   echo "== build cache $CUDAL2_CACHE (GPU tests' kernels, hostile corpus, baselines)"
-  $PY tools/gpu_session/prefill.py --arch "$ARCH"
+  $PY tools/gpu_session/prefill.py --arch "$ARCH" --seed "$BUILD_CACHE"
 fi
 if [ $CAMPAIGN = 1 ]; then
   echo "== campaign pack $ROOT/.gpu_campaign"
   rm -rf "$ROOT/.gpu_campaign"
   # the pack copies its builds: build them in the user's cache, not the carried one
-  CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+  CUDAL2_CACHE="$BUILD_CACHE" \
     $PY -m cudal2 campaign prepare --shapes "$SHAPES" --arch "$ARCH" --out "$ROOT/.gpu_campaign" \
       ${LIMIT_PER_SHAPE:+--limit-per-shape $LIMIT_PER_SHAPE} ${FAMILIES:+--families $FAMILIES} \
       --max-pack-mib "${MAX_PACK_MIB:-64}"   # what one lent-GPU call may carry
@@ -137,6 +144,7 @@ if [ -d "$CUDAL2_CACHE" ]; then
   # Build entries travel gzipped (PTX, sources and build logs shrink ~10x, the .so ~3x: 22 of
   # the 24 MiB of the tests' 102 builds of 2026-11-25); run.sh restores them before any stage.
   [ -d "$CUDAL2_CACHE/builds" ] && find "$CUDAL2_CACHE/builds" -type f ! -name '*.carry.gz' -exec gzip -f -9 -S .carry.gz {} +
+  lap "gzip of $CUDAL2_CACHE"
 fi
 
 # What the call runs, and the commit it was prepared at (run.sh trusts it when the tree hash matches)
@@ -156,7 +164,7 @@ if [ -n "$QUEUE" ]; then
     echo "== RL queue $QUEUE: no stage, the carry leaves $mib MiB (a queue pack needs its baselines: 1 MiB or more)"
   else
     echo "== RL queue pack $ROOT/.gpu_queue from $QUEUE (at most $mib MiB)"
-    CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+    CUDAL2_CACHE="$BUILD_CACHE" \
       $PY -m cudal2 campaign prepare --sources-queue "$QUEUE" --arch "$ARCH" --out "$ROOT/.gpu_queue" \
         --lt-choices-from reports --max-pack-mib "$mib" --no-progress
   fi
@@ -174,7 +182,7 @@ rm -rf "${ROOT:?}/.gpu_confirm"
 if [ -n "$CONFIRM" ]; then
   mib=$(awk "BEGIN{printf \"%.1f\", ($LIMIT - $(carried))/1048576}")
   echo "== confirm pack $ROOT/.gpu_confirm from $CONFIRM (at most $mib MiB)"
-  CUDAL2_CACHE=${PREPARE_BUILD_CACHE:-$HOME/.cache/cudal2} \
+  CUDAL2_CACHE="$BUILD_CACHE" \
     $PY -m cudal2 campaign prepare --sources-confirm "$CONFIRM" --arch "$ARCH" --out "$ROOT/.gpu_confirm" \
       --lt-choices-from reports --max-pack-mib "$mib" --no-progress
 fi
