@@ -206,6 +206,8 @@ if [ $VERDICT = 1 ]; then
   echo "  command:   bash tools/gpu_session/run.sh verdict"
   echo "  carry:     $carry_json"
   echo "  timeout_s: 600   (run.sh's deadline is 570 s; GPU_SESSION_DEADLINE_S to change it)"
+  # the kind, named (no kind starts an H100), and what each Hopper would autotune in the call
+  $PY tools/gpu_session/kind.py "$ROOT/.gpu_campaign_rc" "$ROOT/.gpu_campaign"
 else
   echo "carry: $carry_json   (tools/gpu_session/README.md has the run commands)"
 fi
