@@ -153,6 +153,9 @@ def test_the_verdict_call_rehearsed_with_the_fake_device(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert "rehearse: passed" in r.stdout and "rows of the 1 queued sources" in r.stdout
     assert "the carry is as it was" in r.stdout
+    # its floors stretched by this machine's measured slowdown; the full call's DB projected
+    assert re.search(r"runs CPU work [\d.]+x slower", r.stdout)
+    assert re.search(r"results.db.gz projected for a full call: [\d.]+ MiB", r.stdout)
     assert "== plan of the" in (tmp_path / "w" / "out" / "session.log").read_text()
     summary = json.loads(next((tmp_path / "w" / "out").glob("summary.json")).read_text())
     call = summary["call"]

@@ -48,17 +48,22 @@ carry_before=$(bash tools/gpu_session/carry_size.sh)
 CARRIED=${GPU_SESSION_CACHE:-$REPO/.gpu_cache} CACHE_COPY=$WORK/carried-cache
 rm -rf "$CACHE_COPY"
 if [ -d "$CARRIED" ]; then cp -a "$CARRIED" "$CACHE_COPY"; else mkdir -p "$CACHE_COPY"; fi
-# the deadline scaled as the fake device's time, but never below what Python, worker starts,
+# The deadline scaled as the fake device's time, but never below what Python, worker starts,
 # pytest collection and the campaign's up-front audit cost on a CPU (they do not scale: the audit
-# of the 2026-11-29 packs' 319 builds took 52 s on 2 cores, 7 s on the H200 machine's 16)
-deadline=$($PY -c "print(max(150, int(570 * $SCALE)))")
-tests=$($PY -c "print(max(30, int(150 * $SCALE)))")
+# of the 2026-11-29 packs' 319 builds took 52 s on 2 cores, 7 s on the H200 machine's 16). Those
+# floors were set on an idle 2-core machine; on a loaded one they stretch by its slowdown, measured
+# here (SLOW: this machine's time for a Python start with torch against the idle machine's).
+slow=$($PY tools/gpu_session/slowdown.py)
+floor() { $PY -c "print(max(int($1 * $slow), int($2 * $SCALE)))"; }   # floor SECONDS SCALED_SECONDS
+deadline=$(floor 150 570)
+tests=$(floor 30 150)
+echo "== rehearse: this machine runs CPU work ${slow}x slower than the idle machine the floors were set on"
 # the queue's slice likewise: a campaign run's start on a CPU takes ~8 s whatever the scale
 export CUDAL2_FAKE_DEVICE=$SCALE GPU_SESSION_DEADLINE_S=$deadline BUDGET_TESTS=$tests GPU_SESSION_PACK=$PACK \
   GPU_SESSION_CACHE=$CACHE_COPY \
-  CAMPAIGN_MIN_S=$($PY -c "print(max(40, int(120 * $SCALE)))") GPU_SESSION_QUEUE=$QPACK \
-  BUDGET_PROFILE=$($PY -c "print(max(20, int(90 * $SCALE)))") \
-  BUDGET_QUEUE=$($PY -c "print(max(20, int(570 * ${QUEUE_PCT:-5} / 100 * $SCALE)))")
+  CAMPAIGN_MIN_S=$(floor 40 120) GPU_SESSION_QUEUE=$QPACK \
+  BUDGET_PROFILE=$(floor 20 90) \
+  BUDGET_QUEUE=$($PY -c "print(max(int(20 * $slow), int(570 * ${QUEUE_PCT:-5} / 100 * $SCALE)))")
 
 call() {  # call OUT: one verdict call, as the device tool runs it (its own process group); CALL_PID
   mkdir -p "$1"
@@ -83,17 +88,27 @@ PYEOF
 }
 
 check_usable() {  # check_usable OUT COMPLETE: results.db opens, summary parses, tests.tar.gz lists
-  $PY - "$1" "$2" "$QPACK" <<'PYEOF'
+  $PY - "$1" "$2" "$QPACK" "$PACK" <<'PYEOF'
 import json, sys, tarfile
 from pathlib import Path
 from cudal2.harness.db import ResultsDB
-out, complete, qpack = Path(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3])
+out, complete, qpack, pack = Path(sys.argv[1]), sys.argv[2] == "1", Path(sys.argv[3]), Path(sys.argv[4])
+LIMIT = 16 << 20                 # the most a returned file may be
 if (out / "results.db").exists():
     sys.exit("rehearse: results.db came back ungzipped (the call's DB travels as results.db.gz)")
 if (out / "results.db.gz").exists():
     with ResultsDB(out / "results.db.gz", readonly=True) as db:
         rows = db.rows()
     print(f"  results.db.gz: {len(rows)} rows")
+    if complete and rows:        # a full call: every pack's screenings and one finals row per shape
+        packs = [json.loads((p / "manifest.json").read_text())
+                 for p in (Path(f"{pack}_rc"), pack, qpack) if (p / "manifest.json").is_file()]
+        want = sum(m["screenings"] + 3 * len(m["shapes"]) for m in packs)   # <= 3 finalists a shape
+        size = (out / "results.db.gz").stat().st_size
+        projected = size * max(1.0, want / len(rows))
+        print(f"  results.db.gz projected for a full call: {projected / 2**20:.1f} MiB "
+              f"({size} bytes for {len(rows)} rows, {want} rows planned; limit 16 MiB)")
+        assert projected <= LIMIT, f"a full call's results.db.gz would be {projected:.0f} bytes > 16 MiB"
     if (qpack / "manifest.json").exists():     # the queue's stage: its sources' rows in the call's DB
         queued = {c["sha"] for c in json.loads((qpack / "manifest.json").read_text())["candidates"]}
         mine = [ev for ev in rows if ev.source_sha in queued]
