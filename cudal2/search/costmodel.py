@@ -118,6 +118,12 @@ class KernelFacts:
     # a streaming family's config and call options: its prior is the streaming budget's time
     budgeted: tuple = ()     # (family, params pairs, options pairs, budget.as_built's reduction pairs)
 
+    @functools.cached_property
+    def roofline(self) -> "KernelFacts":
+        """These facts as the roofline reads them (without `budgeted`): a config's options that
+        only the budget tells apart (wgmma's sm_count, raster) share one roofline."""
+        return _replace(self, budgeted=()) if self.budgeted else self
+
 
 def _meta_get(meta: dict, *names, default=None):
     for n in names:
@@ -496,12 +502,19 @@ def _ruled_prior(f: KernelFacts, shape) -> tuple | None:
     return _config(family, params), dict(opts), dict(how)
 
 
+@functools.lru_cache(maxsize=4096)
+def _roofline_prior(f: KernelFacts, shape, gpu: GpuSpec) -> float:
+    """_roofline's prior, once for options the roofline does not tell apart (a plan prices a
+    config's options at a row one after another: wgmma's 102 are ~15 rooflines)."""
+    return _roofline(f, shape, gpu)[0]
+
+
 def prior_us(f: KernelFacts, shape, gpu: GpuSpec) -> float:
     """The prior alone (_features' first value): on a ruled row the budget's time, without the
     roofline it replaces (an unfitted model's prediction, what a plan ranks by)."""
     ruled_row = _ruled_prior(f, shape)
     if ruled_row is None:
-        return _roofline(f, shape, gpu)[0]
+        return _roofline_prior(f.roofline, shape, gpu)
     cfg, opts, how = ruled_row
     return budget(cfg, _shape(shape), gpu, options=opts, registers=f.registers,
                   smem_bytes=f.shared_bytes, **how).t_us
