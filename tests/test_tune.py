@@ -329,3 +329,20 @@ def test_a_row_tops_up_with_builds_other_rows_already_carry():
     assert got(3, 1) == ["c0", "c4"]
     assert got(7, 2) == ["c0", "c4", "c5", "c1"]
     assert got(7, 1) == ["c0", "c4", "c5"]
+
+
+def test_rows_ranked_in_forked_processes_plan_the_same():
+    """plan(jobs=2) ranks the rows' options in two forked processes: the same candidates, in the
+    same order, with the same rows, options and reduction-only rows as in one process (a decode
+    row, a deep-K row and a plain one, each family's rule among them)."""
+    rows = [Shape(16, 4096, 4096), Shape(128, 128, 16384), Shape(512, 1024, 2048)]
+    kw = dict(families=["lowlat", "skinny", "streamk", "gemv"], limit_per_shape=8, per_family=2,
+              layout="RC")
+
+    def dump(p):
+        return ([(c.family, c.config, c.source, c.shapes, c.options, c.reduction_only) for c in p.candidates],
+                [(s, [p.candidates.index(c) for c in cs]) for s, cs in p.per_shape.items()],
+                p.pairs, p.evaluations)
+    seen = []
+    assert dump(tune.plan(rows, "sm_90a", jobs=2, progress=seen.append, **kw)) == dump(tune.plan(rows, "sm_90a", **kw))
+    assert seen == rows

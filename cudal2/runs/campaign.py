@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from cudal2.core import knobs
 from cudal2.core.abi import preload_cuda_runtime
 from cudal2.core.build import BuildSpec, build_many, result_from_json
 from cudal2.core.identity import file_sha, source_sha
@@ -225,7 +226,8 @@ def prepare(shapes_file, arch: str, out, *, families=None, limit_per_shape: int 
     first = [Shape(*r.shape) for r in tuned]
     shapes = list(dict.fromkeys(first + shapes))     # tuned shapes first, no repeats
     p = _plan(shapes, arch, layout, progress=progress, log=log, families=families,
-              limit_per_shape=limit_per_shape, acc=acc, per_family=per_family)
+              limit_per_shape=limit_per_shape, acc=acc, per_family=per_family,
+              jobs=jobs or knobs.build_jobs())     # the cores the builds get next
     log(f"  packing into {out}")
     with Bar(len(p.candidates), "building", enabled=progress, unit="build", log=log) as bar:
         def built(r):

@@ -66,21 +66,22 @@ def plan_key(shapes: Iterable[Shape], arch: str, *, code: str, families: Iterabl
 
 
 def cached_plan(shapes: list[Shape], arch: str, *, cache_dir=None, log: Callable = print,
-                progress: Callable | None = None, **kw) -> BuildPlan:
-    """tune.plan(shapes, arch, progress=progress, **kw), read from `cache_dir` (default
-    $CUDAL2_CACHE/plans) when an entry has this key, else planned and stored there."""
+                progress: Callable | None = None, jobs: int | None = None, **kw) -> BuildPlan:
+    """tune.plan(shapes, arch, progress=progress, jobs=jobs, **kw), read from `cache_dir`
+    (default $CUDAL2_CACHE/plans) when an entry has this key, else planned and stored there
+    (jobs, how many processes plan, is no input: the same plan)."""
     folder = Path(cache_dir) if cache_dir is not None else knobs.cache_dir() / "plans"
     code = code_digest()
     key = plan_key(shapes, arch, code=code, **kw)
     if key is None:
-        return plan(shapes, arch, progress=progress, **kw)
+        return plan(shapes, arch, progress=progress, jobs=jobs, **kw)
     path = folder / f"{key[:32]}.json.gz"
     found = _read(path, key)
     if found is not None:
         os.utime(path)          # last use: what pruning keeps
         log(f"plan: read from {path} (same code and inputs)")
         return found
-    p = plan(shapes, arch, progress=progress, **kw)
+    p = plan(shapes, arch, progress=progress, jobs=jobs, **kw)
     if code_digest() != code:
         log("plan: cudal2's files changed while planning; the plan is not kept")
         return p

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import random
 import resource
 import sys
@@ -193,7 +194,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
          limit_per_shape: int | None = None, model: CostModel | None = None,
          acc: str = "f32", layout: str = "RR", max_options: int | None = MAX_OPTIONS,
          per_family: int | None = None, progress: Callable | None = None,
-         decode_builds: int = DECODE_BUILDS) -> BuildPlan:
+         decode_builds: int = DECODE_BUILDS, jobs: int | None = None) -> BuildPlan:
     """Candidates for every shape, deduplicated: one Candidate per distinct source, planned for
     one (accumulator, layout) target. Runtime options are not build parameters, so a build is
     planned once and carries, per shape it serves, the option combinations worth timing:
@@ -208,7 +209,9 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     Llama-3 8B file). On a decode shape the streaming families (cudal2.templates.budget) keep
     only the options whose budget holds (in flight per SM, the last wave's fill), and their best
     `decode_builds` configs of each family by budget time join the picks with all of those
-    options, then more while the row holds fewer than DECODE_SCREENINGS (`_decode_picks`)."""
+    options, then more while the row holds fewer than DECODE_SCREENINGS (`_decode_picks`).
+    jobs > 1: the rows' options are ranked in that many forked processes (`_ranked_rows`; the
+    same plan, in about 1/jobs of the time)."""
     model = model or CostModel.default()
     fams = families_for(arch, families)
     by_source: dict[str, Candidate] = {}
@@ -219,8 +222,7 @@ def plan(shapes: list[Shape], arch: str, *, families: Iterable[str] | None = Non
     spaces = [(fam, enumerate_space(fam, arch=arch, acc=acc, layout=layout)) for fam in fams]
     src_of: dict[Any, str] = {}
     priced = _Options(model, selecting=bool(limit_per_shape or per_family))
-    for shape in shapes:
-        fitting, ranked, relaxed = _rank_row(shape, spaces, arch, priced)
+    for shape, (fitting, ranked, relaxed) in zip(shapes, _ranked_rows(shapes, spaces, arch, priced, jobs)):
         decode = [fc for fc in fitting if is_decode(fc[0].name, shape.M, shape.N, shape.K)]
         deep = [fc for fc in fitting if fc[0].name in DEEPK and is_deep_k(shape.M, shape.N, shape.K)]
         times = {cfg: r[0][0] for cfg, r in ranked.items() if r}
@@ -308,6 +310,40 @@ def _rank_row(shape: Shape, spaces: list, arch: str, priced: _Options) -> tuple[
             ranked[cfg] = _within_budget(cfg, shape, arch, ranked[cfg])
     relaxed = _reduction_only(fitting, ranked, unranked, shape, arch)
     return [fc for fc in fitting if ranked[fc[1]]], ranked, relaxed
+
+
+_FORKED: tuple = ()     # what a forked ranking process reads: (shapes, spaces, arch, _Options, index)
+
+
+def _ranked_rows(shapes: list[Shape], spaces: list, arch: str, priced: _Options, jobs: int | None):
+    """Each row's _rank_row, in the rows' order: in this process, or with jobs > 1 in that many
+    forked processes. A row's ranking reads the row and the spaces alone (what the plan picks
+    from it depends on the rows before and stays here), and the same code on the same inputs
+    computes the same floats in any process: the plan is the same."""
+    jobs = min(jobs or 1, len(shapes))
+    if (jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods()
+            or multiprocessing.current_process().daemon):      # a pool's worker has no children
+        for shape in shapes:
+            yield _rank_row(shape, spaces, arch, priced)
+        return
+    global _FORKED
+    index = {cfg: (fi, ci) for fi, (_, cfgs) in enumerate(spaces) for ci, cfg in enumerate(cfgs)}
+    _FORKED = (shapes, spaces, arch, priced, index)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for fitting, ranked, relaxed in pool.imap(_rank_forked, range(len(shapes))):
+                # the configs are sent as their places in `spaces`: back to this process's objects
+                yield ([(spaces[fi][0], spaces[fi][1][ci]) for fi, ci in fitting],
+                       {spaces[fi][1][ci]: r for (fi, ci), r in ranked}, relaxed)
+    finally:
+        _FORKED = ()
+
+
+def _rank_forked(i: int) -> tuple[list, list, set]:
+    """_rank_row of row `i` in a forked process, its configs as their places in the spaces."""
+    shapes, spaces, arch, priced, index = _FORKED
+    fitting, ranked, relaxed = _rank_row(shapes[i], spaces, arch, priced)
+    return [index[cfg] for _, cfg in fitting], [(index[cfg], r) for cfg, r in ranked.items()], relaxed
 
 
 def _within_budget(cfg, shape: Shape, arch: str, ranked: list, slots: bool = True) -> list:
