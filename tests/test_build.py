@@ -67,14 +67,14 @@ def test_build_then_cache_hit(tmp_cache):
 def test_a_device_only_build_is_the_librarys_device_code(tmp_cache):
     """device_only: nvcc -cubin, no host compile or link: the same SASS and ptxas figures as the
     library build, under a key of its own (the library's key unchanged), cached, never loadable;
-    an entry that lost its cubin is rebuilt."""
+    a library build of the same spec in the cache answers for it, with no compile."""
     from dataclasses import replace
     from cudal2.core.build import DEVICE_FLAGS
     from cudal2.core.toolchain import find_cuobjdump
     from cudal2.templates.buildspace import disassemble
-    lib = build(BuildSpec(TINY, arch="sm_90a"))
     dev = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
-    assert lib.ok and dev.ok and not dev.cached, dev.log
+    lib = build(BuildSpec(TINY, arch="sm_90a"))
+    assert lib.ok and dev.ok and not dev.cached and not lib.cached, dev.log
     assert dev.so_path is None and dev.binary_key is None and dev.key != lib.key
     assert lib.key == cache_key(BuildSpec(TINY, arch="sm_90a"), find_toolchain().version)
     assert dev.resources == lib.resources and "-cubin" in dev.log and "-shared" not in dev.log
@@ -88,8 +88,12 @@ def test_a_device_only_build_is_the_librarys_device_code(tmp_cache):
     again = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
     assert again.cached and again.resources == dev.resources
     cubin.unlink()
-    rebuilt = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
-    assert rebuilt.ok and not rebuilt.cached and cubin.exists()
+    # the library's entry answers for its device code: no second compile of the same source
+    answered = build(replace(BuildSpec(TINY, arch="sm_90a"), device_only=True))
+    assert answered.cached and answered.resources == lib.resources and answered.so_path is None
+    assert answered.key == dev.key and not cubin.exists()
+    other = replace(BuildSpec(TINY + "\n// not built as a library\n", arch="sm_90a"), device_only=True)
+    assert not build(other).cached and not build(replace(other, device_only=False)).cached
 
 
 @pytest.mark.compile

@@ -382,6 +382,18 @@ def _compile(spec: BuildSpec, key: str, entry: Path, timeout: float) -> BuildRes
     return replace(result, cached=False)
 
 
+def _library_answer(spec: BuildSpec, key: str, cache: Path, tc) -> BuildResult | None:
+    """A device-only build answered by the library build of the same spec already in the cache:
+    its device code is the same (its ptxas figures, its PTX), so it is not compiled again."""
+    if not spec.device_only:
+        return None
+    lib = _load_entry(_entry_dir(cache, cache_key(replace(spec, device_only=False), tc.version)),
+                      spec.name, key_on_load=False)
+    if lib is None or not lib.ok:
+        return None
+    return replace(lib, key=key, so_path=None, binary_key=None)
+
+
 def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None,
           key_on_load: bool = True) -> BuildResult:
     """Build (or fetch from the cache) one kernel. Never raises on bad source. key_on_load=False:
@@ -395,7 +407,7 @@ def build(spec: BuildSpec, *, timeout: float = 900, cache: Path | None = None,
         return BuildResult(TOOLCHAIN_ERROR, "", None, None, str(exc), name=spec.name)
     cache = Path(cache) if cache else knobs.cache_dir()
     entry = _entry_dir(cache, key)
-    hit = _load_entry(entry, spec.name, key_on_load)
+    hit = _load_entry(entry, spec.name, key_on_load) or _library_answer(spec, key, cache, tc)
     if hit is not None:
         return hit
     entry.parent.mkdir(parents=True, exist_ok=True)
